@@ -1,0 +1,1 @@
+"""Hydra configs for spec-zoo; installed as the package ``spec_zoo.conf``."""

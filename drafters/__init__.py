@@ -1,0 +1,1 @@
+"""Drafters: one module per drafter family. See `spec_zoo.interfaces.Drafter`."""

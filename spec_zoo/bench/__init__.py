@@ -1,0 +1,1 @@
+"""spec-zoo-bench: benchmark methods against plain decoding and transformers references."""

@@ -1,0 +1,231 @@
+"""`SpeculativeDecoder`: the one loop, draft -> score -> verify -> commit.
+
+Chains and trees go through the same four lines; an empty draft makes the step plain
+autoregressive decoding, which is how ``drafter=none`` gives the baseline.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from spec_zoo.draft import Draft
+from spec_zoo.errors import ConfigError
+from spec_zoo.interfaces import DecodeState, Drafter, Verifier
+from spec_zoo.sampling import SamplingParams
+from spec_zoo.stats import RunStats, StepStats
+from spec_zoo.target import Target
+
+
+@dataclass
+class Output:
+    ids: list[int]  # generated token ids (prompt excluded)
+    text: str | None  # decoded text (None without a tokenizer)
+    stats: RunStats
+    finish_reason: str  # "eos", "stop_string" or "length"
+    prompt_ids: list[int]
+
+
+class SpeculativeDecoder:
+    """Composes a target, a drafter and a verifier under sampling parameters."""
+
+    def __init__(
+        self,
+        target: Target,
+        drafter: Drafter | None = None,
+        verifier: Verifier | None = None,
+        sampling: SamplingParams | None = None,
+        seed: int = 0,
+    ):
+        from drafters.none import NoDrafter
+        from verifiers.greedy import GreedyVerifier
+        from verifiers.rejection import RejectionVerifier
+
+        self.target = target
+        self.sampling = sampling or SamplingParams()
+        if verifier is None:
+            verifier = GreedyVerifier() if self.sampling.greedy else RejectionVerifier()
+        verifier.check(self.sampling)
+        self.drafter = drafter or NoDrafter()
+        self.verifier = verifier
+        self.seed = seed
+        self.drafter.attach(target)
+
+    # -- prompt handling ------------------------------------------------------------
+    def encode(self, prompt: str | Sequence[int], chat: bool = True) -> list[int]:
+        """Token ids of ``prompt``; text goes through the chat template when the
+        tokenizer has one and ``chat`` is set (instruct models expect it)."""
+        if isinstance(prompt, str):
+            if not prompt.strip():
+                raise ConfigError("prompt is empty; pass some text, e.g. prompt='Tell me about bees'.")
+            tok = self._tokenizer()
+            if chat and getattr(tok, "chat_template", None):
+                messages = [{"role": "user", "content": prompt}]
+                return self.encode_chat(messages)
+            return tok(prompt, add_special_tokens=True)["input_ids"]
+        ids = [int(t) for t in prompt]
+        if not ids:
+            raise ConfigError("prompt is empty; pass at least one token id.")
+        return ids
+
+    def encode_chat(self, messages: list[dict]) -> list[int]:
+        """Token ids of a conversation, ending with the assistant's turn to speak."""
+        out = self._tokenizer().apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+        ids = out["input_ids"] if hasattr(out, "keys") else out
+        return [int(t) for t in (ids[0] if ids and isinstance(ids[0], list) else ids)]
+
+    def _tokenizer(self):
+        if self.target.tokenizer is None:
+            raise ConfigError("this target has no tokenizer; pass token ids instead of text.")
+        return self.target.tokenizer
+
+    def _eos_ids(self) -> set[int]:
+        ids = set()
+        gen_cfg = getattr(self.target.model, "generation_config", None)
+        for source in (getattr(gen_cfg, "eos_token_id", None), getattr(self.target.tokenizer, "eos_token_id", None)):
+            if source is not None:
+                ids.update(source if isinstance(source, (list, tuple)) else [source])
+        return ids
+
+    # -- the loop -------------------------------------------------------------------
+    def steps(
+        self,
+        prompt: str | Sequence[int],
+        max_new_tokens: int = 128,
+        stop_strings: Sequence[str] = (),
+        eos_token_ids: Sequence[int] | None = None,
+        seed: int | None = None,
+    ) -> Iterator[list[int]]:
+        """Yield the tokens committed by each step; the generator's return value is the `Output`."""
+        if max_new_tokens <= 0:
+            raise ConfigError(f"generation.max_new_tokens={max_new_tokens}; it must be a positive integer.")
+        prompt_ids = self.encode(prompt)
+        limit = self.target.max_length
+        if limit is not None and len(prompt_ids) >= limit:
+            raise ConfigError(
+                f"prompt has {len(prompt_ids)} tokens but the target's context is {limit}; shorten the prompt."
+            )
+        if limit is not None:
+            max_new_tokens = min(max_new_tokens, limit - len(prompt_ids))
+        eos = set(self._eos_ids() if eos_token_ids is None else eos_token_ids)
+        generator = torch.Generator(device=self.target.device)
+        generator.manual_seed(self.seed if seed is None else seed)
+
+        tokens = list(prompt_ids)
+        generated: list[int] = []
+        stats = RunStats(prompt_tokens=len(prompt_ids))
+        state = DecodeState(tokens, len(prompt_ids), max_new_tokens - 1, self.sampling, generator)
+        self.target.reset()
+        start = time.perf_counter()
+        self.drafter.begin(state)
+        finish = "length"
+        while True:
+            state.max_depth = max_new_tokens - len(generated) - 1
+            t0 = time.perf_counter()
+            draft = self.drafter.propose(state) if state.max_depth > 0 else Draft.empty()
+            draft = draft.truncated(state.max_depth)
+            t1 = time.perf_counter()
+            scores = self.target.score(tokens, draft, hidden=self.drafter.needs_target_hidden)
+            verdict = self.verifier.verify(draft, scores.logits, self.sampling, generator)
+            self.target.commit(verdict.path)
+            t2 = time.perf_counter()
+            self.drafter.on_commit(draft, verdict)
+            if self.drafter.needs_target_hidden:
+                m = scores.new_committed
+                rows = list(range(m)) + [m + i for i in verdict.path]
+                state.target_hidden = scores.hidden[rows]
+
+            proposed = [int(draft.tokens[i]) for i in verdict.path] + [verdict.next_token]
+            step_tokens = []
+            for tok in proposed:
+                step_tokens.append(tok)
+                if tok in eos:
+                    finish = "eos"
+                    break
+                if len(generated) + len(step_tokens) >= max_new_tokens:
+                    break
+            if stop_strings and finish != "eos":
+                step_tokens, hit = self._cut_at_stop(generated, step_tokens, stop_strings)
+                finish = "stop_string" if hit else finish
+            tokens += step_tokens
+            generated += step_tokens
+            stats.steps.append(
+                StepStats(len(draft), len(verdict.path), draft.depth, len(step_tokens), t1 - t0, t2 - t1)
+            )
+            yield step_tokens
+            if finish != "length" or len(generated) >= max_new_tokens:
+                break
+        stats.new_tokens = len(generated)
+        stats.wall_s = time.perf_counter() - start
+        text = self.target.tokenizer.decode(generated, skip_special_tokens=True) if self.target.tokenizer else None
+        return Output(generated, text, stats, finish, prompt_ids)
+
+    def _cut_at_stop(self, generated: list[int], step: list[int], stop_strings: Sequence[str]):
+        """Cut ``step`` just after the token that completes a stop string, if any does."""
+        tok = self._tokenizer()
+        for k in range(1, len(step) + 1):
+            text = tok.decode(generated + step[:k], skip_special_tokens=True)
+            if any(s in text for s in stop_strings):
+                return step[:k], True
+        return step, False
+
+    def generate(
+        self,
+        prompt: str | Sequence[int],
+        max_new_tokens: int = 128,
+        stop_strings: Sequence[str] = (),
+        eos_token_ids: Sequence[int] | None = None,
+        seed: int | None = None,
+        on_text: Callable[[str], None] | None = None,
+    ) -> Output:
+        """Decode to the end; ``on_text`` receives each new piece of text as it is committed."""
+        run = self.steps(prompt, max_new_tokens, stop_strings, eos_token_ids, seed)
+        printer = _TextStreamer(self.target.tokenizer, on_text) if on_text else None
+        while True:
+            try:
+                chunk = next(run)
+            except StopIteration as done:
+                if printer:
+                    printer.flush()
+                return done.value
+            if printer:
+                printer.push(chunk)
+
+    def stream(self, prompt: str | Sequence[int], **kwargs) -> Iterator[str]:
+        """Yield text pieces as they are committed (needs a tokenizer)."""
+        pieces: list[str] = []
+        run = self.steps(prompt, **kwargs)
+        printer = _TextStreamer(self._tokenizer(), pieces.append)
+        for chunk in run:
+            printer.push(chunk)
+            yield from pieces
+            pieces.clear()
+        printer.flush()
+        yield from pieces
+
+
+class _TextStreamer:
+    """Turns committed token chunks into text deltas, holding back incomplete characters."""
+
+    def __init__(self, tokenizer, emit: Callable[[str], None]):
+        self.tokenizer, self.emit = tokenizer, emit
+        self.ids: list[int] = []
+        self.sent = 0
+
+    def push(self, chunk: list[int]) -> None:
+        self.ids += chunk
+        text = self.tokenizer.decode(self.ids, skip_special_tokens=True)
+        if text.endswith("\ufffd"):  # a multi-byte character is still incomplete
+            return
+        if len(text) > self.sent:
+            self.emit(text[self.sent :])
+            self.sent = len(text)
+
+    def flush(self) -> None:
+        text = self.tokenizer.decode(self.ids, skip_special_tokens=True)
+        if len(text) > self.sent:
+            self.emit(text[self.sent :])
+            self.sent = len(text)

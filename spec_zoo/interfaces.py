@@ -1,0 +1,117 @@
+"""The two strategy interfaces, and the typed values that cross between them.
+
+A drafter and a verifier never see each other: the decode loop hands the drafter a
+`DecodeState`, gets a `Draft`, has the target score it, and hands draft + target
+logits to the verifier, which returns a `Verdict`.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+
+from spec_zoo.draft import Draft
+from spec_zoo.sampling import SamplingParams
+
+if TYPE_CHECKING:
+    from spec_zoo.target import Target
+
+
+@dataclass
+class DecodeState:
+    """What a drafter may look at when it proposes.
+
+    tokens:       the committed sequence (prompt + generated); its last token is not
+                  yet in the target's KV cache and is the parent of every first-level node.
+    prompt_len:   how many of ``tokens`` are the prompt.
+    max_depth:    the deepest draft worth scoring (tokens left before max_new_tokens, minus
+                  the one the verifier adds); deeper nodes are cut by the loop.
+    sampling:     the sampling parameters of this run (a drafter may sample with them).
+    generator:    the run's random generator; use it for every random draw (determinism).
+    target_hidden: last-layer hidden states of the target at the positions committed by
+                  the previous step ([m, H]), only for drafters with ``needs_target_hidden``.
+    """
+
+    tokens: list[int]
+    prompt_len: int
+    max_depth: int
+    sampling: SamplingParams
+    generator: torch.Generator
+    target_hidden: torch.Tensor | None = None
+
+
+@dataclass
+class Verdict:
+    """The verifier's decision.
+
+    path:       accepted node indices, from a first-level node down (empty: none accepted).
+    next_token: the one token the target adds after the path: the *bonus* token when
+                the path ends at a leaf with all its children accepted... i.e. when no
+                child was rejected, else the *recovered* token.
+    bonus:      True when ``next_token`` is a bonus token (nothing was rejected).
+    """
+
+    path: list[int]
+    next_token: int
+    bonus: bool
+
+
+class Drafter(ABC):
+    """Proposes tokens after the committed sequence.
+
+    Contract: ``propose`` returns a `Draft` whose ``probs`` (when not None) are the exact
+    distributions its tokens were drawn from, so exact verifiers stay exact. A drafter
+    keeps whatever state it needs (caches, tables) in sync with ``state.tokens`` itself;
+    ``on_commit`` tells it what was accepted so it can adapt.
+    """
+
+    #: config name of this drafter (used in stats and benchmark records)
+    name: str = "drafter"
+    #: set True to receive ``state.target_hidden`` (Medusa/EAGLE-like heads, early exit)
+    needs_target_hidden: bool = False
+
+    def attach(self, target: "Target") -> None:
+        """Called once when a decoder is built: check compatibility with the target
+        (vocabulary, device) and grab what is shared with it. Raise `ConfigError` on mismatch."""
+
+    def begin(self, state: DecodeState) -> None:
+        """Called at the start of each sequence, before the first ``propose``."""
+
+    @abstractmethod
+    def propose(self, state: DecodeState) -> Draft:
+        """Return the draft to score after ``state.tokens`` (may be empty)."""
+
+    def on_commit(self, draft: Draft, verdict: Verdict) -> None:
+        """Called after each step with the draft and what the verifier accepted."""
+
+
+class Verifier(ABC):
+    """Decides which draft path is accepted and which extra token the target adds.
+
+    Contract: with ``lossless = True`` the committed tokens follow exactly the target's
+    distribution under the sampling parameters (greedy: token-for-token identity).
+    """
+
+    name: str = "verifier"
+    lossless: bool = True
+
+    def check(self, sampling: SamplingParams) -> None:
+        """Raise `ConfigError` when this verifier cannot honour ``sampling``."""
+
+    @abstractmethod
+    def verify(
+        self,
+        draft: Draft,
+        target_logits: torch.Tensor,
+        sampling: SamplingParams,
+        generator: torch.Generator,
+    ) -> Verdict:
+        """Judge ``draft``.
+
+        target_logits: [len(draft) + 1, V]; row 0 is the target's logits after the last
+        committed token (the distribution of first-level nodes), row i + 1 the logits
+        after node i.
+        """

@@ -1,0 +1,73 @@
+"""Sampling parameters and the one logits -> probabilities function.
+
+Drafters and verifiers both call `logits_to_probs`, so the "p" (target) and "q"
+(draft) that exact rejection sampling compares are computed the same way.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from spec_zoo.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How the target's next-token distribution is shaped.
+
+    temperature: 0 means greedy (argmax); > 0 samples from softmax(logits / T).
+    top_k:       keep only the k most likely tokens (0 = off).
+    top_p:       keep the smallest set of tokens whose mass reaches top_p (1.0 = off).
+    """
+
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+
+    def __post_init__(self):
+        if self.temperature < 0:
+            raise ConfigError(
+                f"generation.temperature={self.temperature} is negative; "
+                "use 0 for greedy decoding or a positive value to sample."
+            )
+        if self.top_k < 0:
+            raise ConfigError(f"generation.top_k={self.top_k} is negative; use 0 to disable top-k.")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ConfigError(
+                f"generation.top_p={self.top_p} is outside (0, 1]; use 1.0 to disable nucleus sampling."
+            )
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+def logits_to_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """Probabilities over the last dimension; one-hot at the argmax when greedy.
+
+    Computed in float32 or wider so that p/q ratios are not dominated by rounding.
+    """
+    logits = logits.float() if logits.dtype in (torch.float16, torch.bfloat16) else logits
+    if params.greedy:
+        probs = torch.zeros_like(logits)
+        return probs.scatter_(-1, logits.argmax(-1, keepdim=True), 1.0)
+    logits = logits / params.temperature
+    if params.top_k and params.top_k < logits.shape[-1]:
+        kth = torch.topk(logits, params.top_k, dim=-1).values[..., -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if params.top_p < 1.0:
+        sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
+        sorted_probs = sorted_logits.softmax(-1)
+        # drop a token when the mass before it already reaches top_p (the top token always stays)
+        drop_sorted = (sorted_probs.cumsum(-1) - sorted_probs) >= params.top_p
+        drop = drop_sorted.scatter(-1, order, drop_sorted)
+        logits = logits.masked_fill(drop, float("-inf"))
+    return logits.softmax(-1)
+
+
+def sample(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+    """Draw one token per row of ``probs`` ([..., V] -> [...])."""
+    flat = probs.reshape(-1, probs.shape[-1])
+    return torch.multinomial(flat, 1, generator=generator).reshape(probs.shape[:-1])

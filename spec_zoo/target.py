@@ -1,0 +1,139 @@
+"""`Target`: a Hugging Face causal LM with a KV cache that follows the committed sequence.
+
+One method scores everything: ``score(committed, draft)`` feeds whatever committed
+tokens are not yet cached (the whole prompt on the first call, afterwards only the
+last committed token) followed by the draft nodes, in one forward pass. A chain is a
+plain causal forward; a tree gets a 4-D attention mask (each node sees the cache, the
+new committed tokens and its own ancestors) and per-node position ids.
+``commit(path)`` then leaves the cache holding exactly the accepted path.
+
+The same class drives draft models (see ``drafters/small_model.py``): a draft model is
+just another causal LM whose cache must follow the committed sequence.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from transformers import DynamicCache
+
+from spec_zoo.draft import ROOT, Draft
+
+
+@dataclass
+class Scores:
+    """Output of `Target.score`.
+
+    logits: [len(draft) + 1, V]: row 0 after the last committed token, row i + 1 after node i.
+    hidden: [m + len(draft), H] last-layer hidden states of every fed position (the m
+            newly cached committed tokens, then the nodes), or None when not requested.
+    new_committed: m, the number of committed tokens fed in this call.
+    """
+
+    logits: torch.Tensor
+    hidden: torch.Tensor | None
+    new_committed: int
+
+
+class Target:
+    """Owns a causal LM and its KV cache (one sequence, batch size 1)."""
+
+    def __init__(self, model, tokenizer=None):
+        self.model = model.eval()
+        self.tokenizer = tokenizer
+        self.config = model.config
+        self.vocab_size = model.get_output_embeddings().weight.shape[0]
+        self.max_length = getattr(model.config, "max_position_embeddings", None)
+        self.forwards = 0
+        self.reset()
+
+    @property
+    def device(self) -> torch.device:
+        return self.model.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.model.dtype
+
+    def reset(self) -> None:
+        """Forget the sequence: a fresh, empty cache."""
+        self.cache = DynamicCache(config=self.config)
+        self.cached: list[int] = []  # token ids whose KV the cache holds, in order
+        self._pending: Draft | None = None  # last scored draft, whose nodes sit in the cache
+        self._base = 0  # committed tokens in the cache when _pending was scored
+
+    def _sync(self, committed: list[int]) -> list[int]:
+        """Crop the cache to its longest prefix shared with ``committed``; return the
+        committed tokens still to feed (at least the last one, whose logits we need)."""
+        keep = 0
+        limit = min(len(self.cached), len(committed) - 1)
+        while keep < limit and self.cached[keep] == committed[keep]:
+            keep += 1
+        extra = self.cache.get_seq_length() - keep
+        if extra > 0:
+            self.cache.crop(-extra)
+        self.cached = self.cached[:keep]
+        self._pending = None
+        return committed[keep:]
+
+    @torch.no_grad()
+    def score(self, committed: list[int], draft: Draft, hidden: bool = False) -> Scores:
+        """Logits after the last committed token and after every draft node, in one forward."""
+        if not committed:
+            raise ValueError("score() needs at least one committed token (an empty prompt?)")
+        new = self._sync(committed)
+        m, n, past = len(new), len(draft), len(self.cached)
+        ids = torch.tensor([new + draft.tokens.tolist()], device=self.device)
+        kwargs = {}
+        if not draft.is_chain:
+            depths = torch.tensor(draft.depths, dtype=torch.long)
+            positions = torch.cat([torch.arange(past, past + m), past + m + depths])
+            kwargs["position_ids"] = positions.unsqueeze(0).to(self.device)
+            kwargs["attention_mask"] = self._tree_mask(past, m, draft)
+        out = self.model(
+            input_ids=ids,
+            cache=self.cache,
+            use_cache=True,
+            output_hidden_states=hidden,
+            logits_to_keep=n + 1,
+            **kwargs,
+        )
+        self.forwards += 1
+        # a chain is a valid continuation, so keep it as cached tokens: the next _sync
+        # reuses its accepted prefix even without commit(); a tree needs commit()
+        self.cached = list(committed) + (draft.tokens.tolist() if draft.is_chain else [])
+        self._pending, self._base = draft, len(committed)
+        states = out.hidden_states[-1][0] if hidden else None
+        return Scores(out.logits[0], states, m)
+
+    def _tree_mask(self, past: int, m: int, draft: Draft) -> torch.Tensor:
+        """Float [1, 1, m + n, past + m + n] additive mask for a tree after m new committed tokens."""
+        n = len(draft)
+        allowed = torch.zeros(m + n, past + m + n, dtype=torch.bool)
+        allowed[:, :past] = True
+        allowed[:m, past : past + m] = torch.ones(m, m, dtype=torch.bool).tril()
+        allowed[m:, past : past + m] = True
+        allowed[m:, past + m :] = draft.ancestors_mask()
+        mask = torch.zeros(allowed.shape, dtype=self.dtype)
+        mask.masked_fill_(~allowed, torch.finfo(self.dtype).min)
+        return mask[None, None].to(self.device)
+
+    def commit(self, path: list[int]) -> None:
+        """Keep only the accepted nodes of the last scored draft in the cache."""
+        draft, base = self._pending, self._base
+        self._pending = None
+        if draft is None:
+            raise RuntimeError("commit() without a scored draft")
+        if path == list(range(len(path))):  # nodes stored in order: a crop suffices
+            extra = self.cache.get_seq_length() - (base + len(path))
+            if extra > 0:
+                self.cache.crop(-extra)
+        else:  # gather the accepted nodes' KV behind the committed prefix
+            keep = torch.tensor([base + i for i in path], dtype=torch.long, device=self.device)
+            for layer in self.cache.layers:
+                if layer.get_seq_length() == 0:
+                    continue
+                layer.keys = torch.cat([layer.keys[..., :base, :], layer.keys[..., keep, :]], dim=-2)
+                layer.values = torch.cat([layer.values[..., :base, :], layer.values[..., keep, :]], dim=-2)
+        self.cached = self.cached[:base] + [int(draft.tokens[i]) for i in path]

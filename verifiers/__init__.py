@@ -1,0 +1,1 @@
+"""Acceptance rules: one module per verifier. See `spec_zoo.interfaces.Verifier`."""
