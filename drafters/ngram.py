@@ -1,0 +1,61 @@
+"""Prompt lookup decoding (Saxena 2023): draft by copying what followed the last
+occurrence of the current suffix in the prompt + generated text.
+
+Free to run (no model), and strong wherever the output repeats its input:
+summarisation, extraction, code editing, RAG.
+"""
+
+from __future__ import annotations
+
+from spec_zoo.draft import Draft
+from spec_zoo.draft_length import DraftLength
+from spec_zoo.errors import ConfigError
+from spec_zoo.interfaces import DecodeState, Drafter, Verdict
+
+
+class NgramDrafter(Drafter):
+    """Longest-suffix match over an incremental n-gram index.
+
+    For n from ``max_ngram`` down to ``min_ngram``: if the last n committed tokens
+    occurred before, propose the (up to) ``num_draft`` tokens that followed their most
+    recent earlier occurrence. The index maps each n-gram to the position after its
+    latest occurrence and is extended only with newly committed tokens, so a lookup
+    costs O(max_ngram) however long the context grows. Deterministic (``probs=None``).
+    """
+
+    name = "ngram"
+
+    def __init__(self, num_draft: int = 4, min_ngram: int = 1, max_ngram: int = 3, adaptive: bool = True, max_draft: int = 16):
+        if min_ngram < 1 or max_ngram < min_ngram:
+            raise ConfigError(
+                f"drafter.min_ngram={min_ngram}, drafter.max_ngram={max_ngram}: need 1 <= min_ngram <= max_ngram."
+            )
+        self.min_ngram, self.max_ngram = min_ngram, max_ngram
+        self.length = DraftLength(num_draft, adaptive, max_draft)
+        self._index: dict[tuple[int, ...], int] = {}
+        self._indexed = 0  # n-grams ending before this position are in the index
+
+    def begin(self, state: DecodeState) -> None:
+        self._index.clear()
+        self._indexed = 0
+        self.length.reset()
+
+    def _extend_index(self, tokens: list[int]) -> None:
+        # index n-grams ending at positions < len - 1, so the current suffix never matches itself
+        for end in range(self._indexed, len(tokens) - 1):
+            for n in range(self.min_ngram, min(self.max_ngram, end + 1) + 1):
+                self._index[tuple(tokens[end - n + 1 : end + 1])] = end + 1
+        self._indexed = max(self._indexed, len(tokens) - 1)
+
+    def propose(self, state: DecodeState) -> Draft:
+        tokens = state.tokens
+        self._extend_index(tokens)
+        k = min(self.length.value, state.max_depth)
+        for n in range(min(self.max_ngram, len(tokens)), self.min_ngram - 1, -1):
+            start = self._index.get(tuple(tokens[-n:]))
+            if start is not None:
+                return Draft.chain(tokens[start : start + k])
+        return Draft.empty()
+
+    def on_commit(self, draft: Draft, verdict: Verdict) -> None:
+        self.length.update(len(draft), len(verdict.path))
