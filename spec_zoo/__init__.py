@@ -2,6 +2,7 @@
 
 __version__ = "0.1.0"
 
+from spec_zoo.api import generate
 from spec_zoo.decoder import Output, SpeculativeDecoder
 from spec_zoo.draft import Draft
 from spec_zoo.errors import ConfigError
@@ -20,5 +21,6 @@ __all__ = [
     "Target",
     "Verdict",
     "Verifier",
+    "generate",
     "logits_to_probs",
 ]

@@ -1,0 +1,58 @@
+"""Command-line entry points: ``spec-zoo`` (Hydra) and ``spec-zoo-make-draft``."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import hydra
+from omegaconf import DictConfig
+
+from spec_zoo.api import CONF_DIR, build_decoder, run
+from spec_zoo.errors import ConfigError
+
+
+def _quiet_transformers() -> None:
+    """Progress bars and load reports would interleave with the streamed text."""
+    from transformers.utils import logging
+
+    logging.set_verbosity_error()
+    logging.disable_progress_bar()
+
+
+def _fail(error: ConfigError) -> None:
+    print(f"error: {error}", file=sys.stderr)
+    sys.exit(2)
+
+
+@hydra.main(config_path=CONF_DIR, config_name="config", version_base="1.3")
+def main(cfg: DictConfig) -> None:
+    """Generate ``prompt`` with the configured target, drafter and verifier, stream the
+    text, then print one summary line (tau, alpha, speed)."""
+    _quiet_transformers()
+    try:
+        decoder = build_decoder(cfg)
+        out = run(cfg, decoder, on_text=lambda text: print(text, end="", flush=True))
+    except ConfigError as e:
+        _fail(e)
+    print()
+    print(f"drafter={decoder.drafter.name} verifier={decoder.verifier.name} | {out.stats.summary()}")
+
+
+def make_draft(argv: list[str] | None = None) -> None:
+    """``spec-zoo-make-draft``: save the default target cut to its first N layers, the
+    default draft of ``drafter=small_model`` until a trained draft exists."""
+    from spec_zoo.models import cache_root, load_target, make_truncated_draft
+
+    parser = argparse.ArgumentParser(prog="spec-zoo-make-draft", description=make_draft.__doc__)
+    parser.add_argument("--layers", type=int, default=4, help="layers to keep (default: 4)")
+    parser.add_argument("--out", help="output dir (default: <cache>/smollm2-135m-trunc<N>)")
+    args = parser.parse_args(argv)
+    _quiet_transformers()
+    out = args.out or cache_root() / f"smollm2-135m-trunc{args.layers}"
+    try:
+        target = load_target()
+        path = make_truncated_draft(target.model, args.layers, out, tokenizer=target.tokenizer)
+    except ConfigError as e:
+        _fail(e)
+    print(path)

