@@ -1,0 +1,272 @@
+"""Benchmark methods: spec-zoo decoders and transformers reference implementations behind
+one small interface (`Method.run(prompt_ids, max_new_tokens, seed) -> Measurement`).
+
+A method is configured by name, as ``conf/method/<name>.yaml``, or inline in the bench's
+``methods`` dict (an inline entry overrides the file of the same name, key by key)::
+
+    engine: spec_zoo        # spec_zoo (our loop) or transformers (model.generate, a reference)
+    drafter: ngram          # spec_zoo: an option of conf/drafter/, or a dict with _target_
+    verifier: null          # spec_zoo: an option of conf/verifier/ or a dict; null = greedy at
+                            #   temperature 0, rejection above (the decoder's default)
+    assistant: null         # transformers: a drafter option whose `path` is the assistant model
+    params: {}              # spec_zoo: overrides merged into the drafter config;
+                            #   transformers: extra generate() kwargs
+
+Drafters and verifiers are built with ``hydra.utils.instantiate``, like the main CLI, so a
+user's own drafter (``_target_: my_pkg.MyDrafter``) is benchmarked with no edit here.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+import spec_zoo.conf
+from spec_zoo.bench.records import BASELINE
+from spec_zoo.decoder import SpeculativeDecoder
+from spec_zoo.errors import ConfigError
+from spec_zoo.sampling import SamplingParams
+from spec_zoo.target import Target
+
+ENGINES = ("spec_zoo", "transformers")
+_SPEC_KEYS = {"engine", "drafter", "verifier", "assistant", "params"}
+CONF_DIR = Path(spec_zoo.conf.__file__).parent
+
+
+def options(group: str) -> list[str]:
+    """Option names of a config group (the YAML files in ``conf/<group>/``)."""
+    return sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml"))
+
+
+def _compose_option(group: str, name: str) -> DictConfig:
+    """One option of a config group, composed by Hydra (so its defaults list is honoured)."""
+    from hydra import compose, initialize_config_module
+    from hydra.core.global_hydra import GlobalHydra
+
+    if name not in options(group):
+        raise ConfigError(f"{group}={name!r} is unknown; available: {', '.join(options(group))}.")
+    if GlobalHydra.instance().is_initialized():  # inside spec-zoo-bench's @hydra.main
+        return compose(overrides=[f"+{group}={name}"])[group]
+    with initialize_config_module("spec_zoo.conf", version_base="1.3"):
+        return compose(overrides=[f"+{group}={name}"])[group]
+
+
+@dataclass
+class MethodSpec:
+    """A method as configured, fully resolved, before any model is loaded."""
+
+    name: str
+    engine: str = "spec_zoo"
+    drafter: dict | None = None  # instantiable drafter config, params already merged in
+    verifier: dict | None = None
+    assistant: dict | None = None
+    params: dict = field(default_factory=dict)
+    drafter_label: str = "none"  # the option name (or _target_) recorded as `drafter`
+    verifier_label: str | None = None
+
+    @property
+    def draft_model_path(self) -> str | None:
+        """The draft model directory this method loads (small_model drafter, HF assistant), if any."""
+        for cfg in (self.drafter, self.assistant):
+            if cfg and isinstance(cfg.get("path"), str):
+                return cfg["path"]
+        return None
+
+    @property
+    def record_params(self) -> dict:
+        """What the `params` field of a record shows: the drafter's settings, or generate() kwargs."""
+        if self.engine == "spec_zoo":
+            return {k: v for k, v in (self.drafter or {}).items() if k != "_target_"}
+        extra = {"assistant_model": self.assistant["path"]} if self.assistant else {}
+        return {**self.params, **extra}
+
+    def config_hash(self, run_settings: Mapping) -> str:
+        """Identifies what was measured (method + model + generation + seed), so a rerun
+        resumes exactly the records of the same configuration."""
+        blob = json.dumps({"method": asdict(self), "run": run_settings}, sort_keys=True, default=str)
+        return hashlib.sha256(blob.encode()).hexdigest()[:12]
+
+
+def _resolve_option(group: str, value, method: str, root: DictConfig | None) -> tuple[dict | None, str | None]:
+    """(instantiable config, label) of a drafter/verifier entry: an option name or a dict."""
+    if value is None:
+        return None, None
+    if isinstance(value, str):
+        try:
+            node, label = _compose_option(group, value), value
+        except ConfigError as err:
+            raise ConfigError(f"method {method}: {err}") from err
+    elif isinstance(value, Mapping) and "_target_" in value:
+        node, label = OmegaConf.create(dict(value)), str(value["_target_"])
+    else:
+        raise ConfigError(
+            f"method {method}: {group}={value!r}; give an option of conf/{group}/ "
+            f"({', '.join(options(group))}) or a dict with _target_."
+        )
+    # resolve interpolations against the whole run config (e.g. ${model.device})
+    scope = OmegaConf.create(OmegaConf.to_container(root, resolve=False)) if root is not None else OmegaConf.create()
+    scope[group] = node
+    return OmegaConf.to_container(scope[group], resolve=True), label
+
+
+def _spec(name: str, entry: Mapping, root: DictConfig | None) -> MethodSpec:
+    unknown = set(entry) - _SPEC_KEYS
+    if unknown:
+        raise ConfigError(f"method {name}: unknown keys {sorted(unknown)}; allowed: {sorted(_SPEC_KEYS)}.")
+    engine = entry.get("engine", "spec_zoo")
+    if engine not in ENGINES:
+        raise ConfigError(f"method {name}: engine={engine!r}; allowed values: {', '.join(ENGINES)}.")
+    params = dict(entry.get("params") or {})
+    if engine == "transformers":
+        if entry.get("drafter") is not None or entry.get("verifier") is not None:
+            raise ConfigError(f"method {name}: engine=transformers takes no drafter/verifier; "
+                              "use assistant (a drafter option) and params (generate() kwargs).")
+        assistant, label = _resolve_option("drafter", entry.get("assistant"), name, root)
+        if assistant is not None and not isinstance(assistant.get("path"), str):
+            raise ConfigError(f"method {name}: assistant={label} has no model `path` to load as assistant_model.")
+        drafter_label = label or ("prompt_lookup" if "prompt_lookup_num_tokens" in params else "none")
+        return MethodSpec(name, engine, assistant=assistant, params=params,
+                          drafter_label=drafter_label, verifier_label="transformers")
+    if entry.get("drafter") is None:
+        raise ConfigError(f"method {name}: engine=spec_zoo needs a drafter (e.g. drafter: none).")
+    drafter, drafter_label = _resolve_option("drafter", entry["drafter"], name, root)
+    verifier, verifier_label = _resolve_option("verifier", entry.get("verifier"), name, root)
+    return MethodSpec(name, engine, {**drafter, **params}, verifier, None, params, drafter_label, verifier_label)
+
+
+def resolve_methods(
+    methods, default_methods: Sequence[str], root: DictConfig | None = None
+) -> tuple[list[MethodSpec], list[str]]:
+    """Method specs to run, baseline first, plus printable notes about skipped methods.
+
+    ``methods``: None (run ``default_methods``, skipping those whose draft model is missing),
+    a name, a list of names, or a dict name -> entry (None = the entry of conf/method/<name>).
+    A method asked for by name whose draft model is missing is an error, not a skip.
+    """
+    if isinstance(methods, str):
+        methods = [methods]
+    explicit = methods is not None
+    chosen = methods if explicit else default_methods
+    entries = dict(chosen) if isinstance(chosen, Mapping) else {n: None for n in chosen}
+    entries = {BASELINE: entries.pop(BASELINE, None), **entries}
+    available = options("method")
+    specs, notes = [], []
+    for name, override in entries.items():
+        if name not in available and not override:
+            raise ConfigError(f"method {name!r} is unknown; available: {', '.join(available)} "
+                              "(or define it inline: methods={name: {drafter: ..., verifier: ...}}).")
+        base = _compose_option("method", name) if name in available else {}
+        entry = OmegaConf.to_container(OmegaConf.merge(base, override or {}), resolve=False)
+        spec = _spec(name, entry, root)
+        path = spec.draft_model_path
+        if path is not None and not Path(path).expanduser().is_dir():
+            why = f"its draft model {path} does not exist; make it with `spec-zoo-make-draft`"
+            if explicit:
+                raise ConfigError(f"method {name}: {why} (or point drafter.path at one).")
+            notes.append(f"skipping {name}: {why}.")
+            continue
+        specs.append(spec)
+    return specs, notes
+
+
+@dataclass
+class Measurement:
+    """What one timed generation gives: the output and the contract's measurement fields."""
+
+    output_ids: list[int]
+    fields: dict  # prompt_tokens, new_tokens, wall_s, tokens_per_s, target_forwards, tau, alpha, ...
+
+
+class Method(ABC):
+    """A named way to generate, timed by the benchmark."""
+
+    def __init__(self, name: str, drafter: str, verifier: str, params: dict, config_hash: str):
+        self.name, self.drafter, self.verifier = name, drafter, verifier
+        self.params, self.config_hash = params, config_hash
+
+    @abstractmethod
+    def run(self, prompt_ids: list[int], max_new_tokens: int, seed: int) -> Measurement:
+        """Generate after ``prompt_ids`` (EOS included in the output when hit)."""
+
+
+class SpecZooMethod(Method):
+    """A `SpeculativeDecoder` (plain decoding when its drafter is ``none``)."""
+
+    def __init__(self, name, decoder: SpeculativeDecoder, params, config_hash,
+                 drafter: str | None = None, stop_strings: Sequence[str] = (), eos_token_ids=None):
+        super().__init__(name, drafter or decoder.drafter.name, decoder.verifier.name, params, config_hash)
+        self.decoder, self.stop_strings, self.eos_token_ids = decoder, tuple(stop_strings), eos_token_ids
+
+    def run(self, prompt_ids, max_new_tokens, seed):
+        out = self.decoder.generate(prompt_ids, max_new_tokens, self.stop_strings, self.eos_token_ids, seed)
+        stats = out.stats
+        return Measurement(out.ids, {**stats.as_dict(), "drafted": stats.drafted, "accepted": stats.accepted})
+
+
+class TransformersMethod(Method):
+    """``model.generate`` with the same length, sampling and EOS as the spec-zoo methods:
+    plain, prompt lookup (``prompt_lookup_num_tokens``) or assisted (``assistant_model``).
+    It exposes no per-step counts, so tau, alpha and target_forwards are null."""
+
+    def __init__(self, name, model, sampling: SamplingParams, config_hash, drafter="none",
+                 generate_kwargs: Mapping | None = None, params: dict | None = None,
+                 eos_token_ids: Sequence[int] | None = None, stop_strings: Sequence[str] = (), tokenizer=None):
+        params = dict(generate_kwargs or {}) if params is None else params
+        super().__init__(name, drafter, "transformers", params, config_hash)
+        self.model = model
+        self.kwargs = {"do_sample": not sampling.greedy}
+        if eos_token_ids:  # else generate() falls back to the model's generation_config
+            eos = sorted(eos_token_ids)
+            self.kwargs.update(eos_token_id=eos, pad_token_id=eos[0])
+        if not sampling.greedy:
+            self.kwargs.update(temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p)
+        if stop_strings:
+            self.kwargs.update(stop_strings=list(stop_strings), tokenizer=tokenizer)
+        self.kwargs.update(generate_kwargs or {})
+
+    @torch.no_grad()
+    def run(self, prompt_ids, max_new_tokens, seed):
+        torch.manual_seed(seed)
+        ids = torch.tensor([prompt_ids], device=self.model.device)
+        start = time.perf_counter()
+        out = self.model.generate(
+            input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens, **self.kwargs
+        )
+        wall = time.perf_counter() - start
+        new = out[0, len(prompt_ids):].tolist()
+        fields = {
+            "prompt_tokens": len(prompt_ids), "new_tokens": len(new), "wall_s": wall,
+            "tokens_per_s": len(new) / wall if wall > 0 else 0.0,
+            "target_forwards": None, "tau": None, "alpha": None, "drafted": None, "accepted": None,
+            "draft_s": None, "verify_s": None, "accept_per_position": None,
+        }
+        return Measurement(new, fields)
+
+
+def build_method(spec: MethodSpec, target: Target, sampling: SamplingParams, config_hash: str, seed: int = 0,
+                 stop_strings: Sequence[str] = (), eos_token_ids: Sequence[int] | None = None) -> Method:
+    """Instantiate a resolved spec on a loaded target (loads draft/assistant models)."""
+    from hydra.utils import instantiate
+
+    if spec.engine == "spec_zoo":
+        drafter = instantiate(spec.drafter, _convert_="all")
+        verifier = instantiate(spec.verifier, _convert_="all") if spec.verifier else None
+        decoder = SpeculativeDecoder(target, drafter, verifier, sampling, seed)
+        return SpecZooMethod(spec.name, decoder, spec.record_params, config_hash,
+                             spec.drafter_label, stop_strings, eos_token_ids)
+    kwargs = dict(spec.params)
+    if spec.assistant:
+        from spec_zoo.models import load_causal_lm
+
+        a = spec.assistant
+        kwargs["assistant_model"], _ = load_causal_lm(a["path"], a.get("dtype", "float32"), a.get("device", "cpu"))
+    return TransformersMethod(spec.name, target.model, sampling, config_hash, spec.drafter_label, kwargs,
+                              spec.record_params, eos_token_ids, stop_strings, target.tokenizer)

@@ -1,0 +1,73 @@
+"""The results file (DESIGN.md "Benchmark results", a contract): JSON Lines, one record per
+(method, prompt, turn, repeat), appended and flushed as soon as it is measured, so an
+interrupted run loses at most the record being written and a rerun resumes."""
+
+from __future__ import annotations
+
+import json
+import warnings
+from pathlib import Path
+
+#: the plain-decoding method every speedup and `matches_baseline` refers to
+BASELINE = "ar"
+
+#: bump when a field changes meaning or disappears (adding fields keeps the version)
+SCHEMA_VERSION = 1
+
+#: every record has exactly these fields, in this order
+FIELDS = (
+    "schema_version", "method", "drafter", "verifier", "params", "model", "dataset", "category",
+    "question_id", "turn", "repeat", "prompt_tokens", "new_tokens", "wall_s", "tokens_per_s",
+    "target_forwards", "tau", "alpha", "drafted", "accepted", "draft_s", "verify_s",
+    "accept_per_position", "output_ids", "matches_baseline", "top2_margin_at_mismatch",
+    "temperature", "seed", "max_new_tokens", "device", "platform", "torch_version", "spec_zoo_version",
+    "config_hash",
+)
+
+
+def record_key(record: dict) -> tuple:
+    """What makes a record unique: a rerun skips (method, question, turn, repeat) already
+    measured under the same configuration."""
+    return record["method"], record["question_id"], record["turn"], record["repeat"], record["config_hash"]
+
+
+def read_records(path) -> list[dict]:
+    """All records of a results file ([] when it does not exist); a line cut short by an
+    interrupted write is skipped with a warning (its record is measured again on resume)."""
+    path = Path(path)
+    if not path.exists():
+        return []
+    records = []
+    for line_no, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:
+            warnings.warn(f"{path}:{line_no} is not a complete JSON record (interrupted write?); ignoring it.")
+    return records
+
+
+class RecordWriter:
+    """Appends records to a results file, one flushed line each."""
+
+    def __init__(self, path):
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        cut_short = self.path.exists() and self.path.stat().st_size and not self.path.read_bytes().endswith(b"\n")
+        self.file = self.path.open("a", encoding="utf-8")
+        if cut_short:  # keep a partial last line from gluing onto the next record
+            self.file.write("\n")
+
+    def write(self, record: dict) -> None:
+        self.file.write(json.dumps(record) + "\n")
+        self.file.flush()
+
+    def close(self) -> None:
+        self.file.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()

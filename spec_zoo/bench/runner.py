@@ -1,0 +1,138 @@
+"""The benchmark loop: interleaved methods, resumable records, baseline comparison.
+
+For each question and repeat, each turn is run by every method in turn (baseline first),
+so slow drift of the machine (thermal, other load) hits all methods alike. A method's
+second turn is asked after its *own* first answer. The loop sees prompts only as token
+ids, through ``encode(turns, answers)``: the dataset/chat layer stays outside (and tests
+can feed token ids to a tiny model without a tokenizer).
+"""
+
+from __future__ import annotations
+
+import platform
+from collections.abc import Callable, Sequence
+
+import torch
+from tqdm.auto import tqdm
+
+import spec_zoo
+from spec_zoo.bench.dataset import Question
+from spec_zoo.bench.methods import Method
+from spec_zoo.bench.records import BASELINE, FIELDS, SCHEMA_VERSION, RecordWriter, read_records, record_key
+from spec_zoo.target import Target
+
+#: (user turns so far, this method's answers to the earlier ones) -> prompt token ids
+Encode = Callable[[Sequence, list[list[int]]], list[int]]
+
+
+def run_context(model: str, dataset: str, temperature: float, device) -> dict:
+    """The fields every record of a run shares, including the software versions."""
+    return {
+        "model": model, "dataset": dataset, "temperature": temperature, "device": str(device),
+        "torch_version": torch.__version__, "spec_zoo_version": spec_zoo.__version__,
+        "platform": platform.platform(),
+    }
+
+
+def first_difference(a: Sequence[int], b: Sequence[int]) -> int | None:
+    """Index of the first position where two outputs differ (None when equal)."""
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+@torch.no_grad()
+def top2_margin(target: Target, prefix: list[int]) -> float:
+    """Top-1 minus top-2 logit of the target after ``prefix``: a small margin explains a
+    greedy mismatch as a near-tie broken differently by different kernels/batch shapes."""
+    ids = torch.tensor([prefix], device=target.device)
+    top = target.model(input_ids=ids, use_cache=False).logits[0, -1].float().topk(2).values
+    return float(top[0] - top[1])
+
+
+def run_benchmark(
+    methods: Sequence[Method],
+    questions: Sequence[Question],
+    encode: Encode,
+    results_path,
+    *,
+    target: Target,
+    context: dict,
+    max_new_tokens: int,
+    repeats: int = 1,
+    seed: int = 0,
+    greedy: bool = True,
+    warmup_tokens: int = 8,
+    on_record: Callable[[dict], None] | None = None,
+    progress: bool = True,
+) -> list[dict]:
+    """Measure every method on every question turn, ``repeats`` times; return the records
+    of this configuration (those found in ``results_path`` plus the new ones).
+
+    ``methods[0]`` must be the baseline (``ar``). ``context`` holds the shared fields
+    (see `run_context`). ``on_record`` sees each new record after it is written.
+    """
+    if not methods or methods[0].name != BASELINE:
+        raise ValueError(f"methods[0] must be the baseline {BASELINE!r}")
+    if repeats < 1:
+        raise ValueError(f"repeats={repeats}; it must be a positive integer")
+    done = {record_key(r): r for r in read_records(results_path)}
+    total = sum(len(q.turns) for q in questions) * repeats * len(methods)
+    pending = total - sum(
+        (m.name, q.question_id, t, r, m.config_hash) in done
+        for q in questions for t in range(1, len(q.turns) + 1) for r in range(repeats) for m in methods
+    )
+    if pending:  # warm-up: first-call costs (allocations, kernel selection) stay out of the timings
+        prompt = encode(questions[0].turns[:1], [])
+        for method in methods:
+            method.run(prompt, min(warmup_tokens, max_new_tokens), seed)
+
+    records = []
+    with RecordWriter(results_path) as writer, tqdm(total=total, desc="bench", disable=not progress) as bar:
+        for question in questions:
+            for repeat in range(repeats):
+                answers: dict[str, list[list[int]]] = {m.name: [] for m in methods}
+                for turn in range(1, len(question.turns) + 1):
+                    baseline = None
+                    for method in methods:
+                        record = done.get((method.name, question.question_id, turn, repeat, method.config_hash))
+                        if record is None:
+                            bar.set_postfix_str(f"{method.name} q{question.question_id} t{turn}")
+                            # comparable to the baseline only when the prompt is the same: same earlier answers
+                            comparable = greedy and answers[method.name] == answers[BASELINE]
+                            prompt = encode(question.turns[:turn], answers[method.name])
+                            values = _measure(method, prompt, max_new_tokens, seed + repeat, target,
+                                              baseline["output_ids"] if baseline else None, comparable)
+                            values.update(context, category=question.category, question_id=question.question_id,
+                                          turn=turn, repeat=repeat)
+                            record = {f: values[f] for f in FIELDS}
+                            writer.write(record)
+                            if on_record:
+                                on_record(record)
+                        baseline = baseline or record
+                        answers[method.name].append(record["output_ids"])
+                        records.append(record)
+                        bar.update()
+    return records
+
+
+def _measure(method: Method, prompt: list[int], max_new_tokens: int, seed: int, target: Target,
+             baseline_ids: list[int] | None, comparable: bool) -> dict:
+    """Run ``method`` once and return its record's method and measurement fields;
+    ``baseline_ids`` is None when ``method`` is the baseline itself."""
+    measured = method.run(prompt, max_new_tokens, seed)
+    if baseline_ids is None:
+        baseline_ids = measured.output_ids
+    matches = measured.output_ids == baseline_ids if comparable else None
+    margin = None
+    if matches is False:
+        at = first_difference(measured.output_ids, baseline_ids)
+        if at < len(baseline_ids):
+            margin = top2_margin(target, prompt + baseline_ids[:at])
+    return {
+        **measured.fields, "schema_version": SCHEMA_VERSION, "method": method.name, "drafter": method.drafter,
+        "verifier": method.verifier, "params": method.params, "output_ids": measured.output_ids,
+        "matches_baseline": matches, "top2_margin_at_mismatch": margin, "seed": seed,
+        "max_new_tokens": max_new_tokens, "config_hash": method.config_hash,
+    }
