@@ -10,6 +10,7 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
+from spec_zoo.api import CONF_DIR
 from spec_zoo.bench.dataset import load_questions, prompt_encoder
 from spec_zoo.bench.methods import build_method, resolve_methods
 from spec_zoo.bench.runner import run_benchmark, run_context
@@ -73,7 +74,7 @@ def bench(cfg: DictConfig) -> Summary:
     return summary
 
 
-@hydra.main(config_path="pkg://spec_zoo.conf", config_name="bench", version_base="1.3")
+@hydra.main(config_path=CONF_DIR, config_name="bench", version_base="1.3")
 def main(cfg: DictConfig) -> None:
     try:
         bench(cfg)

@@ -29,7 +29,7 @@ from pathlib import Path
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-import spec_zoo.conf
+from spec_zoo.api import CONF_DIR, build_component
 from spec_zoo.bench.records import BASELINE
 from spec_zoo.decoder import SpeculativeDecoder
 from spec_zoo.errors import ConfigError
@@ -38,24 +38,23 @@ from spec_zoo.target import Target
 
 ENGINES = ("spec_zoo", "transformers")
 _SPEC_KEYS = {"engine", "drafter", "verifier", "assistant", "params"}
-CONF_DIR = Path(spec_zoo.conf.__file__).parent
 
 
 def options(group: str) -> list[str]:
     """Option names of a config group (the YAML files in ``conf/<group>/``)."""
-    return sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml"))
+    return sorted(p.stem for p in (Path(CONF_DIR) / group).glob("*.yaml"))
 
 
 def _compose_option(group: str, name: str) -> DictConfig:
     """One option of a config group, composed by Hydra (so its defaults list is honoured)."""
-    from hydra import compose, initialize_config_module
+    from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 
     if name not in options(group):
         raise ConfigError(f"{group}={name!r} is unknown; available: {', '.join(options(group))}.")
     if GlobalHydra.instance().is_initialized():  # inside spec-zoo-bench's @hydra.main
         return compose(overrides=[f"+{group}={name}"])[group]
-    with initialize_config_module("spec_zoo.conf", version_base="1.3"):
+    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
         return compose(overrides=[f"+{group}={name}"])[group]
 
 
@@ -163,7 +162,7 @@ def resolve_methods(
         if name not in available and not override:
             raise ConfigError(f"method {name!r} is unknown; available: {', '.join(available)} "
                               "(or define it inline: methods={name: {drafter: ..., verifier: ...}}).")
-        base = _compose_option("method", name) if name in available else {}
+        base = OmegaConf.to_container(_compose_option("method", name)) if name in available else {}
         entry = OmegaConf.to_container(OmegaConf.merge(base, override or {}), resolve=False)
         spec = _spec(name, entry, root)
         path = spec.draft_model_path
@@ -254,11 +253,9 @@ class TransformersMethod(Method):
 def build_method(spec: MethodSpec, target: Target, sampling: SamplingParams, config_hash: str, seed: int = 0,
                  stop_strings: Sequence[str] = (), eos_token_ids: Sequence[int] | None = None) -> Method:
     """Instantiate a resolved spec on a loaded target (loads draft/assistant models)."""
-    from hydra.utils import instantiate
-
     if spec.engine == "spec_zoo":
-        drafter = instantiate(spec.drafter, _convert_="all")
-        verifier = instantiate(spec.verifier, _convert_="all") if spec.verifier else None
+        drafter = build_component(OmegaConf.create(spec.drafter), f"methods.{spec.name}.drafter")
+        verifier = build_component(OmegaConf.create(spec.verifier), f"methods.{spec.name}.verifier") if spec.verifier else None
         decoder = SpeculativeDecoder(target, drafter, verifier, sampling, seed)
         return SpecZooMethod(spec.name, decoder, spec.record_params, config_hash,
                              spec.drafter_label, stop_strings, eos_token_ids)

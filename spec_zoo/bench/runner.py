@@ -100,7 +100,7 @@ def run_benchmark(
                         if record is None:
                             bar.set_postfix_str(f"{method.name} q{question.question_id} t{turn}")
                             # comparable to the baseline only when the prompt is the same: same earlier answers
-                            comparable = greedy and answers[method.name] == answers[BASELINE]
+                            comparable = greedy and answers[method.name] == answers[BASELINE][: turn - 1]
                             prompt = encode(question.turns[:turn], answers[method.name])
                             values = _measure(method, prompt, max_new_tokens, seed + repeat, target,
                                               baseline["output_ids"] if baseline else None, comparable)

@@ -1,0 +1,249 @@
+"""spec-zoo-bench: dataset grouping/subsampling, method resolution, record schema, resume,
+summary math. A tiny random Llama stands in for the target; prompts are token ids."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from spec_zoo.bench.dataset import CATEGORIES, Question, load_questions, prompt_encoder
+from spec_zoo.bench.methods import Measurement, Method, build_method, resolve_methods
+from spec_zoo.bench.records import FIELDS, read_records, record_key
+from spec_zoo.bench.runner import run_benchmark, run_context
+from spec_zoo.bench.summary import OVERALL, summarize, summarize_file
+from spec_zoo.errors import ConfigError
+from spec_zoo.sampling import SamplingParams
+from spec_zoo.target import Target
+from tests.conftest import make_tiny_llama
+
+EOS = [1]
+QUESTIONS = [
+    Question(90, "mt_bench", ((5, 6, 7, 5, 6, 7, 5), (9, 10, 11))),  # two turns
+    Question(300, "qa", ((12, 13, 14, 12, 13),)),
+]
+TURN_RECORDS = sum(len(q.turns) for q in QUESTIONS)
+
+
+def concat(turns, answers):
+    """The token-id stand-in for a chat: turn 1, answer 1, turn 2, ..."""
+    ids = []
+    for i, turn in enumerate(turns):
+        ids += list(turn) + (answers[i] if i < len(answers) else [])
+    return ids
+
+
+@pytest.fixture(scope="module")
+def target():
+    return Target(make_tiny_llama())
+
+
+@pytest.fixture
+def draft_cache(tmp_path, monkeypatch):
+    """A tiny draft model where drafter/small_model.yaml looks for the truncated draft."""
+    monkeypatch.setenv("SPEC_ZOO_CACHE", str(tmp_path))
+    make_tiny_llama(seed=1, num_hidden_layers=1).save_pretrained(tmp_path / "smollm2-135m-trunc4")
+    return tmp_path
+
+
+class OffByOne(Method):
+    """Greedy decoding whose last token is wrong: a method that never matches the baseline."""
+
+    def __init__(self, baseline: Method):
+        super().__init__("off_by_one", "none", "greedy", {}, "h-off")
+        self.baseline = baseline
+
+    def run(self, prompt_ids, max_new_tokens, seed):
+        measured = self.baseline.run(prompt_ids, max_new_tokens, seed)
+        ids = measured.output_ids[:-1] + [(measured.output_ids[-1] + 1) % 64]
+        return Measurement(ids, measured.fields)
+
+
+def build(target, names, **kw):
+    specs, _ = resolve_methods(names, [])
+    sampling = SamplingParams()
+    return [build_method(s, target, sampling, s.config_hash({}), eos_token_ids=EOS, **kw) for s in specs]
+
+
+def bench(target, methods, path, **kw):
+    kw = {"max_new_tokens": 8, "warmup_tokens": 2, "progress": False, **kw}
+    context = run_context("tiny", "test", 0.0, target.device)
+    return run_benchmark(methods, QUESTIONS, concat, path, target=target, context=context, **kw)
+
+
+# -- dataset ------------------------------------------------------------------------
+def test_spec_bench_groups_mt_bench_and_subsamples_deterministically():
+    everything = load_questions()
+    assert len(everything) == 480
+    assert {q.category for q in everything} == set(CATEGORIES)
+    mt = [q for q in everything if q.category == "mt_bench"]
+    assert [q.question_id for q in mt] == list(range(81, 161)) and all(len(q.turns) == 2 for q in mt)
+
+    two = load_questions(per_category=2)
+    assert len(two) == 2 * len(CATEGORIES)
+    assert all(sum(q.category == c for q in two) == 2 for c in CATEGORIES)
+    assert two == load_questions(per_category=2)  # deterministic
+    assert set(two) <= set(load_questions(per_category=5))  # growing a run keeps its questions
+    assert [q.question_id for q in two] == sorted(q.question_id for q in two)
+    assert {q.category for q in load_questions(per_category=1, categories=["qa", "rag"])} == {"qa", "rag"}
+
+
+def test_dataset_errors(tmp_path):
+    with pytest.raises(ConfigError, match="available: spec_bench"):
+        load_questions("nope")
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    with pytest.raises(ConfigError, match="no questions"):
+        load_questions(path=str(empty))
+    with pytest.raises(ConfigError, match="unknown"):
+        load_questions(categories=["poetry"])
+    with pytest.raises(ConfigError, match="per_category"):
+        load_questions(per_category=0)
+
+
+def test_prompt_encoder_puts_the_method_answer_between_turns():
+    class Tok:
+        chat_template = "yes"
+
+        def decode(self, ids, skip_special_tokens):
+            return "answer:" + ",".join(map(str, ids))
+
+    class Decoder:
+        target = type("T", (), {"tokenizer": Tok()})()
+
+        def encode_chat(self, messages):
+            self.messages = messages
+            return [1, 2]
+
+    decoder = Decoder()
+    assert prompt_encoder(decoder)(("hi", "again"), [[7, 8]]) == [1, 2]
+    assert decoder.messages == [
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": "answer:7,8"},
+        {"role": "user", "content": "again"},
+    ]
+
+
+# -- methods ------------------------------------------------------------------------
+def test_unknown_method_lists_the_available_ones():
+    with pytest.raises(ConfigError, match=r"'nope' is unknown; available: ar, hf_ar.*ngram"):
+        resolve_methods(["nope"], [])
+    with pytest.raises(ConfigError, match="drafter='nope' is unknown"):
+        resolve_methods({"mine": {"drafter": "nope"}}, [])
+
+
+def test_missing_draft_is_skipped_by_default_and_an_error_when_asked_for(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPEC_ZOO_CACHE", str(tmp_path / "nothing"))
+    specs, notes = resolve_methods(None, ["ar", "ngram", "small_model", "hf_assisted"])
+    assert [s.name for s in specs] == ["ar", "ngram"]
+    assert len(notes) == 2 and all("spec-zoo-make-draft" in n for n in notes)
+    with pytest.raises(ConfigError, match="spec-zoo-make-draft"):
+        resolve_methods(["small_model"], [])
+
+
+def test_baseline_first_inline_methods_and_overrides():
+    specs, _ = resolve_methods(
+        {"ngram": None, "mine": {"drafter": {"_target_": "drafters.ngram.NgramDrafter", "num_draft": 2}}}, []
+    )
+    assert [s.name for s in specs] == ["ar", "ngram", "mine"]
+    mine = specs[2]
+    assert mine.drafter_label == "drafters.ngram.NgramDrafter" and mine.record_params == {"num_draft": 2}
+    ngram8, = resolve_methods({"ngram": {"params": {"num_draft": 8}}}, [])[0][1:]
+    assert ngram8.drafter["num_draft"] == 8 and ngram8.config_hash({}) != specs[1].config_hash({})
+
+
+# -- runner ---------------------------------------------------------------------------
+def test_records_follow_the_contract(target, tmp_path, draft_cache):
+    methods = build(target, ["hf_ar", "ngram", "hf_pld", "small_model", "small_model_tree", "hf_assisted"])
+    methods.append(OffByOne(methods[0]))
+    records = bench(target, methods, tmp_path / "results.jsonl")
+    assert records == read_records(tmp_path / "results.jsonl")
+    assert len(records) == TURN_RECORDS * len(methods)
+    assert all(list(r) == list(FIELDS) for r in records)
+    json.dumps(records)  # all plain JSON
+    by = {(r["method"], r["question_id"], r["turn"]): r for r in records}
+    ar = by["ar", 90, 1]
+    assert ar["tau"] == 1.0 and ar["alpha"] is None and ar["target_forwards"] == ar["new_tokens"]
+    assert ar["category"] == "mt_bench" and ar["prompt_tokens"] == 7 and ar["new_tokens"] == len(ar["output_ids"])
+    assert by["ar", 90, 2]["prompt_tokens"] == 7 + len(ar["output_ids"]) + 3  # turn 2 follows the own answer
+    for name in ("ngram", "small_model", "small_model_tree", "hf_ar", "hf_pld", "hf_assisted"):
+        assert all(by[name, q, t]["matches_baseline"] is True for q, t in [(90, 1), (90, 2), (300, 1)]), name
+    assert by["small_model_tree", 300, 1]["drafter"] == "small_model_tree"
+    assert by["small_model_tree", 300, 1]["params"]["tree_width"] == 2
+    hf = by["hf_assisted", 300, 1]
+    assert hf["tau"] is None and hf["target_forwards"] is None and hf["verifier"] == "transformers"
+    assert hf["params"]["assistant_model"].endswith("smollm2-135m-trunc4")
+    assert by["hf_pld", 300, 1]["drafter"] == "prompt_lookup"
+    off = by["off_by_one", 300, 1]
+    assert off["matches_baseline"] is False and off["top2_margin_at_mismatch"] > 0
+    # its turn 2 follows a different answer than the baseline's: not comparable
+    assert by["off_by_one", 90, 2]["matches_baseline"] is None
+
+
+def test_interrupted_run_resumes_without_duplicates_or_losses(target, tmp_path):
+    path = tmp_path / "results.jsonl"
+    methods = build(target, ["ngram", "hf_ar"])
+    expected = TURN_RECORDS * len(methods) * 2
+
+    def interrupt(record, seen=[]):
+        seen.append(record)
+        if len(seen) == 4:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        bench(target, methods, path, repeats=2, on_record=interrupt)
+    assert len(read_records(path)) == 4
+    with open(path, "a") as f:
+        f.write('{"method": "ar", "quest')  # a write cut short by the interruption
+
+    new = []
+    with pytest.warns(UserWarning, match="interrupted write"):
+        records = bench(target, methods, path, repeats=2, on_record=new.append)
+    assert len(new) == expected - 4 and len(records) == expected
+    with pytest.warns(UserWarning):
+        stored = read_records(path)
+    keys = [record_key(r) for r in stored]
+    assert len(keys) == len(set(keys)) == expected
+    assert {(r["method"], r["question_id"], r["turn"], r["repeat"]) for r in stored} == {
+        (m.name, q.question_id, t, rep)
+        for m in methods for q in QUESTIONS for t in range(1, len(q.turns) + 1) for rep in range(2)
+    }
+    again = []
+    with pytest.warns(UserWarning):
+        bench(target, methods, path, repeats=2, on_record=again.append)
+    assert again == []  # nothing left to measure
+
+
+# -- summary --------------------------------------------------------------------------
+def rec(method, category, qid, new_tokens, wall_s, forwards=None, drafted=None, accepted=None, match=None):
+    return {"method": method, "category": category, "question_id": qid, "turn": 1, "repeat": 0,
+            "new_tokens": new_tokens, "wall_s": wall_s, "target_forwards": forwards, "drafted": drafted,
+            "accepted": accepted, "matches_baseline": match, "config_hash": method}
+
+
+def test_summary_pools_tokens_and_seconds(tmp_path):
+    records = [
+        rec("ar", "qa", 1, 10, 1.0, 10, 0, 0, True), rec("ar", "qa", 2, 10, 1.0, 10, 0, 0, True),
+        rec("ar", "rag", 3, 10, 2.0, 10, 0, 0, True),
+        rec("ngram", "qa", 1, 10, 0.5, 5, 8, 6, True), rec("ngram", "qa", 2, 10, 0.5, 5, 8, 4, False),
+        rec("ngram", "rag", 3, 10, 0.5, 2, 10, 8, True),
+        rec("hf_pld", "qa", 1, 20, 1.0),  # ran one prompt only: compared with ar on that prompt
+    ]
+    path = tmp_path / "results.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    s = summarize_file(path)
+    assert s.methods == ["ar", "ngram", "hf_pld"] and s.categories == ["qa", "rag", OVERALL]
+    assert s.get("ngram", "qa", "speedup") == pytest.approx(2.0)  # 20 tok/s over 10 tok/s
+    assert s.get("ngram", "rag", "speedup") == pytest.approx(4.0)
+    assert s.get("ngram", OVERALL, "speedup") == pytest.approx((30 / 1.5) / (30 / 4.0))  # pooled, not mean of ratios
+    assert s.get("hf_pld", "qa", "speedup") == pytest.approx(2.0) and s.get("hf_pld", "rag", "speedup") is None
+    assert s.get("ar", OVERALL, "speedup") == 1.0
+    ngram_qa = s.cells["ngram", "qa"]
+    assert ngram_qa.tau == pytest.approx(2.0) and ngram_qa.alpha == pytest.approx(10 / 16)
+    assert ngram_qa.match_rate == 0.5 and s.cells["ngram", OVERALL].tau == pytest.approx(30 / 12)
+    assert s.cells["hf_pld", "qa"].tau is None and s.cells["hf_pld", "qa"].match_rate is None
+    md = s.to_markdown()
+    assert "| ngram | 2.00x | 4.00x | 2.67x |" in md and "| hf_pld | 2.00x | - | 2.00x |" in md
+    assert not s.warnings
+    mixed = summarize(records + [{**records[3], "config_hash": "other"}])
+    assert "mixes 2 configurations" in mixed.warnings[0]
