@@ -15,6 +15,7 @@ from spec_zoo.bench.dataset import load_questions, prompt_encoder
 from spec_zoo.bench.methods import build_method, resolve_methods
 from spec_zoo.bench.runner import run_benchmark, run_context
 from spec_zoo.bench.summary import Summary, summarize, summarize_file
+from spec_zoo.cli import _quiet_transformers
 from spec_zoo.errors import ConfigError
 from spec_zoo.sampling import SamplingParams
 
@@ -76,6 +77,7 @@ def bench(cfg: DictConfig) -> Summary:
 
 @hydra.main(config_path=CONF_DIR, config_name="bench", version_base="1.3")
 def main(cfg: DictConfig) -> None:
+    _quiet_transformers()  # load bars and per-call generate() notices would bury the progress bar
     try:
         bench(cfg)
     except ConfigError as err:

@@ -69,7 +69,6 @@ class MethodSpec:
     assistant: dict | None = None
     params: dict = field(default_factory=dict)
     drafter_label: str = "none"  # the option name (or _target_) recorded as `drafter`
-    verifier_label: str | None = None
 
     @property
     def draft_model_path(self) -> str | None:
@@ -132,13 +131,12 @@ def _spec(name: str, entry: Mapping, root: DictConfig | None) -> MethodSpec:
         if assistant is not None and not isinstance(assistant.get("path"), str):
             raise ConfigError(f"method {name}: assistant={label} has no model `path` to load as assistant_model.")
         drafter_label = label or ("prompt_lookup" if "prompt_lookup_num_tokens" in params else "none")
-        return MethodSpec(name, engine, assistant=assistant, params=params,
-                          drafter_label=drafter_label, verifier_label="transformers")
+        return MethodSpec(name, engine, assistant=assistant, params=params, drafter_label=drafter_label)
     if entry.get("drafter") is None:
         raise ConfigError(f"method {name}: engine=spec_zoo needs a drafter (e.g. drafter: none).")
     drafter, drafter_label = _resolve_option("drafter", entry["drafter"], name, root)
-    verifier, verifier_label = _resolve_option("verifier", entry.get("verifier"), name, root)
-    return MethodSpec(name, engine, {**drafter, **params}, verifier, None, params, drafter_label, verifier_label)
+    verifier, _ = _resolve_option("verifier", entry.get("verifier"), name, root)
+    return MethodSpec(name, engine, {**drafter, **params}, verifier, params=params, drafter_label=drafter_label)
 
 
 def resolve_methods(
@@ -254,8 +252,9 @@ def build_method(spec: MethodSpec, target: Target, sampling: SamplingParams, con
                  stop_strings: Sequence[str] = (), eos_token_ids: Sequence[int] | None = None) -> Method:
     """Instantiate a resolved spec on a loaded target (loads draft/assistant models)."""
     if spec.engine == "spec_zoo":
-        drafter = build_component(OmegaConf.create(spec.drafter), f"methods.{spec.name}.drafter")
-        verifier = build_component(OmegaConf.create(spec.verifier), f"methods.{spec.name}.verifier") if spec.verifier else None
+        key = f"methods.{spec.name}"
+        drafter = build_component(OmegaConf.create(spec.drafter), f"{key}.drafter")
+        verifier = build_component(OmegaConf.create(spec.verifier), f"{key}.verifier") if spec.verifier else None
         decoder = SpeculativeDecoder(target, drafter, verifier, sampling, seed)
         return SpecZooMethod(spec.name, decoder, spec.record_params, config_hash,
                              spec.drafter_label, stop_strings, eos_token_ids)
