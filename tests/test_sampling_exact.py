@@ -1,0 +1,136 @@
+"""Lossless at temperature > 0: tokens generated through every drafter x rejection
+sampling follow the target's own sampling distribution.
+
+On a tiny model with an 8-token vocabulary we compute the exact distribution of the
+first three generated tokens (512 sequences) and compare samples against it with a
+chi-square goodness-of-fit test. A deliberately broken rule (accept every draft
+token) must fail the same test, so the test has the power to catch real bugs.
+"""
+
+import pytest
+import torch
+from scipy.stats import chisquare
+
+from spec_zoo import Draft, SamplingParams, SpeculativeDecoder, Target, Verdict, Verifier, logits_to_probs
+from tests.drafts import drafter_lineup
+from tests.tiny import one_thread, tiny_llama  # noqa: F401 (autouse fixture)
+from verifiers.rejection import RejectionVerifier
+
+VOCAB, LENGTH, SAMPLES = 8, 3, 2000
+PROMPT = [2, 3, 4, 2, 3, 4, 2, 3]  # repetitive, so the n-gram drafter proposes
+P_MIN = 1e-3  # a correct rule fails with this probability per test
+
+
+def exact_distribution(model, sampling: SamplingParams) -> torch.Tensor:
+    """P(x1, x2, x3 | PROMPT) under the target, as a flat [VOCAB**3] vector."""
+    with torch.no_grad():
+        p1 = logits_to_probs(model(torch.tensor([PROMPT])).logits[0, -1], sampling)
+        pairs = torch.cartesian_prod(torch.arange(VOCAB), torch.arange(VOCAB))
+        ids = torch.cat([torch.tensor(PROMPT).expand(len(pairs), -1), pairs], 1)
+        logits = model(ids).logits
+        p2 = logits_to_probs(logits[:: VOCAB, -2], sampling)  # after x1 (same for every x2)
+        p3 = logits_to_probs(logits[:, -1], sampling)  # after (x1, x2)
+    joint = p1[:, None, None] * p2[:, :, None] * p3.reshape(VOCAB, VOCAB, VOCAB)
+    return joint.reshape(-1)
+
+
+def sample_counts(decoder, samples: int = SAMPLES) -> torch.Tensor:
+    counts = torch.zeros(VOCAB**LENGTH)
+    for seed in range(samples):
+        ids = decoder.generate(PROMPT, max_new_tokens=LENGTH, eos_token_ids=[], seed=seed).ids
+        counts[(ids[0] * VOCAB + ids[1]) * VOCAB + ids[2]] += 1
+    return counts
+
+
+def goodness_of_fit(counts: torch.Tensor, probs: torch.Tensor) -> float:
+    """Chi-square p-value, pooling cells expected below 5 into one."""
+    expected = probs.double() * counts.sum()
+    big = expected >= 5
+    obs = torch.cat([counts[big].double(), counts[~big].sum().reshape(1).double()])
+    exp = torch.cat([expected[big], expected[~big].sum().reshape(1)])
+    return float(chisquare(obs.numpy(), exp.numpy() * obs.sum().item() / exp.sum().item()).pvalue)
+
+
+@pytest.fixture(scope="module")
+def model():
+    return tiny_llama(21, vocab=VOCAB, sharpness=6.0)
+
+
+SETTINGS = {
+    "t1": SamplingParams(temperature=1.0),
+    "t0.7_topk5_topp0.9": SamplingParams(temperature=0.7, top_k=5, top_p=0.9),
+}
+# every drafter family at T=1; top-k/top-p truncation through the chain and the tree
+CASES = [
+    ("none", "t1"),
+    ("ngram_k4_adaptive", "t1"),
+    ("small_chain_k3", "t1"),
+    ("small_tree_2x3", "t1"),
+    ("small_chain_k3", "t0.7_topk5_topp0.9"),
+    ("small_tree_2x3", "t0.7_topk5_topp0.9"),
+]
+DETERMINISTIC_DRAFTERS = ["small_chain_k3", "small_tree_3x2_self"]
+
+
+def _check(model, drafter, sampling, verifier=None, samples=SAMPLES):
+    decoder = SpeculativeDecoder(Target(model), drafter, verifier or RejectionVerifier(), sampling)
+    counts = sample_counts(decoder, samples)
+    return goodness_of_fit(counts, exact_distribution(model, sampling)), decoder
+
+
+def test_target_distribution_is_not_trivial(model):
+    probs = exact_distribution(model, SETTINGS["t1"])
+    assert probs.max() < 0.5 and (probs > 0.005).sum() > 20  # many plausible sequences
+
+
+@pytest.mark.parametrize("drafter,setting", CASES)
+def test_sampled_drafts_follow_target(model, drafter, setting):
+    pvalue, _ = _check(model, drafter_lineup(model, sampled=True)[drafter](), SETTINGS[setting])
+    assert pvalue > P_MIN
+
+
+@pytest.mark.parametrize("drafter", DETERMINISTIC_DRAFTERS)
+def test_deterministic_drafts_follow_target(model, drafter):
+    """Greedy (top-k) drafts verified at temperature > 0: q is one-hot."""
+    pvalue, _ = _check(model, drafter_lineup(model, sampled=False)[drafter](), SETTINGS["t1"])
+    assert pvalue > P_MIN
+
+
+class AcceptEverything(Verifier):
+    """A broken rule: keeps the whole first path and samples the bonus token."""
+
+    name = "broken"
+
+    def verify(self, draft: Draft, target_logits, sampling, generator) -> Verdict:
+        path = draft.path_to(len(draft) - 1) if len(draft) else []
+        row = path[-1] + 1 if path else 0
+        probs = logits_to_probs(target_logits[row], sampling)
+        return Verdict(path, int(torch.multinomial(probs, 1, generator=generator)), bonus=True)
+
+
+class SkipResidual(RejectionVerifier):
+    """A subtler broken rule: on rejection, resample from p instead of norm(max(0, p - q))."""
+
+    def verify(self, draft, target_logits, sampling, generator):
+        verdict = super().verify(draft, target_logits, sampling, generator)
+        if not verdict.bonus:
+            row = verdict.path[-1] + 1 if verdict.path else 0
+            probs = logits_to_probs(target_logits[row], sampling)
+            verdict.next_token = int(torch.multinomial(probs, 1, generator=generator))
+        return verdict
+
+
+@pytest.mark.parametrize("broken", [AcceptEverything, SkipResidual])
+def test_broken_rules_fail(model, broken):
+    pvalue, _ = _check(model, drafter_lineup(model, sampled=True)["small_chain_k3"](), SETTINGS["t1"], broken())
+    assert pvalue < P_MIN  # the same test that the correct rules pass
+
+
+def test_drafts_are_partly_accepted(model):
+    """The line-up is informative: the sampled chain drafter is neither always nor never right."""
+    decoder = SpeculativeDecoder(
+        Target(model), drafter_lineup(model, sampled=True)["small_chain_k3"](), sampling=SETTINGS["t1"]
+    )
+    alphas = [decoder.generate(PROMPT, max_new_tokens=12, eos_token_ids=[], seed=s).stats.alpha for s in range(30)]
+    mean = sum(alphas) / len(alphas)
+    assert 0.2 < mean < 0.9
