@@ -247,3 +247,39 @@ def test_summary_pools_tokens_and_seconds(tmp_path):
     assert not s.warnings
     mixed = summarize(records + [{**records[3], "config_hash": "other"}])
     assert "mixes 2 configurations" in mixed.warnings[0]
+
+
+# -- command line -------------------------------------------------------------------
+def bench_config(*overrides):
+    from hydra import compose, initialize_config_dir
+
+    from spec_zoo.api import CONF_DIR
+
+    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+        return compose("bench", overrides=list(overrides))
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [("methods=[nope]", "'nope' is unknown; available"), ("dataset.name=nope", "available: spec_bench"),
+     ("dataset.categories=[poetry]", "unknown"), ("repeats=0", "repeats")],
+)
+def test_cli_rejects_bad_input_before_loading_a_model(override, message, tmp_path, monkeypatch):
+    from spec_zoo.bench.cli import bench as run_cli
+
+    def refuse(**_):
+        raise AssertionError("the target was loaded before the bad input was rejected")
+
+    monkeypatch.setattr("spec_zoo.models.load_target", refuse)
+    with pytest.raises(ConfigError, match=message):
+        run_cli(bench_config(override, f"out={tmp_path}"))
+
+
+def test_cli_summarize_writes_summary_next_to_the_results(tmp_path):
+    from spec_zoo.bench.cli import bench as run_cli
+
+    path = tmp_path / "results.jsonl"
+    path.write_text(json.dumps(rec("ar", "qa", 1, 10, 1.0, 10)) + "\n")
+    summary = run_cli(bench_config(f"summarize={path}", f"out={tmp_path}"))
+    assert summary.get("ar", "qa", "speedup") == 1.0
+    assert "| ar | 1.00x | 1.00x |" in (tmp_path / "summary.md").read_text()

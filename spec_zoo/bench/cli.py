@@ -48,9 +48,9 @@ def bench(cfg: DictConfig) -> Summary:
     if cfg.repeats < 1:
         raise ConfigError(f"repeats={cfg.repeats}; it must be a positive integer.")
     sampling = SamplingParams(gen.temperature, gen.top_k, gen.top_p)
-    check_model_config(cfg.model)
     specs, notes = resolve_methods(OmegaConf.to_container(cfg.methods) if cfg.methods is not None else None,
                                    list(cfg.default_methods), cfg)
+    check_model_config(cfg.model)
     for note in notes:
         print(note)
     print(f"{len(questions)} questions x {len(specs)} methods ({', '.join(s.name for s in specs)}) "
