@@ -96,7 +96,9 @@ def load_questions(
         questions = [q for q in questions if q.category in categories]
     questions = subsample(questions, per_category)
     if not questions:
-        raise ConfigError(f"dataset {name} ({file}) has no questions to run; check dataset.path and dataset.categories.")
+        raise ConfigError(
+            f"dataset {name} ({file}) has no questions to run; check dataset.path and dataset.categories."
+        )
     return questions
 
 

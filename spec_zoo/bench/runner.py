@@ -78,43 +78,44 @@ def run_benchmark(
     if repeats < 1:
         raise ValueError(f"repeats={repeats}; it must be a positive integer")
     done = {record_key(r): r for r in read_records(results_path)}
-    total = sum(len(q.turns) for q in questions) * repeats * len(methods)
-    pending = total - sum(
-        (m.name, q.question_id, t, r, m.config_hash) in done
-        for q in questions for t in range(1, len(q.turns) + 1) for r in range(repeats) for m in methods
-    )
-    if pending:  # warm-up: first-call costs (allocations, kernel selection) stay out of the timings
+    # run order: question, repeat, turn, then every method (baseline first)
+    plan = [(q, r, t, m) for q in questions for r in range(repeats)
+            for t in range(1, len(q.turns) + 1) for m in methods]
+    if any(_key(*step) not in done for step in plan):
+        # warm-up: first-call costs (allocations, kernel selection) stay out of the timings
         prompt = encode(questions[0].turns[:1], [])
         for method in methods:
             method.run(prompt, min(warmup_tokens, max_new_tokens), seed)
 
     records = []
-    with RecordWriter(results_path) as writer, tqdm(total=total, desc="bench", disable=not progress) as bar:
-        for question in questions:
-            for repeat in range(repeats):
-                answers: dict[str, list[list[int]]] = {m.name: [] for m in methods}
-                for turn in range(1, len(question.turns) + 1):
-                    baseline = None
-                    for method in methods:
-                        record = done.get((method.name, question.question_id, turn, repeat, method.config_hash))
-                        if record is None:
-                            bar.set_postfix_str(f"{method.name} q{question.question_id} t{turn}")
-                            # comparable to the baseline only when the prompt is the same: same earlier answers
-                            comparable = greedy and answers[method.name] == answers[BASELINE][: turn - 1]
-                            prompt = encode(question.turns[:turn], answers[method.name])
-                            values = _measure(method, prompt, max_new_tokens, seed + repeat, target,
-                                              baseline["output_ids"] if baseline else None, comparable)
-                            values.update(context, category=question.category, question_id=question.question_id,
-                                          turn=turn, repeat=repeat)
-                            record = {f: values[f] for f in FIELDS}
-                            writer.write(record)
-                            if on_record:
-                                on_record(record)
-                        baseline = baseline or record
-                        answers[method.name].append(record["output_ids"])
-                        records.append(record)
-                        bar.update()
+    with RecordWriter(results_path) as writer, tqdm(total=len(plan), desc="bench", disable=not progress) as bar:
+        for question, repeat, turn, method in plan:
+            if turn == 1 and method is methods[0]:
+                answers: dict[str, list[list[int]]] = {m.name: [] for m in methods}  # each method's own answers
+            record = done.get(_key(question, repeat, turn, method))
+            if record is None:
+                bar.set_postfix_str(f"{method.name} q{question.question_id} t{turn}")
+                mine, base = answers[method.name], answers[BASELINE]
+                prompt = encode(question.turns[:turn], mine)
+                # comparable to the baseline only on the same prompt: the same earlier answers
+                comparable = greedy and mine == base[: turn - 1]
+                values = _measure(method, prompt, max_new_tokens, seed + repeat, target,
+                                  base[turn - 1] if method is not methods[0] else None, comparable)
+                values.update(context, category=question.category, question_id=question.question_id,
+                              turn=turn, repeat=repeat)
+                record = {f: values[f] for f in FIELDS}
+                writer.write(record)
+                if on_record:
+                    on_record(record)
+            answers[method.name].append(record["output_ids"])
+            records.append(record)
+            bar.update()
     return records
+
+
+def _key(question: Question, repeat: int, turn: int, method: Method) -> tuple:
+    """The `record_key` of the record this step of the plan writes."""
+    return method.name, question.question_id, turn, repeat, method.config_hash
 
 
 def _measure(method: Method, prompt: list[int], max_new_tokens: int, seed: int, target: Target,

@@ -112,7 +112,8 @@ class Summary:
                 lines.append(f"| {m} | " + " | ".join(cells) + " |")
             lines.append("")
         counts = ", ".join(f"{m}: {self.cells[(m, OVERALL)].records}" for m in self.methods)
-        lines.append(f"Records per method: {counts}. `-`: not measured or not defined (e.g. tau of a transformers reference).")
+        lines.append(f"Records per method: {counts}. "
+                     "`-`: not measured or not defined (e.g. tau of a transformers reference).")
         return "\n".join(lines) + "\n"
 
 
