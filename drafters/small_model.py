@@ -84,8 +84,13 @@ class SmallModelDrafter(Drafter):
     def _sampling(self, state: DecodeState) -> bool:
         return not state.sampling.greedy if self.sample_mode == "auto" else bool(self.sample_mode)
 
+    def draft_logits(self, tokens: list[int], draft: Draft) -> torch.Tensor:
+        """Draft-model logits over the target's vocabulary, rows as in `Target.score`.
+        Subclasses with a reduced draft vocabulary map their logits back here."""
+        return self.runner.score(tokens, draft).logits
+
     def _next_logits(self, tokens: list[int]) -> torch.Tensor:
-        return self.runner.score(tokens, Draft.empty()).logits[-1]
+        return self.draft_logits(tokens, Draft.empty())[-1]
 
     def propose(self, state: DecodeState) -> Draft:
         if self.tree_depth:
@@ -124,7 +129,7 @@ class SmallModelDrafter(Drafter):
             if level + 1 == depth:
                 break
             draft = Draft(torch.tensor(tokens), parents)
-            logits = self.runner.score(state.tokens, draft).logits
+            logits = self.draft_logits(state.tokens, draft)
             frontier = {i: logits[i + 1] for i in range(len(tokens)) if draft.depths[i] == level}
         return Draft(torch.tensor(tokens, dtype=torch.long), parents, torch.stack(rows) if rows else None)
 
