@@ -1,0 +1,61 @@
+"""End-to-end truths on the embedded SmolLM2-135M target: every drafter x greedy
+verification reproduces plain greedy decoding on Spec-Bench prompts.
+
+A batched forward can differ from a one-token forward in the last float bits, so a
+mismatch is tolerated only where the target's top-2 logits nearly tie at the first
+differing position (the margin is printed and bounded).
+"""
+
+import pytest
+
+from drafters.ngram import NgramDrafter
+from drafters.small_model import SmallModelDrafter
+from spec_zoo import SpeculativeDecoder
+from spec_zoo.bench.dataset import load_questions
+from spec_zoo.bench.runner import first_difference, top2_margin
+from spec_zoo.models import make_truncated_draft
+from tests.tiny import hf_greedy
+
+pytestmark = pytest.mark.real_model
+MAX_NEW = 64
+NEAR_TIE = 0.05  # logits; a real disagreement would show margins of whole units
+
+
+@pytest.fixture(scope="module")
+def prompts(smollm2_target):
+    decoder = SpeculativeDecoder(smollm2_target)
+    questions = load_questions(per_category=1)[:5]
+    return [decoder.encode(q.turns[0]) for q in questions]
+
+
+@pytest.fixture(scope="module")
+def references(smollm2_target, prompts):
+    eos = smollm2_target.tokenizer.eos_token_id
+    return [hf_greedy(smollm2_target.model, p, MAX_NEW, eos=eos) for p in prompts]
+
+
+@pytest.fixture(scope="module")
+def draft_dir(smollm2_target, tmp_path_factory):
+    return make_truncated_draft(smollm2_target.model, 4, tmp_path_factory.mktemp("draft") / "trunc4")
+
+
+DRAFTERS = {
+    "none": lambda d: None,
+    "ngram": lambda d: NgramDrafter(),
+    "small_model": lambda d: SmallModelDrafter(d, num_draft=4),
+    "small_model_tree": lambda d: SmallModelDrafter(d, tree_width=2, tree_depth=3),
+}
+
+
+@pytest.mark.parametrize("name", list(DRAFTERS))
+def test_greedy_identity_on_spec_bench(smollm2_target, prompts, references, draft_dir, name):
+    decoder = SpeculativeDecoder(smollm2_target, DRAFTERS[name](draft_dir))
+    for prompt, reference in zip(prompts, references):
+        out = decoder.generate(prompt, max_new_tokens=MAX_NEW)
+        at = first_difference(out.ids, reference)
+        if at is not None:
+            margin = top2_margin(smollm2_target, prompt + reference[:at])
+            print(f"{name}: mismatch at token {at}, target top-2 margin {margin:.4f}")
+            assert margin < NEAR_TIE, f"{name} diverged at token {at} where the target is sure (margin {margin})"
+        if name != "none":
+            assert out.stats.target_forwards < len(out.ids) or out.stats.alpha == 0
