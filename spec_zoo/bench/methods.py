@@ -23,7 +23,7 @@ import json
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -89,7 +89,8 @@ class MethodSpec:
     def config_hash(self, run_settings: Mapping) -> str:
         """Identifies what was measured (method + model + generation + seed), so a rerun
         resumes exactly the records of the same configuration."""
-        blob = json.dumps({"method": asdict(self), "run": run_settings}, sort_keys=True, default=str)
+        method = {k: getattr(self, k) for k in ("name", "engine", "drafter", "verifier", "assistant", "params")}
+        blob = json.dumps({"method": method, "run": run_settings}, sort_keys=True, default=str)
         return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
 
