@@ -126,7 +126,7 @@ def test_prompt_encoder_puts_the_method_answer_between_turns():
 
 # -- methods ------------------------------------------------------------------------
 def test_unknown_method_lists_the_available_ones():
-    with pytest.raises(ConfigError, match=r"'nope' is unknown; available: ar, hf_ar.*ngram"):
+    with pytest.raises(ConfigError, match=r"'nope' is unknown; available: ar, .*hf_ar.*ngram"):
         resolve_methods(["nope"], [])
     with pytest.raises(ConfigError, match="drafter='nope' is unknown"):
         resolve_methods({"mine": {"drafter": "nope"}}, [])
@@ -150,6 +150,14 @@ def test_baseline_first_inline_methods_and_overrides():
     assert mine.drafter_label == "drafters.ngram.NgramDrafter" and mine.record_params == {"num_draft": 2}
     ngram8, = resolve_methods({"ngram": {"params": {"num_draft": 8}}}, [])[0][1:]
     assert ngram8.drafter["num_draft"] == 8 and ngram8.config_hash({}) != specs[1].config_hash({})
+
+
+def test_method_entries_resolve_interpolations(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPEC_ZOO_CACHE", str(tmp_path))
+    (tmp_path / "other-draft").mkdir()
+    entry = {"drafter": "small_model", "params": {"path": "${oc.env:SPEC_ZOO_CACHE}/other-draft"}}
+    spec = resolve_methods({"mine": entry}, [])[0][1]
+    assert spec.draft_model_path == f"{tmp_path}/other-draft" == spec.record_params["path"]
 
 
 # -- runner ---------------------------------------------------------------------------

@@ -110,10 +110,15 @@ def _resolve_option(group: str, value, method: str, root: DictConfig | None) -> 
             f"method {method}: {group}={value!r}; give an option of conf/{group}/ "
             f"({', '.join(options(group))}) or a dict with _target_."
         )
-    # resolve interpolations against the whole run config (e.g. ${model.device})
+    return _resolved(group, node, root), label
+
+
+def _resolved(key: str, node, root: DictConfig | None) -> dict:
+    """``node`` as a plain dict, its interpolations resolved as if it sat at ``key`` of the
+    run config ``root`` (so ``${oc.env:...}`` and ``${model.device}`` both work)."""
     scope = OmegaConf.create(OmegaConf.to_container(root, resolve=False)) if root is not None else OmegaConf.create()
-    scope[group] = node
-    return OmegaConf.to_container(scope[group], resolve=True), label
+    scope[key] = node
+    return OmegaConf.to_container(scope[key], resolve=True)
 
 
 def _spec(name: str, entry: Mapping, root: DictConfig | None) -> MethodSpec:
@@ -162,8 +167,7 @@ def resolve_methods(
             raise ConfigError(f"method {name!r} is unknown; available: {', '.join(available)} "
                               "(or define it inline: methods={name: {drafter: ..., verifier: ...}}).")
         base = OmegaConf.to_container(_compose_option("method", name)) if name in available else {}
-        entry = OmegaConf.to_container(OmegaConf.merge(base, override or {}), resolve=False)
-        spec = _spec(name, entry, root)
+        spec = _spec(name, _resolved("method", OmegaConf.merge(base, override or {}), root), root)
         path = spec.draft_model_path
         if path is not None and not Path(path).expanduser().is_dir():
             why = f"its draft model {path} does not exist; make it with `spec-zoo-make-draft`"
