@@ -18,20 +18,32 @@ class NgramDrafter(Drafter):
 
     For n from ``max_ngram`` down to ``min_ngram``: if the last n committed tokens
     occurred before, propose the (up to) ``num_draft`` tokens that followed their most
-    recent earlier occurrence. The index maps each n-gram to the position after its
+    recent earlier occurrence. With ``adaptive`` the length is chosen per step by expected
+    speedup (see `spec_zoo.draft_length`), so poor matches stop costing target time.
+    ``token_cost`` is the cost of scoring one extra token, in target forwards. The index maps each n-gram to the position after its
     latest occurrence and is extended only with newly committed tokens, so a lookup
     costs O(max_ngram) however long the context grows. Deterministic (``probs=None``).
     """
 
     name = "ngram"
 
-    def __init__(self, num_draft: int = 4, min_ngram: int = 1, max_ngram: int = 3, adaptive: bool = True, max_draft: int = 16):
+    def __init__(
+        self,
+        num_draft: int = 4,
+        min_ngram: int = 1,
+        max_ngram: int = 3,
+        adaptive: bool = True,
+        max_draft: int = 16,
+        token_cost: float = 0.1,
+    ):
         if min_ngram < 1 or max_ngram < min_ngram:
             raise ConfigError(
                 f"drafter.min_ngram={min_ngram}, drafter.max_ngram={max_ngram}: need 1 <= min_ngram <= max_ngram."
             )
         self.min_ngram, self.max_ngram = min_ngram, max_ngram
-        self.length = DraftLength(num_draft, adaptive, max_draft)
+        # adaptive: one acceptance estimate per match length (longer matches copy more reliably)
+        self.length = DraftLength(num_draft, adaptive, max_draft, token_cost)
+        self._matched = 0  # n-gram length behind the last proposal
         self._index: dict[tuple[int, ...], int] = {}
         self._indexed = 0  # n-grams ending before this position are in the index
 
@@ -50,12 +62,13 @@ class NgramDrafter(Drafter):
     def propose(self, state: DecodeState) -> Draft:
         tokens = state.tokens
         self._extend_index(tokens)
-        k = min(self.length.value, state.max_depth)
         for n in range(min(self.max_ngram, len(tokens)), self.min_ngram - 1, -1):
             start = self._index.get(tuple(tokens[-n:]))
             if start is not None:
+                self._matched = n
+                k = min(self.length.choose(n), state.max_depth)
                 return Draft.chain(tokens[start : start + k])
         return Draft.empty()
 
     def on_commit(self, draft: Draft, verdict: Verdict) -> None:
-        self.length.update(len(draft), len(verdict.path))
+        self.length.update(len(draft), len(verdict.path), self._matched)

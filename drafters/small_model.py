@@ -27,6 +27,8 @@ class SmallModelDrafter(Drafter):
     sample:     "auto" samples when temperature > 0 and drafts greedily at 0; True/False force it.
                 Sampled drafts record q so rejection sampling stays exact; greedy drafts
                 are deterministic (q one-hot), which exact verification also handles.
+    token_cost: with ``adaptive``, the cost of one drafted token (a draft forward plus its
+                share of the target's scoring) in target forwards; see `spec_zoo.draft_length`.
     tree_width, tree_depth: with tree_depth > 0, each node gets ``tree_width`` children
                 (the top-k tokens when drafting greedily, independent samples from q when
                 sampling) down to ``tree_depth`` levels: a tree of w + w^2 + ... + w^d nodes.
@@ -43,10 +45,11 @@ class SmallModelDrafter(Drafter):
         sample: str | bool = "auto",
         tree_width: int = 1,
         tree_depth: int = 0,
+        token_cost: float = 0.3,
         dtype: str = "float32",
         device: str = "cpu",
     ):
-        self.length = DraftLength(num_draft, adaptive, max_draft)
+        self.length = DraftLength(num_draft, adaptive, max_draft, token_cost)
         if sample not in _SAMPLE_MODES:
             raise ConfigError(f"drafter.sample={sample!r}; allowed values: auto, true, false.")
         if tree_width < 1 or tree_depth < 0:
@@ -97,7 +100,7 @@ class SmallModelDrafter(Drafter):
             return self._propose_tree(state)
         sampled = self._sampling(state)
         tokens, qs = list(state.tokens), []
-        for _ in range(min(self.length.value, state.max_depth)):
+        for _ in range(min(self.length.choose(), state.max_depth)):
             logits = self._next_logits(tokens)
             if sampled:
                 q = logits_to_probs(logits, state.sampling)

@@ -1,0 +1,56 @@
+"""The adaptive draft-length rule: longer after full acceptance, shorter after
+rejections, and no drafting at all once drafting stops paying for itself."""
+
+import pytest
+
+from spec_zoo.draft_length import DraftLength
+from spec_zoo.errors import ConfigError
+
+
+def test_fixed_length_never_moves():
+    length = DraftLength(4, adaptive=False, maximum=16)
+    for _ in range(5):
+        length.update(4, 0)
+    assert length.choose() == 4
+
+
+def test_grows_with_acceptance_and_shrinks_to_zero_with_rejection():
+    length = DraftLength(4, adaptive=True, maximum=16, token_cost=0.1)
+    assert length.choose() == 4  # no evidence yet: the configured start
+    for _ in range(10):
+        length.update(length.choose(), length.choose())
+    grown = length.choose()
+    assert grown > 4
+    seen = []
+    for _ in range(40):
+        k = length.choose()
+        seen.append(k)
+        if k == 0:
+            break
+        length.update(k, 0)
+    assert seen == sorted(seen, reverse=True) and seen[-1] == 0
+
+
+def test_buckets_learn_separately():
+    length = DraftLength(2, adaptive=True, maximum=8)
+    for _ in range(10):
+        length.update(2, 2, bucket="long match")
+        length.update(2, 0, bucket="short match")
+    assert length.choose("long match") > length.choose("short match")
+
+
+def test_higher_cost_means_shorter_drafts():
+    cheap, dear = DraftLength(4, True, 16, token_cost=0.02), DraftLength(4, True, 16, token_cost=0.4)
+    for policy in (cheap, dear):
+        for _ in range(5):
+            policy.update(4, 2)
+    assert cheap.choose() > dear.choose()
+
+
+@pytest.mark.parametrize(
+    "args, key",
+    [((0, False, 4), "num_draft"), ((-3, True, 4), "num_draft"), ((8, True, 4), "max_draft"), ((4, True, 8, 1.5), "token_cost")],
+)
+def test_bad_values_name_the_key(args, key):
+    with pytest.raises(ConfigError, match=key):
+        DraftLength(*args)
