@@ -7,11 +7,11 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 
-def tiny_llama(seed: int = 0, vocab: int = 64, layers: int = 2, sharpness: float = 1.0, dtype=torch.float64):
+def tiny_llama(seed: int = 0, vocab: int = 64, layers: int = 2, sharpness: float = 1.0, dtype=torch.float64, **config):
     """A random Llama; ``sharpness`` scales the LM head so next-token distributions are
-    peaked (random init alone gives nearly uniform ones, which hide broken rules)."""
-    torch.manual_seed(seed)
-    cfg = LlamaConfig(
+    peaked (random init alone gives nearly uniform ones, which hide broken rules);
+    ``config`` overrides any LlamaConfig field (e.g. max_position_embeddings=16)."""
+    fields = dict(
         vocab_size=vocab,
         hidden_size=32,
         intermediate_size=64,
@@ -24,7 +24,10 @@ def tiny_llama(seed: int = 0, vocab: int = 64, layers: int = 2, sharpness: float
         eos_token_id=1,
         pad_token_id=0,
     )
-    model = LlamaForCausalLM(cfg).to(dtype).eval()
+    fields.update(config)
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        model = LlamaForCausalLM(LlamaConfig(**fields)).to(dtype).eval()
     with torch.no_grad():
         model.lm_head.weight.mul_(sharpness)
     return model
