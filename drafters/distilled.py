@@ -1,0 +1,110 @@
+"""``drafter=distilled``: a draft model distilled from the target (`spec-zoo-train distill`).
+
+A thin preset over `SmallModelDrafter` (same chain / tree / adaptive options) that
+
+* loads a distilled-draft directory (HF model dir + ``distill.json``), by default the one
+  shipped for SmolLM2-135M (``drafters/artefacts/smollm2-135m-distilled``);
+* refuses a draft distilled for another target, or corrupt files, with a clear message;
+* plugs the target's input embeddings in (the artefact does not duplicate them);
+* maps a reduced draft vocabulary back to the target's: logits outside it are -inf, so
+  q is exactly zero there and exact verifiers (greedy, rejection sampling) stay exact.
+
+``untrained=True`` rebuilds the same architecture from the target as it was *before*
+distillation (the benchmark's ``draft_untrained`` baseline).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from drafters.small_model import SmallModelDrafter
+from spec_zoo.draft import Draft
+from spec_zoo.errors import ConfigError
+from spec_zoo.target import Target
+
+SHIPPED = Path(__file__).parent / "artefacts" / "smollm2-135m-distilled"
+
+
+class DistilledDrafter(SmallModelDrafter):
+    """path: a distilled-draft dir (None = the shipped SmolLM2-135M draft); the other
+    arguments as in `SmallModelDrafter`; untrained: use the draft's initialisation instead
+    of its trained weights (an ablation baseline)."""
+
+    name = "distilled"
+
+    def __init__(
+        self,
+        path=None,
+        num_draft: int = 4,
+        adaptive: bool = False,
+        max_draft: int = 16,
+        sample: str | bool = "auto",
+        tree_width: int = 1,
+        tree_depth: int = 0,
+        untrained: bool = False,
+        dtype: str = "float32",
+        token_cost: float | None = None,
+        device: str = "cpu",
+    ):
+        from spec_zoo.train.student import load_artefact
+
+        self.path = Path(path).expanduser() if path else SHIPPED
+        if path is None and not (SHIPPED / "distill.json").is_file():
+            raise ConfigError(f"the shipped distilled draft is missing ({SHIPPED}); reinstall spec-zoo, or set "
+                              "drafter.path=DIR to a draft made with `spec-zoo-train distill`.")
+        model, tokenizer, self.record = load_artefact(self.path, dtype=dtype, device=device)
+        extra = {} if token_cost is None else {"token_cost": token_cost}  # adaptive length: see SmallModelDrafter
+        super().__init__(model, num_draft=num_draft, adaptive=adaptive, max_draft=max_draft, sample=sample,
+                         tree_width=tree_width, tree_depth=tree_depth, dtype=dtype, device=device, **extra)
+        self.runner.tokenizer = tokenizer
+        self.source = str(self.path)
+        vocab = self.record.get("draft_vocab")
+        self.vocab_ids = None if vocab is None else torch.tensor(vocab, dtype=torch.long, device=model.device)
+        self.untrained = bool(untrained)
+        if self.untrained and (self.record.get("init") or {}).get("kind") != "target":
+            raise ConfigError(f"drafter.untrained=true needs a draft initialised from the target (student.init=target); "
+                              f"{self.path} was initialised with {(self.record.get('init') or {}).get('kind')!r}.")
+        self.full_vocab: int | None = None
+        self._attached_to = None
+
+    def attach(self, target: Target) -> None:
+        from spec_zoo.train.student import check_target, student_from_target
+
+        if self._attached_to is target:
+            return
+        check_target(self.record, target.model, self.path)
+        if self.runner.tokenizer is not None and target.tokenizer is not None:
+            if self.runner.tokenizer.get_vocab() != target.tokenizer.get_vocab():
+                raise ConfigError(f"drafter.path={self.source} has a different tokenizer than the target; "
+                                  "a draft must share the target's tokenizer.")
+        draft = self.runner.model
+        self.full_vocab = target.vocab_size
+        if self.vocab_ids is None and self.runner.vocab_size != target.vocab_size:
+            raise ConfigError(f"drafter.path={self.source} has {self.runner.vocab_size} output tokens and no draft "
+                              f"vocabulary, but the target has {target.vocab_size}; the draft does not fit this target.")
+        if self.vocab_ids is not None and int(self.vocab_ids.max()) >= target.vocab_size:
+            raise ConfigError(f"drafter.path={self.source}: its draft vocabulary has ids beyond the target's "
+                              f"{target.vocab_size} tokens; it was made for another target.")
+        if self.untrained:
+            init = self.record["init"]
+            fresh = student_from_target(target.model, int(init["layers"]), init.get("copy_layers"),
+                                        None if self.vocab_ids is None else self.vocab_ids.cpu())
+            state = {k: v for k, v in fresh.lm.state_dict().items() if "embed_tokens" not in k}
+            draft.load_state_dict(state, strict=False)
+        if self.record.get("input_embeddings") == "target":
+            embed = target.model.get_input_embeddings()
+            if embed.weight.dtype != draft.dtype or embed.weight.device != draft.device:
+                embed = torch.nn.Embedding.from_pretrained(embed.weight.detach().to(draft.device, draft.dtype))
+            draft.model.embed_tokens = embed  # shared with the target: no second copy of the full table
+        self._attached_to = target
+
+    def draft_logits(self, tokens: list[int], draft: Draft) -> torch.Tensor:
+        logits = self.runner.score(tokens, draft).logits
+        if self.vocab_ids is None:
+            return logits
+        if self.full_vocab is None:
+            raise RuntimeError("DistilledDrafter.attach(target) must be called before drafting")
+        full = logits.new_full((logits.shape[0], self.full_vocab), float("-inf"))
+        return full.index_copy_(1, self.vocab_ids, logits)

@@ -1,0 +1,1 @@
+"""Training of draft models: ``spec-zoo-train distill`` (see docs/distill.md)."""

@@ -1,0 +1,204 @@
+"""Teacher data for distillation: the target's own continuations of training prompts,
+with its next-token distributions (top-k log-probabilities) at every generated position.
+
+On-policy data (DistillSpec): the draft is trained on the text the target itself writes,
+which is what it will be asked to predict at decode time. Generation is batched
+(left-padded ``model.generate``), and every ``shard_prompts`` prompts are written to a
+safetensors shard in the cache, so an interrupted run resumes and a rerun with the same
+settings reuses the data.
+
+Layout of one shard (N sequences, T = max_new_tokens, k = top_k):
+    ids        int32 [N, L]   prompt + continuation, right-padded with -1
+    prompt_len int32 [N]
+    gen_len    int32 [N]      generated tokens (EOS included when hit)
+    topk_ids   int32 [N, T, k] token ids of the target's top-k at each generated position
+    topk_logp  float16 [N, T, k] their log-probabilities under the full softmax
+Row t of ``topk_*`` is the target's distribution of token ``prompt_len + t`` given the
+tokens before it (t < gen_len). The mass outside the top-k is 1 - sum(exp(topk_logp)).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from spec_zoo.errors import ConfigError
+
+PACKAGED_PROMPTS = Path(__file__).parent / "data" / "prompts.jsonl"
+
+
+def load_prompts(path, num: int, sources=None, seed: int = 0) -> list[str]:
+    """``num`` prompts (all when 0) from a JSONL file with a ``prompt`` field, in a
+    seeded random order; ``sources``: keep records whose ``source`` starts with one of these."""
+    path = Path(path).expanduser()
+    if not path.is_file():
+        raise ConfigError(f"data.prompts={str(path)!r} does not exist; give a JSONL file with a `prompt` field per line.")
+    records = []
+    with open(path, encoding="utf-8") as f:
+        for i, line in enumerate(f):
+            if not line.strip():
+                continue
+            try:
+                rec = json.loads(line)
+                prompt = rec["prompt"]
+            except (json.JSONDecodeError, KeyError, TypeError):
+                raise ConfigError(f"data.prompts={str(path)!r}: line {i + 1} is not a JSON object with a `prompt`.") from None
+            if sources and not any(str(rec.get("source", "")).startswith(s) for s in sources):
+                continue
+            records.append(prompt)
+    if not records:
+        raise ConfigError(f"data.prompts={str(path)!r} has no prompts (after data.sources={sources}).")
+    order = torch.randperm(len(records), generator=torch.Generator().manual_seed(seed)).tolist()
+    chosen = [records[i] for i in order]
+    return chosen[:num] if num else chosen
+
+
+def encode_prompts(tokenizer, prompts: list[str], chat: bool, max_prompt_tokens: int) -> list[list[int]]:
+    """Token ids per prompt (through the chat template when ``chat``); prompts longer than
+    ``max_prompt_tokens`` are dropped rather than cut (a cut template is not a real prompt)."""
+    out = []
+    for text in prompts:
+        if chat and getattr(tokenizer, "chat_template", None):
+            ids = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True)
+            ids = ids["input_ids"] if hasattr(ids, "keys") else ids
+        else:
+            ids = tokenizer(text, add_special_tokens=True)["input_ids"]
+        ids = [int(t) for t in ids]
+        if 0 < len(ids) <= max_prompt_tokens:
+            out.append(ids)
+    return out
+
+
+@dataclass
+class TeacherData:
+    """All sequences of the teacher data in memory (see the module docstring)."""
+
+    ids: torch.Tensor
+    prompt_len: torch.Tensor
+    gen_len: torch.Tensor
+    topk_ids: torch.Tensor
+    topk_logp: torch.Tensor
+
+    def __len__(self) -> int:
+        return self.ids.shape[0]
+
+    def subset(self, index) -> "TeacherData":
+        index = torch.as_tensor(index, dtype=torch.long)
+        return TeacherData(*(t[index] for t in (self.ids, self.prompt_len, self.gen_len, self.topk_ids, self.topk_logp)))
+
+    @property
+    def positions(self) -> int:
+        return int(self.gen_len.sum())
+
+    def token_counts(self, vocab_size: int) -> torch.Tensor:
+        """How often each token id occurs among the generated tokens."""
+        counts = torch.zeros(vocab_size)
+        for i in range(len(self)):
+            p, g = int(self.prompt_len[i]), int(self.gen_len[i])
+            counts += torch.bincount(self.ids[i, p : p + g].long(), minlength=vocab_size)[:vocab_size]
+        return counts
+
+
+def data_key(settings: dict) -> str:
+    return hashlib.sha256(json.dumps(settings, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def _pad_batch(seqs: list[list[int]], pad_id: int):
+    width = max(len(s) for s in seqs)
+    ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(seqs), width), dtype=torch.long)
+    for i, s in enumerate(seqs):  # left padding: generation continues from the right edge
+        ids[i, width - len(s) :] = torch.tensor(s)
+        mask[i, width - len(s) :] = 1
+    return ids, mask
+
+
+@torch.no_grad()
+def generate_batch(model, prompts: list[list[int]], max_new_tokens: int, top_k: int, temperature: float,
+                   eos_ids: list[int], pad_id: int, seed: int) -> dict:
+    """One batch of teacher sequences: continuations and top-k log-probs per position."""
+    ids, mask = _pad_batch(prompts, pad_id)
+    torch.manual_seed(seed)
+    out = model.generate(
+        input_ids=ids, attention_mask=mask, max_new_tokens=max_new_tokens,
+        do_sample=temperature > 0, temperature=temperature if temperature > 0 else None, top_k=None, top_p=None,
+        eos_token_id=eos_ids or None, pad_token_id=pad_id, return_dict_in_generate=True, output_logits=True,
+    )
+    new = out.sequences[:, ids.shape[1] :]
+    logits = torch.stack(out.logits, 1).float()  # [B, steps, V], raw (unprocessed) logits
+    B, steps, V = logits.shape
+    k = V if top_k <= 0 else min(top_k, V)
+    logp = logits.log_softmax(-1)
+    vals, idx = torch.topk(logp, k, dim=-1)
+    gen_len = torch.full((B,), steps, dtype=torch.long)
+    for i in range(B):
+        hits = [t for t in range(steps) if int(new[i, t]) in eos_ids]
+        if hits:
+            gen_len[i] = hits[0] + 1
+    rows = [p + new[i, : gen_len[i]].tolist() for i, p in enumerate(prompts)]
+    width = max(len(r) for r in rows)
+    seq = torch.full((B, width), -1, dtype=torch.int32)
+    for i, r in enumerate(rows):
+        seq[i, : len(r)] = torch.tensor(r, dtype=torch.int32)
+    full_T = max_new_tokens
+    topk_ids = torch.zeros((B, full_T, k), dtype=torch.int32)
+    topk_logp = torch.full((B, full_T, k), float("-inf"), dtype=torch.float16)
+    topk_ids[:, :steps] = idx.to(torch.int32)
+    topk_logp[:, :steps] = vals.to(torch.float16)
+    return {
+        "ids": seq, "prompt_len": torch.tensor([len(p) for p in prompts], dtype=torch.int32),
+        "gen_len": gen_len.to(torch.int32), "topk_ids": topk_ids, "topk_logp": topk_logp,
+    }
+
+
+def _concat(parts: list[dict]) -> TeacherData:
+    width = max(p["ids"].shape[1] for p in parts)
+    ids = torch.cat([torch.nn.functional.pad(p["ids"], (0, width - p["ids"].shape[1]), value=-1) for p in parts])
+    cat = {k: torch.cat([p[k] for p in parts]) for k in ("prompt_len", "gen_len", "topk_ids", "topk_logp")}
+    return TeacherData(ids.long(), cat["prompt_len"].long(), cat["gen_len"].long(), cat["topk_ids"].long(), cat["topk_logp"].float())
+
+
+def teacher_data(model, prompts: list[list[int]], *, cache_dir, key: str, max_new_tokens: int, top_k: int,
+                 temperature: float, batch_size: int, eos_ids: list[int], pad_id: int, seed: int,
+                 shard_prompts: int = 128, progress: bool = True) -> TeacherData:
+    """Generate (or load from ``cache_dir/key``) the teacher data of ``prompts``."""
+    from tqdm import tqdm
+
+    root = Path(cache_dir).expanduser() / key
+    root.mkdir(parents=True, exist_ok=True)
+    # batches are made of prompts of similar length (less padding), in a fixed order
+    order = sorted(range(len(prompts)), key=lambda i: (len(prompts[i]), i))
+    shards = [order[s : s + shard_prompts] for s in range(0, len(order), shard_prompts)]
+    parts = []
+    bar = tqdm(total=len(prompts), desc="teacher data", unit="prompt", disable=not progress, dynamic_ncols=True)
+    for n, shard in enumerate(shards):
+        path = root / f"shard-{n:05d}.safetensors"
+        if path.is_file():
+            try:
+                parts.append(load_file(path))
+                bar.update(len(shard))
+                continue
+            except Exception:  # a torn write from an interrupted run: regenerate it
+                path.unlink()
+        pieces = []
+        for b in range(0, len(shard), batch_size):
+            batch = [prompts[i] for i in shard[b : b + batch_size]]
+            pieces.append(generate_batch(model, batch, max_new_tokens, top_k, temperature, eos_ids, pad_id,
+                                         seed * 1_000_003 + n * 1000 + b))
+            bar.update(len(batch))
+        width = max(p["ids"].shape[1] for p in pieces)
+        part = {k: torch.cat([torch.nn.functional.pad(p[k], (0, width - p[k].shape[1]), value=-1) if k == "ids" else p[k]
+                              for p in pieces]) for k in pieces[0]}
+        tmp = path.with_suffix(".tmp")
+        save_file(part, str(tmp))
+        os.replace(tmp, path)
+        parts.append(part)
+    bar.close()
+    (root / "DONE").write_text(json.dumps({"prompts": len(prompts)}))
+    return _concat(parts)

@@ -1,0 +1,326 @@
+"""Distil a draft model from the target (DistillSpec, Zhou et al. 2024).
+
+``distill(cfg)`` runs the whole pipeline of ``spec-zoo-train distill``:
+
+1. load the target; read and encode training prompts;
+2. teacher data: the target's continuations of the prompts + its top-k next-token
+   distributions at every generated position (batched generation, cached on disk);
+3. build the student (from the target's first layers with a reduced draft vocabulary,
+   from an existing draft, or a LoRA adapter over one);
+4. train it on the loss of ``cfg.loss`` (fkl / rkl / tvd), with a progress bar showing the
+   loss and the held-out acceptance, periodic checkpoints and resume;
+5. write the artefact: an HF model dir + ``distill.json`` (see `spec_zoo.train.student`).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+from spec_zoo.errors import ConfigError
+from spec_zoo.train.data import PACKAGED_PROMPTS, TeacherData, data_key, encode_prompts, load_prompts, teacher_data
+from spec_zoo.train.losses import LOSSES, agreement, divergence
+from spec_zoo.train.student import (
+    Student,
+    describe_target,
+    save_artefact,
+    select_vocab,
+    student_from_pretrained,
+    student_from_target,
+)
+
+INITS = ("target", "pretrained", "random")
+
+
+def check_config(cfg: DictConfig) -> None:
+    """Cheap checks, before any model loads; each message names the key."""
+    if cfg.loss not in LOSSES:
+        raise ConfigError(f"loss={cfg.loss!r}; allowed values: {', '.join(LOSSES)}.")
+    if cfg.student.init not in INITS:
+        raise ConfigError(f"student.init={cfg.student.init!r}; allowed values: {', '.join(INITS)}.")
+    if cfg.student.init == "pretrained" and not cfg.student.path:
+        raise ConfigError("student.init=pretrained needs student.path=DIR (an HF model dir or a distilled draft).")
+    if cfg.student.lora.enabled and cfg.student.init != "pretrained":
+        raise ConfigError("student.lora.enabled=true adapts an existing draft: set student.init=pretrained student.path=DIR.")
+    if cfg.student.path and not Path(cfg.student.path).expanduser().is_dir():
+        raise ConfigError(f"student.path={cfg.student.path!r} is not a directory.")
+    for key in ("train.steps", "train.batch_size", "data.batch_size", "data.max_new_tokens", "data.max_prompt_tokens"):
+        if int(OmegaConf.select(cfg, key)) < 1:
+            raise ConfigError(f"{key}={OmegaConf.select(cfg, key)}; it must be a positive integer.")
+    if not 0.0 <= float(cfg.data.heldout) < 1.0:
+        raise ConfigError(f"data.heldout={cfg.data.heldout}; use a fraction in [0, 1).")
+    if cfg.output.dtype not in ("float32", "float16", "bfloat16"):
+        raise ConfigError(f"output.dtype={cfg.output.dtype!r}; allowed values: float32, float16, bfloat16.")
+
+
+def _load_target(cfg: DictConfig):
+    from spec_zoo.models import load_target
+
+    t = cfg.target
+    return load_target(name=t.name, path=t.path, dtype=t.dtype, device="cpu")
+
+
+def _positions(student: Student, data: TeacherData, rows: torch.Tensor, full_vocab: int):
+    """Teacher targets of a batch of sequences: (flat hidden-state index, t_ids, t_index, t_logp)."""
+    lut = None
+    if student.vocab_ids is not None:
+        lut = torch.full((full_vocab,), -1, dtype=torch.long)
+        lut[student.vocab_ids] = torch.arange(student.vocab_ids.numel())
+    ids = data.ids[rows]
+    L = int((data.prompt_len[rows] + data.gen_len[rows]).max())
+    ids = ids[:, :L]
+    mask = (ids >= 0).long()
+    where, t_ids, t_logp = [], [], []
+    for b, i in enumerate(rows.tolist()):
+        p, g = int(data.prompt_len[i]), int(data.gen_len[i])
+        # the hidden state at position p - 1 + t predicts token p + t
+        where.append(b * L + torch.arange(p - 1, p - 1 + g))
+        t_ids.append(data.topk_ids[i, :g])
+        t_logp.append(data.topk_logp[i, :g])
+    t_ids, t_logp = torch.cat(t_ids), torch.cat(t_logp)
+    t_index = t_ids if lut is None else lut[t_ids]
+    return ids.clamp(min=0), mask, torch.cat(where), t_ids, t_index, t_logp
+
+
+def _batch_loss(student: Student, data: TeacherData, rows, full_vocab: int, kind: str, with_agreement=False):
+    ids, mask, where, t_ids, t_index, t_logp = _positions(student, data, rows, full_vocab)
+    hidden = student.hidden(ids, mask)
+    logits = student.head(hidden.reshape(-1, hidden.shape[-1])[where])
+    loss = divergence(logits, t_index, t_logp, kind)
+    if with_agreement:
+        greedy, accept = agreement(logits, student.vocab_ids, t_ids, t_index, t_logp)
+        return loss, greedy, accept
+    return loss
+
+
+@torch.no_grad()
+def evaluate(student: Student, data: TeacherData, full_vocab: int, kind: str, batch_size: int = 16) -> dict:
+    """Held-out loss, greedy acceptance (draft argmax == target argmax) and sampled
+    acceptance (1 - TV at temperature 1), averaged over positions."""
+    if len(data) == 0:
+        return {"loss": float("nan"), "alpha_greedy": float("nan"), "alpha_sampled": float("nan")}
+    student.eval()
+    tot = {"loss": 0.0, "alpha_greedy": 0.0, "alpha_sampled": 0.0}
+    n = 0
+    for s in range(0, len(data), batch_size):
+        rows = torch.arange(s, min(s + batch_size, len(data)))
+        loss, greedy, accept = _batch_loss(student, data, rows, full_vocab, kind, with_agreement=True)
+        tot["loss"] += float(loss.sum())
+        tot["alpha_greedy"] += float(greedy.float().sum())
+        tot["alpha_sampled"] += float(accept.sum())
+        n += loss.numel()
+    return {k: round(v / max(n, 1), 4) for k, v in tot.items()}
+
+
+def _make_student(cfg: DictConfig, target, train: TeacherData) -> Student:
+    s = cfg.student
+    if s.init == "pretrained":
+        student, _ = student_from_pretrained(s.path, target.model)
+        if s.lora.enabled:
+            from peft import LoraConfig, get_peft_model
+
+            lora = LoraConfig(r=int(s.lora.r), lora_alpha=int(s.lora.alpha), lora_dropout=float(s.lora.dropout),
+                              target_modules=list(s.lora.target_modules), bias="none")
+            student.lm = get_peft_model(student.lm, lora)
+        return student
+    full = target.vocab_size
+    vocab_ids = None
+    if int(s.vocab_size) > 0:
+        tok = target.tokenizer
+        always = list(getattr(tok, "all_special_ids", []) or []) if tok is not None else []
+        gen_cfg = getattr(target.model, "generation_config", None)
+        eos = getattr(gen_cfg, "eos_token_id", None)
+        always += eos if isinstance(eos, (list, tuple)) else ([eos] if eos is not None else [])
+        vocab_ids = select_vocab(train.token_counts(full), int(s.vocab_size), always)
+    copy_layers = list(s.copy_layers) if s.copy_layers is not None else None
+    return student_from_target(target.model, int(s.layers), copy_layers, vocab_ids,
+                               random_layers=s.init == "random", seed=int(cfg.train.seed))
+
+
+def _trainable(student: Student, cfg: DictConfig) -> list[torch.nn.Parameter]:
+    base = student.base()
+    for p in student.lm.parameters():
+        p.requires_grad_(False)
+    if cfg.student.lora.enabled:
+        params = [p for n, p in student.lm.named_parameters() if "lora_" in n]
+    else:
+        params = [p for n, p in base.named_parameters() if "embed_tokens" not in n]
+        if not cfg.student.train_head:
+            params = [p for n, p in base.named_parameters() if "embed_tokens" not in n and "lm_head" not in n]
+    for p in params:
+        p.requires_grad_(True)
+    return params
+
+
+def _lr(step: int, cfg: DictConfig) -> float:
+    t = cfg.train
+    warm = int(t.warmup)
+    if step < warm:
+        return float(t.lr) * (step + 1) / warm
+    progress = (step - warm) / max(1, int(t.steps) - warm)
+    return float(t.lr) * (float(t.min_lr_ratio) + (1 - float(t.min_lr_ratio)) * 0.5 * (1 + math.cos(math.pi * progress)))
+
+
+def _save_checkpoint(path: Path, student: Student, opt, step: int, gen: torch.Generator, history: list) -> None:
+    state = {
+        "step": step,
+        "model": {k: v for k, v in student.lm.state_dict().items()},
+        "optimizer": opt.state_dict(),
+        "generator": gen.get_state(),
+        "vocab_ids": student.vocab_ids,
+        "history": json.dumps(history),
+    }
+    tmp = path.with_suffix(".tmp")
+    torch.save(state, tmp)
+    os.replace(tmp, path)
+
+
+def _load_checkpoint(path: Path, student: Student, opt, gen: torch.Generator) -> tuple[int, list]:
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:
+        raise ConfigError(f"checkpoint {path} is corrupt ({type(e).__name__}); delete it or set train.resume=false.") from None
+    saved_vocab = state.get("vocab_ids")
+    if (saved_vocab is None) != (student.vocab_ids is None) or (
+        saved_vocab is not None and not torch.equal(saved_vocab, student.vocab_ids)
+    ):
+        raise ConfigError(f"checkpoint {path} was made with another draft vocabulary / data; "
+                          "delete it or set train.resume=false (or use another output.dir).")
+    try:
+        student.lm.load_state_dict(state["model"])
+        opt.load_state_dict(state["optimizer"])
+    except (RuntimeError, KeyError, ValueError) as e:
+        raise ConfigError(f"checkpoint {path} does not match the student of this config ({str(e)[:160]}); "
+                          "delete it or set train.resume=false.") from None
+    gen.set_state(state["generator"])
+    return int(state["step"]), json.loads(state.get("history", "[]"))
+
+
+def distill(cfg: DictConfig, target=None) -> Path:
+    """Run the pipeline of ``cfg`` (conf/train_distill.yaml); return the artefact dir.
+    ``target``: an already loaded `Target` (tests pass a tiny one)."""
+    from tqdm import tqdm
+
+    check_config(cfg)
+    t0 = time.time()
+    torch.set_num_threads(int(cfg.threads))
+    torch.manual_seed(int(cfg.train.seed))
+    out_dir = Path(cfg.output.dir).expanduser()
+    if target is None:
+        target = _load_target(cfg)
+    model = target.model
+
+    # -- data ---------------------------------------------------------------------
+    d = cfg.data
+    if d.get("token_ids") is not None:  # tests / pre-tokenized prompts
+        prompt_ids = [list(map(int, p)) for p in d.token_ids]
+    else:
+        if target.tokenizer is None:
+            raise ConfigError("the target has no tokenizer; give data.token_ids (pre-tokenized prompts).")
+        path = d.prompts or PACKAGED_PROMPTS
+        texts = load_prompts(path, int(d.num_prompts) * 2, list(d.sources) if d.sources else None, int(d.seed))
+        prompt_ids = encode_prompts(target.tokenizer, texts, bool(d.chat), int(d.max_prompt_tokens))[: int(d.num_prompts)]
+    if len(prompt_ids) < 2:
+        raise ConfigError(f"only {len(prompt_ids)} usable prompts; raise data.num_prompts or data.max_prompt_tokens.")
+    gen_cfg = getattr(model, "generation_config", None)
+    eos = getattr(gen_cfg, "eos_token_id", None)
+    eos_ids = sorted(set(eos if isinstance(eos, (list, tuple)) else ([eos] if eos is not None else [])))
+    if target.tokenizer is not None and target.tokenizer.eos_token_id is not None:
+        eos_ids = sorted(set(eos_ids) | {int(target.tokenizer.eos_token_id)})
+    pad_id = next((x for x in (getattr(target.tokenizer, "pad_token_id", None), getattr(gen_cfg, "pad_token_id", None)) if x is not None), eos_ids[0] if eos_ids else 0)
+    target_info = describe_target(model, cfg.target.path or cfg.target.name)
+    settings = {"target": target_info["fingerprint"], "prompts": [len(p) for p in prompt_ids], "first": prompt_ids[:3],
+                "max_new_tokens": int(d.max_new_tokens), "top_k": int(d.top_k), "temperature": float(d.temperature),
+                "seed": int(d.seed), "eos": eos_ids}
+    t_data = time.time()
+    data = teacher_data(model, prompt_ids, cache_dir=d.cache_dir, key=data_key(settings),
+                        max_new_tokens=int(d.max_new_tokens), top_k=int(d.top_k), temperature=float(d.temperature),
+                        batch_size=int(d.batch_size), eos_ids=eos_ids, pad_id=int(pad_id), seed=int(d.seed),
+                        progress=bool(cfg.progress))
+    data_s = time.time() - t_data
+    order = torch.randperm(len(data), generator=torch.Generator().manual_seed(int(d.seed)))
+    n_held = int(round(len(data) * float(d.heldout)))
+    held, train = data.subset(order[:n_held]), data.subset(order[n_held:])
+
+    # -- student ------------------------------------------------------------------
+    student = _make_student(cfg, target, train)
+    full_vocab = target.vocab_size
+    kind = str(cfg.loss)
+    before = evaluate(student, held, full_vocab, kind)
+    params = _trainable(student, cfg)
+    opt = torch.optim.AdamW(params, lr=float(cfg.train.lr), weight_decay=float(cfg.train.weight_decay))
+    gen = torch.Generator().manual_seed(int(cfg.train.seed))
+    ckpt_dir = out_dir.parent / f".{out_dir.name}.checkpoints"
+    ckpt = ckpt_dir / "last.pt"
+    step, history = 0, []
+    if bool(cfg.train.resume) and ckpt.is_file():
+        step, history = _load_checkpoint(ckpt, student, opt, gen)
+        print(f"resumed from {ckpt} at step {step}", file=sys.stderr)
+    steps, bs = int(cfg.train.steps), int(cfg.train.batch_size)
+    last_eval = history[-1]["alpha_greedy"] if history else before["alpha_greedy"]
+    t_train = time.time()
+    bar = tqdm(total=steps, initial=step, desc=f"distill ({kind})", disable=not cfg.progress, dynamic_ncols=True)
+    ema = None
+    while step < steps:
+        student.lm.train()
+        rows = torch.randint(0, len(train), (bs,), generator=gen)
+        for g in opt.param_groups:
+            g["lr"] = _lr(step, cfg)
+        loss = _batch_loss(student, train, rows, full_vocab, kind).mean()
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        if float(cfg.train.grad_clip) > 0:
+            torch.nn.utils.clip_grad_norm_(params, float(cfg.train.grad_clip))
+        opt.step()
+        step += 1
+        value = float(loss.detach())
+        ema = value if ema is None else 0.9 * ema + 0.1 * value
+        if step % int(cfg.train.eval_every) == 0 or step == steps:
+            metrics = evaluate(student, held, full_vocab, kind)
+            history.append({"step": step, "train_loss": round(ema, 4), **metrics})
+            last_eval = metrics["alpha_greedy"]
+        if step % int(cfg.train.ckpt_every) == 0 and step < steps:
+            ckpt_dir.mkdir(parents=True, exist_ok=True)
+            _save_checkpoint(ckpt, student, opt, step, gen, history)
+        bar.set_postfix(loss=f"{ema:.4f}", heldout_alpha=f"{last_eval:.3f}")
+        bar.update(1)
+    bar.close()
+    train_s = time.time() - t_train
+    after = evaluate(student, held, full_vocab, kind)
+    record = {
+        "target": target_info,
+        "init": {"kind": cfg.student.init, "path": cfg.student.path, "layers": int(cfg.student.layers),
+                 "copy_layers": None if cfg.student.copy_layers is None else list(cfg.student.copy_layers),
+                 "lora": OmegaConf.to_container(cfg.student.lora)},
+        "data": {"prompts": str(d.prompts or "spec_zoo/train/data/prompts.jsonl"), "sequences": len(data),
+                 "train_sequences": len(train), "heldout_sequences": len(held), "positions": data.positions,
+                 "max_new_tokens": int(d.max_new_tokens), "top_k": int(d.top_k), "temperature": float(d.temperature),
+                 "chat": bool(d.chat)},
+        "loss": kind,
+        "steps": step,
+        "batch_size": bs,
+        "heldout_before": before,
+        "heldout_after": after,
+        "history": history,
+        "time_s": {"data": round(data_s, 1), "train": round(train_s, 1), "total": round(time.time() - t0, 1)},
+        "threads": int(cfg.threads),
+        "config": OmegaConf.to_container(cfg, resolve=True),
+    }
+    path = save_artefact(student, out_dir, record, dtype=str(cfg.output.dtype))
+    if ckpt.is_file() and not bool(cfg.train.keep_checkpoints):
+        ckpt.unlink()
+        try:
+            ckpt_dir.rmdir()
+        except OSError:
+            pass
+    print(f"held-out alpha (greedy) {before['alpha_greedy']:.3f} -> {after['alpha_greedy']:.3f}; "
+          f"1-TV {before['alpha_sampled']:.3f} -> {after['alpha_sampled']:.3f}; "
+          f"data {data_s:.0f}s, train {train_s:.0f}s; saved {path}", file=sys.stderr)
+    return path

@@ -1,0 +1,265 @@
+"""The distilled draft model ("student") and its artefact directory.
+
+A student is a Llama-family causal LM sharing the target's tokenizer. Two input modes:
+
+* ``input_embeddings="target"`` (the default, initialised from the target): the student
+  reads the target's own input embeddings (frozen, never stored twice: at decode time
+  the drafter plugs the target's embedding module in). Its LM head may cover a reduced
+  *draft vocabulary* (the most frequent tokens of the teacher data): logits exist only
+  for those ids, so q is exactly zero elsewhere and exact verification stays exact.
+* ``input_embeddings="own"``: an existing HF model used as is (full vocabulary).
+
+Artefact (a standard HF model directory, loadable with ``AutoModelForCausalLM``):
+``config.json`` + ``model.safetensors`` (a Llama whose ``vocab_size`` is the draft
+vocabulary size; ``embed_tokens`` holds the target's rows of those ids, ``lm_head`` the
+trained head) + ``distill.json``: the record of the target it was distilled from
+(name, sizes, an embedding fingerprint), the draft vocabulary (token ids in the target's
+vocabulary, row order of the head), the data, the loss, the steps and the measured alpha.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import torch
+
+from spec_zoo.errors import ConfigError
+
+RECORD = "distill.json"
+FORMAT = "spec-zoo-distilled-draft"
+FORMAT_VERSION = 1
+_FP_ROWS, _FP_DIMS = 16, 8
+
+
+def target_fingerprint(model) -> list[list[float]]:
+    """A few entries of the target's input embedding matrix: enough to tell targets apart,
+    robust to the dtype the target is loaded in (compared with a tolerance)."""
+    w = model.get_input_embeddings().weight.detach()
+    rows = torch.linspace(0, w.shape[0] - 1, _FP_ROWS).long()
+    return [[round(float(x), 4) for x in w[r, :_FP_DIMS].float()] for r in rows]
+
+
+def fingerprint_matches(a, b, tol: float = 2e-2) -> bool:
+    ta, tb = torch.tensor(a, dtype=torch.float64), torch.tensor(b, dtype=torch.float64)
+    if ta.shape != tb.shape:
+        return False
+    scale = max(float(ta.abs().mean()), 1e-6)
+    return float((ta - tb).abs().max()) <= tol * max(scale, 1.0) + 1e-3
+
+
+def describe_target(model, name: str | None) -> dict:
+    cfg = model.config
+    return {
+        "name": name,
+        "model_type": getattr(cfg, "model_type", None),
+        "vocab_size": int(model.get_input_embeddings().weight.shape[0]),
+        "hidden_size": int(cfg.hidden_size),
+        "num_hidden_layers": int(cfg.num_hidden_layers),
+        "fingerprint": target_fingerprint(model),
+    }
+
+
+class Student(torch.nn.Module):
+    """``lm`` (a causal LM over the draft vocabulary) plus how it reads its input.
+
+    vocab_ids: LongTensor [K] (target token id of each head row) or None (full vocabulary).
+    embed:     the target's input embedding module when ``input_embeddings == "target"``.
+    """
+
+    def __init__(self, lm, vocab_ids: torch.Tensor | None, embed=None):
+        super().__init__()
+        self.lm = lm
+        self.vocab_ids = vocab_ids
+        self.embed = [embed]  # a list: not a submodule (frozen, not trained, not saved)
+
+    @property
+    def input_embeddings(self) -> str:
+        return "own" if self.embed[0] is None else "target"
+
+    def base(self):
+        lm = self.lm
+        return lm.get_base_model() if hasattr(lm, "get_base_model") else lm
+
+    def hidden(self, ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        """Last hidden states [B, L, H] of right-padded ``ids``."""
+        body = self.base().model
+        if self.embed[0] is not None:
+            return body(inputs_embeds=self.embed[0](ids), attention_mask=attention_mask, use_cache=False).last_hidden_state
+        return body(input_ids=ids, attention_mask=attention_mask, use_cache=False).last_hidden_state
+
+    def head(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Logits over the draft vocabulary."""
+        return self.base().lm_head(hidden)
+
+    def to_target_ids(self, index: torch.Tensor) -> torch.Tensor:
+        return index if self.vocab_ids is None else self.vocab_ids[index]
+
+
+def select_vocab(counts: torch.Tensor, size: int, always=()) -> torch.Tensor | None:
+    """The ``size`` most frequent token ids (plus ``always``), sorted; None = full vocabulary."""
+    V = counts.shape[0]
+    if size <= 0 or size >= V:
+        return None
+    always = sorted({int(t) for t in always if 0 <= int(t) < V})
+    scores = counts.clone().double()
+    scores[always] = float("inf")
+    # ties (e.g. unseen tokens) broken by id, deterministically
+    order = sorted(range(V), key=lambda i: (-scores[i].item(), i))[:size]
+    return torch.tensor(sorted(order), dtype=torch.long)
+
+
+def student_from_target(target_model, layers: int, copy_layers, vocab_ids: torch.Tensor | None,
+                        random_layers: bool = False, seed: int = 0) -> Student:
+    """A ``layers``-layer Llama of the target's width: layers copied from the target's
+    ``copy_layers`` (default: the first ones), final norm copied, LM head rows copied from
+    the target's output embeddings for ``vocab_ids``; inputs read the target's embeddings."""
+    from transformers import AutoModelForCausalLM
+
+    total = target_model.config.num_hidden_layers
+    copy_layers = list(range(layers)) if copy_layers is None else [int(i) for i in copy_layers]
+    if layers < 1 or len(copy_layers) != layers or not all(0 <= i < total for i in copy_layers):
+        raise ConfigError(
+            f"student.layers={layers}, student.copy_layers={copy_layers}: need layers >= 1 and one target "
+            f"layer index in [0, {total - 1}] per student layer (or copy_layers=null for the first ones)."
+        )
+    config = copy.deepcopy(target_model.config)
+    config.num_hidden_layers = layers
+    if getattr(config, "layer_types", None):
+        config.layer_types = [config.layer_types[i] for i in copy_layers]
+    full_vocab = target_model.get_output_embeddings().weight.shape[0]
+    config.vocab_size = full_vocab if vocab_ids is None else int(vocab_ids.numel())
+    config.tie_word_embeddings = False
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        lm = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    src = {k: v.float() for k, v in target_model.state_dict().items()}
+    rows = slice(None) if vocab_ids is None else vocab_ids
+    state = {
+        "model.embed_tokens.weight": target_model.get_input_embeddings().weight.detach().float()[rows],
+        "lm_head.weight": target_model.get_output_embeddings().weight.detach().float()[rows],
+        "model.norm.weight": src["model.norm.weight"],
+    }
+    if not random_layers:
+        for new, old in enumerate(copy_layers):
+            prefix = f"model.layers.{old}."
+            state.update({f"model.layers.{new}." + k[len(prefix):]: v for k, v in src.items() if k.startswith(prefix)})
+    missing, unexpected = lm.load_state_dict(state, strict=False)
+    if unexpected:
+        raise ConfigError(f"cannot copy target weights into the student (unexpected keys {unexpected[:3]}); "
+                          "is the target a Llama-family model?")
+    lm.generation_config = copy.deepcopy(target_model.generation_config)
+    return Student(lm.eval(), vocab_ids, target_model.get_input_embeddings())
+
+
+def student_from_pretrained(path, target_model=None) -> tuple[Student, dict | None]:
+    """An existing draft: a distilled artefact (keeps its draft vocabulary, reads the
+    target's embeddings) or any HF causal LM sharing the tokenizer (full vocabulary)."""
+    path = Path(path).expanduser()
+    if (path / RECORD).is_file():
+        lm, _, record = load_artefact(path)
+        vocab = record.get("draft_vocab")
+        vocab_ids = torch.tensor(vocab, dtype=torch.long) if vocab is not None else None
+        embed = None
+        if record.get("input_embeddings") == "target":
+            if target_model is None:
+                raise ConfigError(f"{path} reads the target's embeddings; load the target first.")
+            check_target(record, target_model, path)
+            embed = target_model.get_input_embeddings()
+        return Student(lm.float(), vocab_ids, embed), record
+    from spec_zoo.models import load_causal_lm
+
+    lm, _ = load_causal_lm(path, key="student")
+    return Student(lm.float(), None, None), None
+
+
+def check_target(record: dict, target_model, path) -> None:
+    """Refuse a draft distilled for another target, with a message saying which."""
+    want = record.get("target") or {}
+    have = describe_target(target_model, None)
+    problems = [f"{k} {want.get(k)} vs {have[k]}" for k in ("vocab_size", "hidden_size")
+                if want.get(k) is not None and want.get(k) != have[k]]
+    if not problems and want.get("fingerprint") is not None and not fingerprint_matches(want["fingerprint"], have["fingerprint"]):
+        problems.append("the target's embedding weights differ")
+    if problems:
+        raise ConfigError(
+            f"drafter.path={str(path)!r} was distilled for target {want.get('name')!r}, not for this one "
+            f"({'; '.join(problems)}). Use a draft distilled for this target "
+            "(`spec-zoo-train distill target.path=...`), or drafter=small_model for an undistilled draft."
+        )
+
+
+def save_artefact(student: Student, out_dir, record: dict, dtype: str = "float16", tokenizer=None) -> Path:
+    """Write the HF model dir + ``distill.json`` atomically (temp dir, then rename)."""
+    from spec_zoo.models import DTYPES
+
+    out_dir = Path(out_dir).expanduser()
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    lm = student.lm
+    if hasattr(lm, "merge_and_unload"):  # a LoRA student: fold the adapters in
+        lm = copy.deepcopy(lm).merge_and_unload()
+    lm = copy.deepcopy(lm).to(DTYPES[dtype])
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}-", dir=out_dir.parent))
+    try:
+        lm.save_pretrained(tmp, safe_serialization=True)
+        if tokenizer is not None:
+            tokenizer.save_pretrained(tmp)
+        full = {
+            "format": FORMAT, "format_version": FORMAT_VERSION,
+            "input_embeddings": student.input_embeddings,
+            "draft_vocab": None if student.vocab_ids is None else student.vocab_ids.tolist(),
+            **record,
+        }
+        (tmp / RECORD).write_text(json.dumps(full, indent=1))
+        if out_dir.exists():
+            shutil.rmtree(out_dir)
+        os.replace(tmp, out_dir)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out_dir
+
+
+def read_record(path) -> dict:
+    path = Path(path).expanduser()
+    if not path.is_dir():
+        raise ConfigError(f"drafter.path={str(path)!r} is not a directory; point it at a distilled draft "
+                          "(made by `spec-zoo-train distill`), or drop it to use the shipped one.")
+    file = path / RECORD
+    if not file.is_file():
+        raise ConfigError(f"drafter.path={str(path)!r} has no {RECORD}: it is not a distilled draft. "
+                          "Use drafter=small_model for a plain draft model, or make one with `spec-zoo-train distill`.")
+    try:
+        record = json.loads(file.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ConfigError(f"{file} is corrupt ({e}); retrain or re-copy the draft.") from None
+    if not isinstance(record, dict) or record.get("format") != FORMAT:
+        raise ConfigError(f"{file} is not a spec-zoo distilled-draft record (format={record.get('format') if isinstance(record, dict) else None!r}).")
+    if int(record.get("format_version", 0)) > FORMAT_VERSION:
+        raise ConfigError(f"{file} has format_version {record['format_version']}; this spec-zoo reads up to {FORMAT_VERSION}: upgrade spec-zoo.")
+    return record
+
+
+def load_artefact(path, dtype: str = "float32", device: str = "cpu"):
+    """(model, tokenizer or None, record) of a distilled draft dir; corrupt or inconsistent
+    files raise `ConfigError` naming the file."""
+    from spec_zoo.models import load_causal_lm
+
+    record = read_record(path)
+    try:
+        model, tokenizer = load_causal_lm(path, dtype=dtype, device=device, key="drafter")
+    except ConfigError:
+        raise
+    except Exception as e:  # truncated/corrupt safetensors, bad config.json, ...
+        raise ConfigError(f"drafter.path={str(path)!r}: the model files cannot be loaded ({type(e).__name__}: "
+                          f"{str(e)[:200]}); the checkpoint is corrupt or incomplete: retrain or re-copy it.") from None
+    rows = model.get_output_embeddings().weight.shape[0]
+    vocab = record.get("draft_vocab")
+    expected = len(vocab) if vocab is not None else (record.get("target") or {}).get("vocab_size", rows)
+    if rows != expected:
+        raise ConfigError(f"drafter.path={str(path)!r}: the LM head has {rows} rows but {RECORD} lists "
+                          f"{expected} draft tokens; the files do not belong together: retrain or re-copy the draft.")
+    return model, tokenizer, record

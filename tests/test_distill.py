@@ -1,0 +1,250 @@
+"""Distillation (`spec-zoo-train distill`) and the `distilled` drafter, on tiny random targets:
+training end to end (loss falls, acceptance rises, the artefact reloads, resume),
+greedy identity and sampling exactness with a reduced draft vocabulary, and clear
+errors for mismatched or corrupt drafts."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+
+from drafters.distilled import DistilledDrafter
+from spec_zoo import Draft, SpeculativeDecoder, Target
+from spec_zoo.api import CONF_DIR
+from spec_zoo.errors import ConfigError
+from spec_zoo.train.distill import distill
+from spec_zoo.train.losses import divergence
+from spec_zoo.train.student import describe_target, save_artefact, student_from_target
+from tests.test_sampling_exact import P_MIN, SETTINGS, VOCAB, _check
+from tests.tiny import hf_greedy, one_thread, tiny_llama  # noqa: F401 (autouse fixture)
+from verifiers.greedy import GreedyVerifier
+from verifiers.rejection import RejectionVerifier
+
+
+def _teacher(seed: int = 3):
+    model = tiny_llama(seed, vocab=64, layers=3, sharpness=3.0, dtype=torch.float32)
+    model.generation_config.eos_token_id = 1
+    return model
+
+
+def _prompts(n: int = 48, seed: int = 0) -> list[list[int]]:
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(2, 64, (int(torch.randint(3, 9, (1,), generator=g)),), generator=g).tolist() for _ in range(n)]
+
+
+def _cfg(tmp_path, *overrides, prompts=None):
+    base = [
+        "data.max_new_tokens=16", "data.heldout=0.25", "data.batch_size=8", "data.top_k=16",
+        "student.layers=1", "student.vocab_size=48", "student.init=random",
+        "train.steps=40", "train.batch_size=8", "train.lr=1e-2", "train.warmup=4", "train.eval_every=10",
+        "train.ckpt_every=10", f"output.dir={tmp_path / 'draft'}", f"data.cache_dir={tmp_path / 'cache'}",
+        "output.dtype=float32", "progress=false", "threads=1",
+    ]
+    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+        cfg = compose("train_distill", overrides=base + list(overrides))
+    OmegaConf.update(cfg, "data.token_ids", prompts or _prompts())
+    return cfg
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("distill")
+    model = _teacher()
+    path = distill(_cfg(tmp), target=Target(model))
+    return model, path, tmp
+
+
+def test_training_lowers_loss_and_raises_acceptance(trained):
+    model, path, _ = trained
+    record = json.loads((path / "distill.json").read_text())
+    before, after = record["heldout_before"], record["heldout_after"]
+    assert after["loss"] < before["loss"]
+    assert after["alpha_greedy"] > before["alpha_greedy"] + 0.05
+    assert after["alpha_sampled"] > before["alpha_sampled"]
+    assert record["steps"] == 40 and record["loss"] == "tvd" and len(record["draft_vocab"]) == 48
+    assert record["target"]["vocab_size"] == 64 and record["data"]["positions"] > 0
+    assert (path / "config.json").is_file() and (path / "model.safetensors").is_file()
+
+
+def test_artefact_reloads_and_drafts(trained):
+    model, path, _ = trained
+    drafter = DistilledDrafter(path, num_draft=3, dtype="float32")
+    out = SpeculativeDecoder(Target(model), drafter).generate([5, 6, 7], max_new_tokens=20, eos_token_ids=[])
+    assert out.ids == hf_greedy(model, [5, 6, 7], 20)
+    assert out.stats.alpha is not None and out.stats.alpha > 0
+
+
+def test_untrained_is_the_initialisation(trained, tmp_path):
+    _, path, _ = trained
+    with pytest.raises(ConfigError, match="student.init=target"):  # random layers cannot be rebuilt
+        DistilledDrafter(path, untrained=True)
+    model = tiny_llama(0)
+    vocab = torch.arange(10, 58)
+    noisy = _artefact(model, tmp_path / "d", vocab, noise=1.0)
+    drafter = DistilledDrafter(noisy, untrained=True, dtype="float64")
+    drafter.attach(Target(model))
+    assert torch.equal(drafter.runner.model.lm_head.weight, model.lm_head.weight[vocab])
+    assert torch.equal(drafter.runner.model.model.layers[0].mlp.up_proj.weight, model.model.layers[0].mlp.up_proj.weight)
+
+
+def test_same_seed_same_draft_and_resume(tmp_path):
+    model = _teacher()
+    a = distill(_cfg(tmp_path / "a", "train.steps=12"), target=Target(model))
+    b1 = distill(_cfg(tmp_path / "b", "train.steps=8", "train.keep_checkpoints=true", "train.ckpt_every=4"),
+                 target=Target(model))
+    assert (b1.parent / ".draft.checkpoints" / "last.pt").is_file()
+    b = distill(_cfg(tmp_path / "b", "train.steps=12"), target=Target(model))  # resumes at step 8
+    rec = json.loads((b / "distill.json").read_text())
+    assert rec["steps"] == 12 and rec["history"][0]["step"] == 10
+    a2 = distill(_cfg(tmp_path / "a2", "train.steps=12"), target=Target(model))
+    from safetensors.torch import load_file
+
+    sa, sa2 = load_file(a / "model.safetensors"), load_file(a2 / "model.safetensors")
+    assert all(torch.equal(sa[k], sa2[k]) for k in sa)
+
+
+@pytest.mark.parametrize("loss", ["fkl", "rkl", "tvd"])
+def test_losses_are_zero_at_the_teacher_and_positive_elsewhere(loss):
+    logits = torch.randn(5, 10) * 2
+    t_logp, t_ids = logits.log_softmax(-1).topk(10)
+    assert divergence(logits, t_ids, t_logp, loss).abs().max() < 1e-5
+    other = divergence(torch.randn(5, 10), t_ids, t_logp, loss)
+    assert (other > 0).all()
+    # top-k truncation: a lower bound of the full value
+    truncated = divergence(torch.randn(5, 10), t_ids[:, :3], t_logp[:, :3], loss)
+    assert torch.isfinite(truncated).all() and (truncated >= 0).all()
+
+
+def test_lora_adapts_an_existing_draft(trained, tmp_path):
+    model, path, _ = trained
+    cfg = _cfg(tmp_path, "student.init=pretrained", f"student.path={path}", "student.lora.enabled=true",
+               "student.lora.r=4", "train.steps=6")
+    out = distill(cfg, target=Target(model))
+    rec = json.loads((out / "distill.json").read_text())
+    assert rec["init"]["kind"] == "pretrained" and rec["init"]["lora"]["enabled"]
+    assert len(rec["draft_vocab"]) == 48
+    decoder = SpeculativeDecoder(Target(model), DistilledDrafter(out, dtype="float32"))
+    assert decoder.generate([4, 5], max_new_tokens=10, eos_token_ids=[]).ids == hf_greedy(model, [4, 5], 10)
+
+
+# -- reduced-vocabulary drafts stay exact --------------------------------------------
+
+
+def _artefact(model, path, vocab_ids, layers=1, noise=0.0):
+    student = student_from_target(model, layers, None, vocab_ids)
+    if noise:
+        g = torch.Generator().manual_seed(5)
+        with torch.no_grad():
+            w = student.lm.lm_head.weight
+            w.add_(noise * w.std() * torch.randn(w.shape, generator=g))
+    record = {"target": describe_target(model, "tiny"), "init": {"kind": "target", "layers": layers, "copy_layers": None}}
+    return save_artefact(student, path, record, dtype="float64")
+
+
+@pytest.mark.parametrize("verifier", [GreedyVerifier, RejectionVerifier])
+@pytest.mark.parametrize("shape", ["chain", "tree"])
+@pytest.mark.parametrize("seed", [0, 1])
+def test_distilled_greedy_identity(tmp_path, seed, shape, verifier):
+    model = tiny_llama(seed, sharpness=3.0)
+    vocab = torch.arange(0, 64, 4).tolist() + torch.arange(1, 64, 2).tolist()  # 48 of 64 tokens
+    path = _artefact(model, tmp_path / "d", torch.tensor(sorted(set(vocab))), layers=1)
+    kw = dict(tree_width=2, tree_depth=3) if shape == "tree" else dict(num_draft=4, adaptive=True, max_draft=8)
+    drafter = DistilledDrafter(path, dtype="float64", sample=False, **kw)
+    prompt = [5, 9, 13, 5, 9, 13, 22, 40]
+    out = SpeculativeDecoder(Target(model), drafter, verifier()).generate(prompt, max_new_tokens=40, eos_token_ids=[])
+    assert out.ids == hf_greedy(model, prompt, 40)
+
+
+@pytest.fixture(scope="module")
+def small_vocab_model():
+    return tiny_llama(21, vocab=VOCAB, sharpness=6.0)
+
+
+@pytest.mark.parametrize("shape,setting", [("chain", "t1"), ("tree", "t1"), ("chain", "t0.7_topk5_topp0.9")])
+def test_distilled_sampling_is_exact(tmp_path, small_vocab_model, shape, setting):
+    """A draft whose vocabulary misses 2 of the 8 tokens: q is 0 there, and rejection
+    sampling still reproduces the target's distribution."""
+    path = _artefact(small_vocab_model, tmp_path / "d", torch.tensor([0, 1, 2, 4, 5, 7]), noise=0.5)
+    kw = dict(tree_width=2, tree_depth=3) if shape == "tree" else dict(num_draft=3)
+    drafter = DistilledDrafter(path, dtype="float64", **kw)
+    pvalue, decoder = _check(small_vocab_model, drafter, SETTINGS[setting])
+    assert pvalue > P_MIN
+    assert decoder.generate([2, 3, 4], max_new_tokens=12, eos_token_ids=[], seed=1).stats.drafted > 0
+
+
+def test_q_is_zero_outside_the_draft_vocabulary(tmp_path, small_vocab_model):
+    path = _artefact(small_vocab_model, tmp_path / "d", torch.tensor([0, 2, 3, 6]))
+    drafter = DistilledDrafter(path, dtype="float64", num_draft=2)
+    drafter.attach(Target(small_vocab_model))
+    drafter.runner.reset()
+    logits = drafter.draft_logits([2, 3, 4], Draft.empty())
+    probs = logits.softmax(-1)
+    assert logits.shape[-1] == VOCAB and probs[:, [1, 4, 5, 7]].abs().max() == 0
+    assert torch.allclose(probs.sum(-1), torch.ones(1, dtype=probs.dtype))
+
+
+# -- clear errors --------------------------------------------------------------------
+
+
+def test_refuses_a_draft_for_another_target(tmp_path):
+    path = _artefact(tiny_llama(0), tmp_path / "d", torch.arange(48))
+    drafter = DistilledDrafter(path, dtype="float64")
+    with pytest.raises(ConfigError, match="distilled for target 'tiny'.*embedding weights differ"):
+        SpeculativeDecoder(Target(tiny_llama(1)), drafter)
+    with pytest.raises(ConfigError, match="vocab_size 64 vs 32"):
+        SpeculativeDecoder(Target(tiny_llama(0, vocab=32)), DistilledDrafter(path, dtype="float64"))
+
+
+def test_corrupt_or_incomplete_drafts_fail_clearly(tmp_path):
+    model = tiny_llama(0)
+    path = _artefact(model, tmp_path / "d", torch.arange(48))
+    with pytest.raises(ConfigError, match="not a directory"):
+        DistilledDrafter(tmp_path / "nowhere")
+    record = path / "distill.json"
+    good = record.read_text()
+    record.write_text(good[: len(good) // 2])
+    with pytest.raises(ConfigError, match="distill.json is corrupt"):
+        DistilledDrafter(path)
+    rec = json.loads(good)
+    rec["draft_vocab"] = rec["draft_vocab"][:40]
+    record.write_text(json.dumps(rec))
+    with pytest.raises(ConfigError, match="do not belong together"):
+        DistilledDrafter(path)
+    record.write_text(good)
+    weights = path / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:1000])
+    with pytest.raises(ConfigError, match="corrupt or incomplete"):
+        DistilledDrafter(path)
+    record.unlink()
+    with pytest.raises(ConfigError, match="not a distilled draft"):
+        DistilledDrafter(path)
+
+
+def test_corrupt_checkpoint_fails_clearly(tmp_path):
+    cfg = _cfg(tmp_path, "train.steps=4")
+    ckpt = tmp_path / ".draft.checkpoints" / "last.pt"
+    ckpt.parent.mkdir(parents=True)
+    ckpt.write_bytes(b"not a checkpoint")
+    with pytest.raises(ConfigError, match="is corrupt.*train.resume=false"):
+        distill(cfg, target=Target(_teacher()))
+
+
+@pytest.mark.parametrize("override,key", [
+    ("loss=kl", "loss="), ("student.init=teacher", "student.init="), ("train.steps=0", "train.steps="),
+    ("student.lora.enabled=true", "student.lora.enabled"), ("data.heldout=1.5", "data.heldout="),
+])
+def test_bad_config_fails_before_any_model_load(tmp_path, override, key):
+    with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
+        distill(_cfg(tmp_path, override), target="not loaded")
+
+
+def test_drafter_configs_compose():
+    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+        for name in ("distilled", "distilled_tree"):
+            cfg = compose("config", overrides=[f"drafter={name}"])
+            assert cfg.drafter._target_ == "drafters.distilled.DistilledDrafter"
+        assert compose("config", overrides=["drafter=distilled_tree"]).drafter.tree_depth > 0
