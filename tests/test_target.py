@@ -4,9 +4,10 @@ commit leaves the cache exactly as a fresh prefill of the committed tokens would
 import pytest
 import torch
 
+from spec_zoo import Drafter, SpeculativeDecoder
 from spec_zoo.draft import Draft
 from spec_zoo.target import Target
-from tests.tiny import tiny_llama
+from tests.tiny import hf_greedy, tiny_llama
 
 # tree: 0 -> {2, 3}, 1 -> {4}, 3 -> {5}; first level nodes 0 and 1
 TREE = Draft(torch.tensor([10, 11, 12, 13, 14, 15]), [-1, -1, 0, 0, 1, 3])
@@ -79,3 +80,31 @@ def test_chain_commit_crops_rejected_tail():
     target.commit([0])
     assert target.cached == [1, 2, 3, 4]
     assert target.cache.get_seq_length() == 4
+
+
+class HiddenRecorder(Drafter):
+    """Asks for the target's hidden states and drafts the target's own greedy tokens."""
+
+    needs_target_hidden = True
+
+    def __init__(self, continuation):
+        self.continuation, self.seen = continuation, []
+
+    def propose(self, state):
+        if state.target_hidden is not None:
+            self.seen.append(state.target_hidden)
+        done = len(state.tokens) - state.prompt_len
+        return Draft.chain(self.continuation[done : done + 3])
+
+
+def test_drafters_get_target_hidden_states_of_committed_positions():
+    model = tiny_llama(6, dtype=torch.float32, sharpness=3.0)
+    prompt = [3, 9, 4, 7]
+    continuation = hf_greedy(model, prompt, 20)
+    recorder = HiddenRecorder(continuation)
+    SpeculativeDecoder(Target(model), recorder).generate(prompt, max_new_tokens=20, eos_token_ids=[])
+    rows = torch.cat(recorder.seen)  # one row per committed position, in order
+    with torch.no_grad():
+        full = model(torch.tensor([prompt + continuation]), output_hidden_states=True).hidden_states[-1][0]
+    torch.testing.assert_close(rows, full[: len(rows)], atol=1e-5, rtol=1e-5)
+    assert len(rows) > len(prompt) + 10
