@@ -9,7 +9,7 @@ import pytest
 
 from spec_zoo.bench.dataset import CATEGORIES, Question, load_questions, prompt_encoder
 from spec_zoo.bench.methods import Measurement, Method, build_method, resolve_methods
-from spec_zoo.bench.records import FIELDS, read_records, record_key
+from spec_zoo.bench.records import FIELDS, SCHEMA_VERSION, read_records, record_key
 from spec_zoo.bench.runner import run_benchmark, run_context
 from spec_zoo.bench.summary import OVERALL, summarize, summarize_file
 from spec_zoo.errors import ConfigError
@@ -224,7 +224,7 @@ def test_interrupted_run_resumes_without_duplicates_or_losses(target, tmp_path):
 
 # -- summary --------------------------------------------------------------------------
 def rec(method, category, qid, new_tokens, wall_s, forwards=None, drafted=None, accepted=None, match=None):
-    return {"method": method, "category": category, "question_id": qid, "turn": 1, "repeat": 0,
+    return {"schema_version": SCHEMA_VERSION, "method": method, "category": category, "question_id": qid, "turn": 1, "repeat": 0,
             "new_tokens": new_tokens, "wall_s": wall_s, "target_forwards": forwards, "drafted": drafted,
             "accepted": accepted, "matches_baseline": match, "config_hash": method}
 

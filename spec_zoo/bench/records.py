@@ -6,7 +6,10 @@ from __future__ import annotations
 
 import json
 import warnings
+from collections.abc import Iterable
 from pathlib import Path
+
+from spec_zoo.errors import ConfigError
 
 #: the plain-decoding method every speedup and `matches_baseline` refers to
 BASELINE = "ar"
@@ -20,8 +23,8 @@ FIELDS = (
     "question_id", "turn", "repeat", "prompt_tokens", "new_tokens", "wall_s", "tokens_per_s",
     "target_forwards", "tau", "alpha", "drafted", "accepted", "draft_s", "verify_s",
     "accept_per_position", "output_ids", "matches_baseline", "top2_margin_at_mismatch",
-    "temperature", "seed", "max_new_tokens", "device", "platform", "torch_version", "spec_zoo_version",
-    "config_hash",
+    "temperature", "seed", "max_new_tokens", "device", "platform", "machine", "threads", "torch_version",
+    "spec_zoo_version", "config_hash",
 )
 
 
@@ -45,6 +48,22 @@ def read_records(path) -> list[dict]:
             records.append(json.loads(line))
         except json.JSONDecodeError:
             warnings.warn(f"{path}:{line_no} is not a complete JSON record (interrupted write?); ignoring it.")
+    return records
+
+
+def check_schema(records: Iterable[dict], source="results") -> list[dict]:
+    """``records`` as a list, after checking each carries this version's ``schema_version``;
+    a record of another version raises `ConfigError` naming the file and the fix (nothing is
+    rewritten: the file stays as it is)."""
+    records = list(records)
+    for i, r in enumerate(records):
+        version = r.get("schema_version") if isinstance(r, dict) else None
+        if version != SCHEMA_VERSION:
+            raise ConfigError(
+                f"{source}: record {i + 1} has schema_version={version!r}, this spec-zoo reads "
+                f"schema_version={SCHEMA_VERSION}; summarize/report it with the spec-zoo version that wrote it, "
+                "or rerun the benchmark into a new out= directory (the file is left as it is)."
+            )
     return records
 
 

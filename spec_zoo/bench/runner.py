@@ -9,6 +9,7 @@ can feed token ids to a tiny model without a tokenizer).
 
 from __future__ import annotations
 
+import os
 import platform
 from collections.abc import Callable, Sequence
 
@@ -18,7 +19,9 @@ from tqdm.auto import tqdm
 import spec_zoo
 from spec_zoo.bench.dataset import Question
 from spec_zoo.bench.methods import Method
-from spec_zoo.bench.records import BASELINE, FIELDS, SCHEMA_VERSION, RecordWriter, read_records, record_key
+from spec_zoo.bench.records import (
+    BASELINE, FIELDS, SCHEMA_VERSION, RecordWriter, check_schema, read_records, record_key,
+)
 from spec_zoo.target import Target
 
 #: (user turns so far, this method's answers to the earlier ones) -> prompt token ids
@@ -30,8 +33,22 @@ def run_context(model: str, dataset: str, temperature: float, device) -> dict:
     return {
         "model": model, "dataset": dataset, "temperature": temperature, "device": str(device),
         "torch_version": torch.__version__, "spec_zoo_version": spec_zoo.__version__,
-        "platform": platform.platform(),
+        "platform": platform.platform(), "machine": machine(), "threads": torch.get_num_threads(),
     }
+
+
+def machine() -> str:
+    """Host name, CPU model and core count (plus the GPU name on CUDA): where timings were taken."""
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu)
+    except OSError:
+        pass
+    text = f"{platform.node()} | {cpu} x{os.cpu_count()}"
+    if torch.cuda.is_available():
+        text += f" | {torch.cuda.get_device_name()}"
+    return text
 
 
 def first_difference(a: Sequence[int], b: Sequence[int]) -> int | None:
@@ -77,7 +94,7 @@ def run_benchmark(
         raise ValueError(f"methods[0] must be the baseline {BASELINE!r}")
     if repeats < 1:
         raise ValueError(f"repeats={repeats}; it must be a positive integer")
-    done = {record_key(r): r for r in read_records(results_path)}
+    done = {record_key(r): r for r in check_schema(read_records(results_path), str(results_path))}
     # run order: question, repeat, turn, then every method (baseline first)
     plan = [(q, r, t, m) for q in questions for r in range(repeats)
             for t in range(1, len(q.turns) + 1) for m in methods]

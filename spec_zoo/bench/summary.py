@@ -5,19 +5,32 @@ speedup:    (sum new_tokens / sum wall_s) of the method over the same of the bas
             ratios, so long answers weigh as much as they cost.
 tau:        sum new_tokens / sum target_forwards (tokens committed per target forward).
 alpha:      sum accepted / sum drafted.
-match rate: share of comparable records whose output equals the baseline's.
-"overall" pools every category. Pure functions of the records: usable on any results file.
+match rate: share of comparable records whose output equals the baseline's (Spec-Bench's
+            `equal` check); mismatches carry the target's top-2 logit margin, so a near-tie
+            (margin < NEAR_TIE) is told apart from a broken method.
+speedup CI: paired prompt-level bootstrap 95% interval, and the median over repeats
+            (`spec_zoo.bench.stats`).
+predicted:  the cost model tau * t_ar / (t_draft + t_verify) per target forward, from the
+            records' draft_s, verify_s and target_forwards and the paired baseline's seconds
+            per token: what the speedup would be if drafting and verifying were all the cost.
+"overall" pools every category. Pure functions of the records: usable on any results file,
+or on records merged from several (each record's ``_source`` keeps its baseline pairing
+within its own file).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from functools import cached_property
 
 from spec_zoo.bench.dataset import CATEGORIES
-from spec_zoo.bench.records import BASELINE, read_records
+from spec_zoo.bench.records import BASELINE, check_schema, read_records
+from spec_zoo.bench.stats import Pair, SpeedupStats, speedup_stats
 
 OVERALL = "overall"
+#: a greedy mismatch whose top-1 minus top-2 logit is below this is explained as a near-tie
+NEAR_TIE = 0.5
 
 
 @dataclass
@@ -37,6 +50,14 @@ class Cell:
     paired_wall_s: float = 0.0
     base_tokens: int = 0  # ... and those baseline records
     base_wall_s: float = 0.0
+    timed_forwards: int = 0  # target_forwards of the records reporting draft_s / verify_s
+    draft_s: float = 0.0
+    verify_s: float = 0.0
+    pairs: list = field(default_factory=list)  # stats.Pair per paired record (for the bootstrap)
+    position_sums: list = field(default_factory=list)  # sum over records of accept_per_position[j]
+    position_counts: list = field(default_factory=list)
+    mismatch_margins: list = field(default_factory=list)  # top2_margin_at_mismatch (None: output ran short)
+    seed: int = 0  # of the bootstrap
 
     def add(self, r: dict, base: dict | None) -> None:
         """Count record ``r``; ``base`` is the baseline's record for the same prompt, if any."""
@@ -46,11 +67,25 @@ class Cell:
             self.paired_wall_s += r["wall_s"]
             self.base_tokens += base["new_tokens"]
             self.base_wall_s += base["wall_s"]
+            self.pairs.append(Pair((r.get("_source"), r["question_id"], r["turn"]), r["repeat"], r["new_tokens"],
+                                   r["wall_s"], base["new_tokens"], base["wall_s"]))
         self.new_tokens += r["new_tokens"]
         self.wall_s += r["wall_s"]
         if r.get("target_forwards") is not None:
             self.counted_tokens += r["new_tokens"]
             self.target_forwards += r["target_forwards"]
+            if r.get("draft_s") is not None and r.get("verify_s") is not None:
+                self.timed_forwards += r["target_forwards"]
+                self.draft_s += r["draft_s"]
+                self.verify_s += r["verify_s"]
+        for j, rate in enumerate(r.get("accept_per_position") or []):
+            if j == len(self.position_sums):
+                self.position_sums.append(0.0)
+                self.position_counts.append(0)
+            self.position_sums[j] += rate
+            self.position_counts[j] += 1
+        if r.get("matches_baseline") is False:
+            self.mismatch_margins.append(r.get("top2_margin_at_mismatch"))
         self.drafted += r.get("drafted") or 0
         self.accepted += r.get("accepted") or 0
         if r.get("matches_baseline") is not None:
@@ -80,6 +115,53 @@ class Cell:
     def match_rate(self) -> float | None:
         return self.matches / self.compared if self.compared else None
 
+    @cached_property
+    def speedup_stats(self) -> SpeedupStats:
+        """Pooled speedup, median over repeats and bootstrap 95% CI (`spec_zoo.bench.stats`)."""
+        return speedup_stats(self.pairs, seed=self.seed)
+
+    @property
+    def speedup_ci(self) -> tuple[float, float] | None:
+        return self.speedup_stats.ci
+
+    @property
+    def speedup_median(self) -> float | None:
+        return self.speedup_stats.median
+
+    @property
+    def predicted_speedup(self) -> float | None:
+        """Cost model: tau * (baseline seconds per token) / (draft + verify seconds per target forward)."""
+        if not (self.timed_forwards and self.base_tokens and self.base_wall_s and self.tau):
+            return None
+        step = (self.draft_s + self.verify_s) / self.timed_forwards
+        return self.tau * (self.base_wall_s / self.base_tokens) / step if step > 0 else None
+
+    @property
+    def accept_per_position(self) -> list[float]:
+        """Mean over records of each position's acceptance rate (records whose drafts reached it)."""
+        return [s / c for s, c in zip(self.position_sums, self.position_counts)]
+
+    @property
+    def mismatches(self) -> int:
+        return self.compared - self.matches
+
+    @property
+    def near_ties(self) -> int:
+        """Mismatches explained by a near-tie of the target (top-2 margin < NEAR_TIE)."""
+        return sum(m is not None and m < NEAR_TIE for m in self.mismatch_margins)
+
+    @property
+    def equality(self) -> str | None:
+        """Spec-Bench's `equal` check in words: 'matches/compared', plus the near-tie explanation."""
+        if not self.compared:
+            return None
+        text = f"{self.matches}/{self.compared}"
+        if self.mismatches:
+            largest = max((m for m in self.mismatch_margins if m is not None), default=None)
+            text += f" ({self.near_ties} of {self.mismatches} near-ties"
+            text += f", max margin {largest:.3g})" if largest is not None else ")"
+        return text
+
 
 @dataclass
 class Summary:
@@ -102,47 +184,73 @@ class Summary:
             ("alpha (accepted / drafted)", "alpha", "{:.3f}"),
             (f"Match rate vs `{self.baseline}`", "match_rate", "{:.0%}"),
         ]
+        extra = [
+            ("Speedup 95% CI (paired bootstrap over prompts)", "speedup_ci", "[{0:.2f}, {1:.2f}]"),
+            ("Speedup, median over repeats", "speedup_median", "{:.2f}x"),
+            (f"Output equal to `{self.baseline}` (Spec-Bench `equal`; near-tie: top-2 logit margin < {NEAR_TIE})",
+             "equality", "{}"),
+            ("Predicted speedup (cost model: tau x t_ar / (t_draft + t_verify) per forward)",
+             "predicted_speedup", "{:.2f}x"),
+        ]
         lines = ["# Benchmark summary", ""]
         lines += [f"> warning: {w}" for w in self.warnings]
-        for title, stat, fmt in tables:
-            lines += [f"## {title}", "", "| method | " + " | ".join(self.categories) + " |",
-                      "|---" * (len(self.categories) + 1) + "|"]
-            for m in self.methods:
-                cells = [("-" if (v := self.get(m, c, stat)) is None else fmt.format(v)) for c in self.categories]
-                lines.append(f"| {m} | " + " | ".join(cells) + " |")
-            lines.append("")
+        for title, stat, fmt in tables + extra:
+            lines += self.table(title, stat, fmt)
         counts = ", ".join(f"{m}: {self.cells[(m, OVERALL)].records}" for m in self.methods)
         lines.append(f"Records per method: {counts}. "
                      "`-`: not measured or not defined (e.g. tau of a transformers reference).")
         return "\n".join(lines) + "\n"
 
+    def table(self, title: str, stat: str, fmt: str, level: str = "##") -> list[str]:
+        """Markdown lines of one method x category table of ``stat``."""
+        lines = [f"{level} {title}", "", "| method | " + " | ".join(self.categories) + " |",
+                 "|---" * (len(self.categories) + 1) + "|"]
+        for m in self.methods:
+            cells = []
+            for c in self.categories:
+                v = self.get(m, c, stat)
+                cells.append("-" if v is None else fmt.format(*v) if isinstance(v, tuple) else fmt.format(v))
+            lines.append(f"| {m} | " + " | ".join(cells) + " |")
+        return lines + [""]
 
-def summarize(records: Iterable[dict], baseline: str = BASELINE) -> Summary:
-    """Pool records per (method, category) and overall."""
+
+def prompt_key(r: dict) -> tuple:
+    """What pairs a record with its baseline: the same file (``_source``, set when merging
+    several), the same run settings, the same prompt and repeat."""
+    return (r.get("_source"), r.get("model"), r.get("dataset"), r.get("temperature"), r.get("max_new_tokens"),
+            r["question_id"], r["turn"], r["repeat"])
+
+
+def summarize(records: Iterable[dict], baseline: str = BASELINE, label: Callable[[dict], str] | None = None,
+              seed: int = 0) -> Summary:
+    """Pool records per (method, category) and overall. ``label(record)`` names a record's
+    row (default: its method; a report merging sweeps adds the settings that differ).
+    ``seed`` seeds the bootstrap."""
     records = list(records)
-    prompt = lambda r: (r["question_id"], r["turn"], r["repeat"])  # noqa: E731
-    baseline_of = {prompt(r): r for r in records if r["method"] == baseline}
+    label = label or (lambda r: r["method"])
+    baseline_of = {prompt_key(r): r for r in records if r["method"] == baseline}
     cells: dict[tuple[str, str], Cell] = {}
     methods: dict[str, set] = {}
     seen_categories = set()
     for r in records:
-        methods.setdefault(r["method"], set()).add(r.get("config_hash"))
+        name = label(r)
+        methods.setdefault(name, set()).add((r.get("_source"), r.get("config_hash")))
         seen_categories.add(r["category"])
         for category in (r["category"], OVERALL):
-            cells.setdefault((r["method"], category), Cell()).add(r, baseline_of.get(prompt(r)))
+            cells.setdefault((name, category), Cell(seed=seed)).add(r, baseline_of.get(prompt_key(r)))
     order = [c for c in CATEGORIES if c in seen_categories] + sorted(seen_categories - set(CATEGORIES))
     warnings = tuple(
         f"method {m} mixes {len(h)} configurations (config_hash); summarize one configuration at a time."
-        for m, h in methods.items() if len(h) > 1
+        for m, h in methods.items() if len({c for _, c in h}) > 1
     )
-    if baseline not in methods and methods:
+    if not any(r["method"] == baseline for r in records) and records:
         warnings += (f"no `{baseline}` records: speedups are undefined.",)
     return Summary(list(methods), order + [OVERALL], cells, baseline, warnings)
 
 
 def summarize_file(path, config_hashes: Sequence[str] | None = None) -> Summary:
     """Summary of a results file, optionally only of the records with the given config hashes."""
-    records = read_records(path)
+    records = check_schema(read_records(path), str(path))
     if config_hashes is not None:
         records = [r for r in records if r["config_hash"] in set(config_hashes)]
     return summarize(records)
