@@ -11,8 +11,9 @@ import hydra
 from omegaconf import DictConfig, OmegaConf
 
 from spec_zoo.api import CONF_DIR
-from spec_zoo.bench.dataset import load_questions, prompt_encoder
+from spec_zoo.bench.dataset import load_dataset, prompt_encoder
 from spec_zoo.bench.methods import build_method, resolve_methods
+from spec_zoo.bench.records import check_schema, read_records
 from spec_zoo.bench.runner import run_benchmark, run_context
 from spec_zoo.bench.summary import Summary, summarize, summarize_file
 from spec_zoo.cli import _quiet_transformers
@@ -44,28 +45,38 @@ def bench(cfg: DictConfig) -> Summary:
     from spec_zoo.models import check_model_config, load_target
 
     data, gen = cfg.dataset, cfg.generation
-    questions = load_questions(data.name, data.path, data.per_category, data.categories)
+    questions = load_dataset(data)
     if cfg.repeats < 1:
         raise ConfigError(f"repeats={cfg.repeats}; it must be a positive integer.")
     sampling = SamplingParams(gen.temperature, gen.top_k, gen.top_p)
+    method_params = OmegaConf.to_container(cfg.method_params, resolve=True) if cfg.get("method_params") else None
     specs, notes = resolve_methods(OmegaConf.to_container(cfg.methods) if cfg.methods is not None else None,
-                                   list(cfg.default_methods), cfg)
+                                   list(cfg.default_methods), cfg, method_params)
+    specs = compatible(specs, sampling, cfg.get("skip_incompatible", False), notes)
     check_model_config(cfg.model)
+    out = output_dir(cfg)
+    results_path = out / "results.jsonl"
+    existing = check_schema(read_records(results_path), str(results_path))  # before any model loads
+    run_settings = {"model": OmegaConf.to_container(cfg.model), "generation": OmegaConf.to_container(gen),
+                    "dataset": {"name": data.name, "path": data.path}, "seed": cfg.seed}
+    hashes = [s.config_hash(run_settings) for s in specs]
     for note in notes:
         print(note)
+    if cfg.get("dry_run"):
+        from spec_zoo.bench.plan import plan_text
+
+        print(plan_text(specs, hashes, questions, cfg.repeats, gen.max_new_tokens, existing,
+                        cfg.get("plan_tokens_per_s", 25.0), results_path))
+        return None
     print(f"{len(questions)} questions x {len(specs)} methods ({', '.join(s.name for s in specs)}) "
-          f"x {cfg.repeats} repeat(s)")
+          f"x {cfg.repeats} repeat(s) -> {results_path}")
 
     target = load_target(**cfg.model)
     plain = SpeculativeDecoder(target, sampling=sampling)  # encodes prompts; its EOS set serves every method
     eos = sorted(plain._eos_ids())
-    run_settings = {"model": OmegaConf.to_container(cfg.model), "generation": OmegaConf.to_container(gen),
-                    "dataset": {"name": data.name, "path": data.path}, "seed": cfg.seed}
-    methods = [build_method(s, target, sampling, s.config_hash(run_settings), cfg.seed, gen.stop_strings, eos)
-               for s in specs]
-    out = Path(cfg.out)
+    methods = [build_method(s, target, sampling, h, cfg.seed, gen.stop_strings, eos) for s, h in zip(specs, hashes)]
     records = run_benchmark(
-        methods, questions, prompt_encoder(plain, gen.chat), out / "results.jsonl",
+        methods, questions, prompt_encoder(plain, gen.chat), results_path,
         target=target, context=run_context(cfg.model.name, data.name, sampling.temperature, target.device),
         max_new_tokens=gen.max_new_tokens, repeats=cfg.repeats, seed=cfg.seed, greedy=sampling.greedy,
         warmup_tokens=cfg.warmup_tokens, progress=cfg.progress,
@@ -75,14 +86,57 @@ def bench(cfg: DictConfig) -> Summary:
     return summary
 
 
+def compatible(specs, sampling: SamplingParams, skip: bool, notes: list[str]):
+    """Check each method's verifier against the sampling settings before a model loads
+    (e.g. verifier=greedy needs temperature 0); an incompatible one is an error, or, with
+    ``skip`` (``skip_incompatible=true``, as in the drafter_x_verifier preset), a note."""
+    from hydra.utils import instantiate
+
+    kept = []
+    for spec in specs:
+        try:
+            if spec.verifier and hasattr(verifier := instantiate(spec.verifier), "check"):
+                verifier.check(sampling)
+        except ConfigError as err:
+            if not skip:
+                raise ConfigError(f"method {spec.name}: {err}") from err
+            notes.append(f"skipping {spec.name}: {err}")
+            continue
+        kept.append(spec)
+    return kept
+
+
+def output_dir(cfg: DictConfig) -> Path:
+    """Where this run's results.jsonl goes: ``out``; in a multirun (``-m``) where ``out`` was
+    given on the command line, ``out/<this job's overrides>``, so every job appends to its
+    own file under one directory (`spec-zoo-report out` merges them)."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    out = Path(cfg.out)
+    if not HydraConfig.initialized():
+        return out
+    hc = HydraConfig.get()
+    if hc.mode != RunMode.MULTIRUN or not any(o.split("=", 1)[0].lstrip("+~") == "out" for o in hc.overrides.task):
+        return out
+    name = hc.job.override_dirname or f"job{hc.job.num}"
+    return out / name.replace("/", "_")
+
+
 @hydra.main(config_path=CONF_DIR, config_name="bench", version_base="1.3")
-def main(cfg: DictConfig) -> None:
+def _hydra_main(cfg: DictConfig) -> None:
     _quiet_transformers()  # load bars and per-call generate() notices would bury the progress bar
     try:
         bench(cfg)
     except ConfigError as err:
         print(f"spec-zoo-bench: error: {err}", file=sys.stderr)
         sys.exit(2)
+
+
+def main() -> None:
+    """Console script: ``--dry-run`` is accepted as ``dry_run=true`` (print the plan, run nothing)."""
+    sys.argv = ["dry_run=true" if a in ("--dry-run", "--plan") else a for a in sys.argv]
+    _hydra_main()
 
 
 if __name__ == "__main__":

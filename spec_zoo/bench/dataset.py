@@ -61,33 +61,63 @@ def load_questions(
     path: str | None = None,
     per_category: int | None = None,
     categories: Sequence[str] | None = None,
+    prompt_field: str = "turns",
+    category_field: str | None = "category",
+    id_field: str | None = "question_id",
 ) -> list[Question]:
-    """Read a Spec-Bench-format JSONL (``path``, or the shipped dataset ``name``), keep the
-    requested ``categories`` and subsample; raise `ConfigError` when nothing is left."""
-    if path is None:
+    """Read a JSONL of prompts (``path``, or the shipped dataset ``name``), keep the
+    requested ``categories`` and subsample; raise `ConfigError` when nothing is left.
+
+    ``name="jsonl"`` reads any JSONL (bring your own prompts): ``prompt_field`` holds a
+    prompt (a string) or a conversation's user turns (a list of strings),
+    ``category_field`` the category (None: every prompt is in category ``all``) and
+    ``id_field`` a numeric id (None: the line number). Spec-Bench's MT-bench grouping
+    applies only to the shipped format (``name`` other than ``jsonl``).
+    """
+    where = "dataset.path"
+    if name == "jsonl":
+        if path is None:
+            raise ConfigError("dataset=jsonl needs dataset.path=FILE (a JSONL with one prompt per line, "
+                              "the prompt in dataset.prompt_field).")
+    elif path is None:
         if name not in DATASETS:
             raise ConfigError(
-                f"dataset.name={name!r} is unknown; available: {', '.join(DATASETS)} "
-                "(or set dataset.path to a JSONL file of {question_id, category, turns} records)."
+                f"dataset.name={name!r} is unknown; available: {', '.join([*DATASETS, 'jsonl'])} "
+                "(dataset=jsonl dataset.path=FILE dataset.prompt_field=NAME benchmarks your own prompts)."
             )
-        path = DATASETS[name]
+        path, where = DATASETS[name], f"dataset {name}"
     file = Path(path)
     if not file.is_file():
-        raise ConfigError(f"dataset.path={path} does not exist; point it at a JSONL file of questions.")
+        raise ConfigError(f"{where}={path} does not exist; point it at a JSONL file of prompts.")
+    spec_bench_format = name != "jsonl"
     questions = []
     for line_no, line in enumerate(file.read_text(encoding="utf-8").splitlines(), 1):
         if not line.strip():
             continue
         try:
             record = json.loads(line)
-            question = Question(int(record["question_id"]), category_of(record), tuple(record["turns"]))
-            if not question.turns:
-                raise ValueError("no turns")
-            questions.append(question)
+            if not isinstance(record, dict):
+                raise ValueError("not a JSON object")
+            if prompt_field not in record:
+                raise KeyError(prompt_field)
+            turns = record[prompt_field]
+            turns = (turns,) if isinstance(turns, str) else tuple(turns)
+            if not turns or not all(isinstance(t, str) for t in turns):
+                raise ValueError(f"{prompt_field} must be a string or a non-empty list of strings")
+            qid = int(record[id_field]) if id_field else line_no
+            category = str(record[category_field]) if category_field else "all"
+            if spec_bench_format:
+                category = category_of({"question_id": qid, "category": category})
+            questions.append(Question(qid, category, turns))
         except (ValueError, KeyError, TypeError) as err:
-            raise ConfigError(
-                f"{file}:{line_no} is not a question record ({err}); each line needs question_id, category, turns."
-            ) from err
+            fields = f"dataset.prompt_field={prompt_field}" + (f", dataset.id_field={id_field}" if id_field else "") + (
+                f", dataset.category_field={category_field}" if category_field else "")
+            raise ConfigError(f"{file}:{line_no} is not a prompt record (missing or bad {err}); "
+                              f"each line needs the fields {fields} (set those keys to your file's names).") from err
+    ids = [q.question_id for q in questions]
+    if len(set(ids)) != len(ids):
+        raise ConfigError(f"{file}: question ids repeat; set dataset.id_field to a unique numeric field "
+                          "(or null to number prompts by line).")
     if categories is not None:
         known = sorted({q.category for q in questions})
         unknown = [c for c in categories if c not in known]
@@ -100,6 +130,14 @@ def load_questions(
             f"dataset {name} ({file}) has no questions to run; check dataset.path and dataset.categories."
         )
     return questions
+
+
+def load_dataset(cfg) -> list[Question]:
+    """`load_questions` from a ``dataset`` config node (conf/dataset/*.yaml)."""
+    get = cfg.get
+    return load_questions(get("name", "spec_bench"), get("path"), get("per_category"), get("categories"),
+                          get("prompt_field", "turns"), get("category_field", "category"),
+                          get("id_field", "question_id"))
 
 
 def prompt_encoder(decoder, chat: bool = True):

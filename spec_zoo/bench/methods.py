@@ -146,13 +146,15 @@ def _spec(name: str, entry: Mapping, root: DictConfig | None) -> MethodSpec:
 
 
 def resolve_methods(
-    methods, default_methods: Sequence[str], root: DictConfig | None = None
+    methods, default_methods: Sequence[str], root: DictConfig | None = None, method_params: Mapping | None = None
 ) -> tuple[list[MethodSpec], list[str]]:
     """Method specs to run, baseline first, plus printable notes about skipped methods.
 
     ``methods``: None (run ``default_methods``, skipping those whose draft model is missing),
     a name, a list of names, or a dict name -> entry (None = the entry of conf/method/<name>).
     A method asked for by name whose draft model is missing is an error, not a skip.
+    ``method_params`` are merged into the ``params`` of every spec_zoo method but the
+    baseline (the bench's ``method_params`` key: sweep a drafter setting with Hydra multirun).
     """
     if isinstance(methods, str):
         methods = [methods]
@@ -167,7 +169,10 @@ def resolve_methods(
             raise ConfigError(f"method {name!r} is unknown; available: {', '.join(available)} "
                               "(or define it inline: methods={name: {drafter: ..., verifier: ...}}).")
         base = OmegaConf.to_container(_compose_option("method", name)) if name in available else {}
-        spec = _spec(name, _resolved("method", OmegaConf.merge(base, override or {}), root), root)
+        entry = _resolved("method", OmegaConf.merge(base, override or {}), root)
+        if method_params and name != BASELINE and entry.get("engine", "spec_zoo") == "spec_zoo":
+            entry["params"] = {**(entry.get("params") or {}), **method_params}
+        spec = _spec(name, entry, root)
         path = spec.draft_model_path
         if path is not None and not Path(path).expanduser().is_dir():
             why = f"its draft model {path} does not exist; make it with `spec-zoo-make-draft`"
