@@ -1,0 +1,40 @@
+"""``spec-zoo-report DIR_OR_FILE... [-o OUT] [--title T]``: merge benchmark results files
+(every results.jsonl under the given directories) into one markdown report with PNG plots."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from spec_zoo.errors import ConfigError
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="spec-zoo-report",
+        description="Turn spec-zoo-bench results (files, or directories searched for results.jsonl) into a "
+                    "markdown report with tables and PNG figures. See docs/ablations.md.")
+    parser.add_argument("paths", nargs="+", help="results.jsonl files or directories holding them (merged)")
+    parser.add_argument("-o", "--out", default=None,
+                        help="output directory (report.md + figures/) or a .md path; default: the first path's "
+                             "directory + /report")
+    parser.add_argument("--title", default="Benchmark report", help="title of the report")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the bootstrap")
+    args = parser.parse_args(argv)
+    from pathlib import Path
+
+    from spec_zoo.report.build import build_report
+
+    first = Path(args.paths[0])
+    out = args.out or ((first if first.is_dir() else first.parent) / "report")
+    try:
+        path = build_report(args.paths, out, args.title, args.seed)
+    except ConfigError as err:
+        print(f"spec-zoo-report: error: {err}", file=sys.stderr)
+        return 2
+    print(f"report written to {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
