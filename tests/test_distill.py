@@ -119,6 +119,28 @@ def test_losses_are_zero_at_the_teacher_and_positive_elsewhere(loss):
     assert torch.isfinite(truncated).all() and (truncated >= 0).all()
 
 
+def test_scoring_matches_generation():
+    """The teacher-forced scoring of student data gives the same distributions as generation."""
+    from spec_zoo.train.data import generate_batch, score_continuations
+
+    model = _teacher()
+    prompts = _prompts(4)
+    gen = generate_batch(model, prompts, 8, 5, 0.0, [], 0, 0)
+    cont = [gen["ids"][i, len(p) : len(p) + 8].tolist() for i, p in enumerate(prompts)]
+    scored = score_continuations(model, prompts, cont, 5, 8)
+    assert torch.equal(scored["topk_ids"], gen["topk_ids"])
+    assert torch.allclose(scored["topk_logp"].float(), gen["topk_logp"].float(), atol=1e-2)
+
+
+def test_student_written_data(tmp_path):
+    """data.student_fraction: the student's own continuations, scored by the target, join the data."""
+    model = _teacher()
+    out = distill(_cfg(tmp_path, "data.student_fraction=0.5", "train.steps=20", "data.top_k=0"), target=Target(model))
+    rec = json.loads((out / "distill.json").read_text())
+    assert rec["data"]["student_sequences"] == 18 and rec["data"]["train_sequences"] == 36 + 18
+    assert rec["heldout_after"]["loss"] < rec["heldout_before"]["loss"]
+
+
 def test_lora_adapts_an_existing_draft(trained, tmp_path):
     model, path, _ = trained
     cfg = _cfg(tmp_path, "student.init=pretrained", f"student.path={path}", "student.lora.enabled=true",
@@ -236,6 +258,7 @@ def test_corrupt_checkpoint_fails_clearly(tmp_path):
 @pytest.mark.parametrize("override,key", [
     ("loss=kl", "loss="), ("student.init=teacher", "student.init="), ("train.steps=0", "train.steps="),
     ("student.lora.enabled=true", "student.lora.enabled"), ("data.heldout=1.5", "data.heldout="),
+    ("data.student_fraction=2", "data.student_fraction="),
 ])
 def test_bad_config_fails_before_any_model_load(tmp_path, override, key):
     with pytest.raises(ConfigError, match=key.replace(".", r"\.")):

@@ -202,3 +202,110 @@ def teacher_data(model, prompts: list[list[int]], *, cache_dir, key: str, max_ne
     bar.close()
     (root / "DONE").write_text(json.dumps({"prompts": len(prompts)}))
     return _concat(parts)
+
+
+# -- student-written continuations, scored by the target (DistillSpec's on-policy student data)
+
+
+@torch.no_grad()
+def student_continuations(student, prompts: list[list[int]], max_new_tokens: int, temperature: float,
+                          eos_ids: list[int], pad_id: int, seed: int) -> list[list[int]]:
+    """Batched continuations written by ``student`` (a `spec_zoo.train.student.Student`),
+    in the target's token ids (a reduced draft vocabulary is mapped back)."""
+    from transformers import DynamicCache
+
+    ids, mask = _pad_batch(prompts, pad_id)
+    body = student.base().model
+    cache = DynamicCache(config=student.base().config)
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    embed = student.embed[0] if student.embed[0] is not None else body.embed_tokens
+    gen = torch.Generator().manual_seed(seed)
+    out: list[list[int]] = [[] for _ in prompts]
+    done = torch.zeros(len(prompts), dtype=torch.bool)
+    step_ids, attn = ids, mask
+    for _ in range(max_new_tokens):
+        hidden = body(inputs_embeds=embed(step_ids), attention_mask=attn, position_ids=positions,
+                      cache=cache, use_cache=True).last_hidden_state[:, -1]
+        logits = student.head(hidden).float()
+        if temperature > 0:
+            nxt = torch.multinomial((logits / temperature).softmax(-1), 1, generator=gen)[:, 0]
+        else:
+            nxt = logits.argmax(-1)
+        nxt = student.to_target_ids(nxt)
+        for i, t in enumerate(nxt.tolist()):
+            if not done[i]:
+                out[i].append(t)
+                done[i] = t in eos_ids
+        if bool(done.all()):
+            break
+        step_ids = nxt[:, None]
+        attn = torch.cat([attn, torch.ones_like(attn[:, :1])], 1)
+        positions = positions[:, -1:] + 1
+    return out
+
+
+@torch.no_grad()
+def score_continuations(model, prompts: list[list[int]], continuations: list[list[int]], top_k: int,
+                        max_new_tokens: int) -> dict:
+    """The target's top-k log-probs at every continuation position (one teacher-forced
+    forward per batch), in the shard layout of the module docstring."""
+    rows = [p + c for p, c in zip(prompts, continuations)]
+    B, width = len(rows), max(len(r) for r in rows)
+    ids = torch.zeros((B, width), dtype=torch.long)
+    mask = torch.zeros((B, width), dtype=torch.long)
+    for i, r in enumerate(rows):
+        ids[i, : len(r)] = torch.tensor(r)
+        mask[i, : len(r)] = 1
+    hidden = model.model(input_ids=ids, attention_mask=mask, use_cache=False).last_hidden_state
+    V = model.get_output_embeddings().weight.shape[0]
+    k = V if top_k <= 0 else min(top_k, V)
+    topk_ids = torch.zeros((B, max_new_tokens, k), dtype=torch.int32)
+    topk_logp = torch.full((B, max_new_tokens, k), float("-inf"), dtype=torch.float16)
+    for i, (p, c) in enumerate(zip(prompts, continuations)):
+        g = len(c)
+        logp = model.lm_head(hidden[i, len(p) - 1 : len(p) - 1 + g]).float().log_softmax(-1)
+        vals, idx = torch.topk(logp, k, dim=-1)
+        topk_ids[i, :g], topk_logp[i, :g] = idx.to(torch.int32), vals.to(torch.float16)
+    seq = torch.full((B, width), -1, dtype=torch.int32)
+    for i, r in enumerate(rows):
+        seq[i, : len(r)] = torch.tensor(r, dtype=torch.int32)
+    return {"ids": seq, "prompt_len": torch.tensor([len(p) for p in prompts], dtype=torch.int32),
+            "gen_len": torch.tensor([len(c) for c in continuations], dtype=torch.int32),
+            "topk_ids": topk_ids, "topk_logp": topk_logp}
+
+
+def student_data(student, model, prompts: list[list[int]], *, cache_dir, key: str, max_new_tokens: int,
+                 top_k: int, temperature: float, batch_size: int, eos_ids: list[int], pad_id: int, seed: int,
+                 progress: bool = True) -> TeacherData:
+    """Continuations written by the student, scored by the target; cached like `teacher_data`."""
+    from tqdm import tqdm
+
+    path = Path(cache_dir).expanduser() / key / "student.safetensors"
+    if path.is_file():
+        try:
+            return _concat([load_file(path)])
+        except Exception:
+            path.unlink()
+    parts = []
+    for b in tqdm(range(0, len(prompts), batch_size), desc="student data", disable=not progress, dynamic_ncols=True):
+        batch = prompts[b : b + batch_size]
+        cont = student_continuations(student, batch, max_new_tokens, temperature, eos_ids, pad_id, seed + b)
+        keep = [i for i, c in enumerate(cont) if c]
+        if keep:
+            parts.append(score_continuations(model, [batch[i] for i in keep], [cont[i] for i in keep], top_k, max_new_tokens))
+    width = max(p["ids"].shape[1] for p in parts)
+    part = {k: torch.cat([torch.nn.functional.pad(p[k], (0, width - p[k].shape[1]), value=-1) if k == "ids" else p[k]
+                          for p in parts]) for k in parts[0]}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    save_file(part, str(tmp))
+    os.replace(tmp, path)
+    return _concat([part])
+
+
+def concat_data(a: TeacherData, b: TeacherData) -> TeacherData:
+    width = max(a.ids.shape[1], b.ids.shape[1])
+    pad = lambda t: torch.nn.functional.pad(t, (0, width - t.shape[1]), value=-1)  # noqa: E731
+    return TeacherData(torch.cat([pad(a.ids), pad(b.ids)]), torch.cat([a.prompt_len, b.prompt_len]),
+                       torch.cat([a.gen_len, b.gen_len]), torch.cat([a.topk_ids, b.topk_ids]),
+                       torch.cat([a.topk_logp, b.topk_logp]))

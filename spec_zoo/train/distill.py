@@ -25,7 +25,16 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from spec_zoo.errors import ConfigError
-from spec_zoo.train.data import PACKAGED_PROMPTS, TeacherData, data_key, encode_prompts, load_prompts, teacher_data
+from spec_zoo.train.data import (
+    PACKAGED_PROMPTS,
+    TeacherData,
+    concat_data,
+    data_key,
+    encode_prompts,
+    load_prompts,
+    student_data,
+    teacher_data,
+)
 from spec_zoo.train.losses import LOSSES, agreement, divergence
 from spec_zoo.train.student import (
     Student,
@@ -54,6 +63,8 @@ def check_config(cfg: DictConfig) -> None:
     for key in ("train.steps", "train.batch_size", "data.batch_size", "data.max_new_tokens", "data.max_prompt_tokens"):
         if int(OmegaConf.select(cfg, key)) < 1:
             raise ConfigError(f"{key}={OmegaConf.select(cfg, key)}; it must be a positive integer.")
+    if not 0.0 <= float(cfg.data.student_fraction) <= 1.0:
+        raise ConfigError(f"data.student_fraction={cfg.data.student_fraction}; use a fraction in [0, 1].")
     if not 0.0 <= float(cfg.data.heldout) < 1.0:
         raise ConfigError(f"data.heldout={cfg.data.heldout}; use a fraction in [0, 1).")
     if cfg.output.dtype not in ("float32", "float16", "bfloat16"):
@@ -252,6 +263,18 @@ def distill(cfg: DictConfig, target=None) -> Path:
     # -- student ------------------------------------------------------------------
     student = _make_student(cfg, target, train)
     full_vocab = target.vocab_size
+    n_student = int(round(len(train) * float(d.student_fraction)))
+    if n_student:  # on-policy for the student too: its own continuations, scored by the target
+        t_student = time.time()
+        prompts = [train.ids[i, : int(train.prompt_len[i])].tolist() for i in range(n_student)]
+        vocab = None if student.vocab_ids is None else student.vocab_ids.tolist()
+        skey = data_key({**settings, "student": OmegaConf.to_container(cfg.student), "vocab": vocab, "n": n_student})
+        extra = student_data(student, model, prompts, cache_dir=d.cache_dir, key=skey,
+                             max_new_tokens=int(d.max_new_tokens), top_k=int(d.top_k),
+                             temperature=float(d.temperature), batch_size=int(d.batch_size), eos_ids=eos_ids,
+                             pad_id=int(pad_id), seed=int(d.seed), progress=bool(cfg.progress))
+        train = concat_data(train, extra)
+        data_s += time.time() - t_student
     kind = str(cfg.loss)
     before = evaluate(student, held, full_vocab, kind)
     params = _trainable(student, cfg)
@@ -301,6 +324,7 @@ def distill(cfg: DictConfig, target=None) -> Path:
                  "lora": OmegaConf.to_container(cfg.student.lora)},
         "data": {"prompts": str(d.prompts or "spec_zoo/train/data/prompts.jsonl"), "sequences": len(data),
                  "train_sequences": len(train), "heldout_sequences": len(held), "positions": data.positions,
+                 "student_sequences": n_student,
                  "max_new_tokens": int(d.max_new_tokens), "top_k": int(d.top_k), "temperature": float(d.temperature),
                  "chat": bool(d.chat)},
         "loss": kind,
