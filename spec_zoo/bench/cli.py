@@ -119,8 +119,19 @@ def output_dir(cfg: DictConfig) -> Path:
     hc = HydraConfig.get()
     if hc.mode != RunMode.MULTIRUN or not any(o.split("=", 1)[0].lstrip("+~") == "out" for o in hc.overrides.task):
         return out
-    name = hc.job.override_dirname or f"job{hc.job.num}"
-    return out / name.replace("/", "_")
+    return out / job_dirname(hc.job.override_dirname, hc.job.num)
+
+
+def job_dirname(override_dirname: str, num: int) -> str:
+    """A stable, readable directory name for one job of a sweep: its overrides, leaving out
+    file paths (too long, and rarely swept); a long name is cut and made unique by a hash."""
+    import hashlib
+
+    kept = [o for o in override_dirname.split(",") if "/" not in o.split("=", 1)[-1]]
+    name = ",".join(kept) or f"job{num}"
+    if len(name) > 120:
+        name = name[:100] + "-" + hashlib.sha256(override_dirname.encode()).hexdigest()[:10]
+    return name
 
 
 @hydra.main(config_path=CONF_DIR, config_name="bench", version_base="1.3")
