@@ -291,3 +291,60 @@ def test_cli_summarize_writes_summary_next_to_the_results(tmp_path):
     summary = run_cli(bench_config(f"summarize={path}", f"out={tmp_path}"))
     assert summary.get("ar", "qa", "speedup") == 1.0
     assert "| ar | 1.00x | 1.00x |" in (tmp_path / "summary.md").read_text()
+
+
+# -- ablation features ----------------------------------------------------------------
+def test_jsonl_dataset_brings_your_own_prompts(tmp_path):
+    path = tmp_path / "p.jsonl"
+    path.write_text('{"text": "hi", "kind": "x", "id": 7}\n{"text": ["a", "b"], "kind": "y", "id": 9}\n')
+    qs = load_questions("jsonl", str(path), prompt_field="text", category_field="kind", id_field="id")
+    assert qs == [Question(7, "x", ("hi",)), Question(9, "y", ("a", "b"))]
+    plain = load_questions("jsonl", str(path), prompt_field="text", category_field=None, id_field=None)
+    assert [(q.question_id, q.category) for q in plain] == [(1, "all"), (2, "all")]
+    with pytest.raises(ConfigError, match="dataset.prompt_field=prompt"):
+        load_questions("jsonl", str(path), prompt_field="prompt", category_field=None, id_field=None)
+    with pytest.raises(ConfigError, match="dataset=jsonl needs dataset.path"):
+        load_questions("jsonl", None)
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [(["dataset=jsonl"], "dataset=jsonl needs dataset.path"),
+     (["dataset=jsonl", "dataset.path=EMPTY"], "no questions"),
+     (["methods={g:{drafter:ngram,verifier:greedy}}", "generation.temperature=0.7"],
+      "method g: verifier=greedy only works at generation.temperature=0")],
+)
+def test_cli_rejects_more_bad_input_before_loading_a_model(overrides, message, tmp_path, monkeypatch):
+    from spec_zoo.bench.cli import bench as run_cli
+
+    monkeypatch.setattr("spec_zoo.models.load_target", lambda **_: pytest.fail("target loaded"))
+    (tmp_path / "empty.jsonl").write_text("")
+    overrides = [o.replace("EMPTY", str(tmp_path / "empty.jsonl")) for o in overrides]
+    with pytest.raises(ConfigError, match=message):
+        run_cli(bench_config(*overrides, f"out={tmp_path}"))
+
+
+def test_cli_refuses_a_results_file_of_another_schema_and_keeps_it(tmp_path, monkeypatch):
+    from spec_zoo.bench.cli import bench as run_cli
+
+    monkeypatch.setattr("spec_zoo.models.load_target", lambda **_: pytest.fail("target loaded"))
+    path = tmp_path / "results.jsonl"
+    path.write_text(json.dumps({**rec("ar", "qa", 1, 10, 1.0, 10), "schema_version": 0}) + "\n")
+    before = path.read_bytes()
+    with pytest.raises(ConfigError, match="schema_version=0.*new out= directory"):
+        run_cli(bench_config("methods=[ngram]", f"out={tmp_path}"))
+    with pytest.raises(ConfigError, match="schema_version=0"):
+        run_cli(bench_config(f"summarize={path}", f"out={tmp_path}"))
+    assert path.read_bytes() == before
+
+
+def test_dry_run_prints_the_plan_and_skips_done_work(tmp_path, monkeypatch, capsys):
+    from spec_zoo.bench.cli import bench as run_cli
+
+    monkeypatch.setattr("spec_zoo.models.load_target", lambda **_: pytest.fail("target loaded"))
+    assert run_cli(bench_config("dry_run=true", "methods=[ngram]", "dataset.per_category=1",
+                                "+method_params.num_draft=3", f"out={tmp_path}")) is None
+    text = capsys.readouterr().out
+    assert "plan: 6 prompts (7 turns) in 6 categories" in text
+    assert "| ngram | ngram | num_draft=3 | 7 | 0 | 7 | 0.0400 (guess) |" in text
+    assert "to run: 14 generations" in text and not (tmp_path / "results.jsonl").exists()
