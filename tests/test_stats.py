@@ -100,8 +100,8 @@ def test_summary_carries_ci_median_predicted_and_equality():
     cell = s.cells["ngram", OVERALL]
     assert cell.speedup == pytest.approx(2.0) and cell.speedup_median == pytest.approx(2.0)
     assert cell.speedup_ci == (pytest.approx(2.0), pytest.approx(2.0))
-    # tau 2, ar 0.1 s/token, 0.1 s per forward: predicted 2.0
-    assert cell.predicted_speedup == pytest.approx(2.0)
+    # tau 2, ar 0.1 s/token, drafting 0.01 s per forward: predicted 2 x 0.1 / 0.11
+    assert cell.predicted_speedup == pytest.approx(2 * 0.1 / 0.11)
     assert cell.accept_per_position == pytest.approx([0.75, 0.5])
     assert cell.mismatches == 3 and cell.near_ties == 3 and cell.equality.startswith("9/12 (3 of 3 near-ties")
     md = s.to_markdown()

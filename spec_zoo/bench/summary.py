@@ -10,9 +10,11 @@ match rate: share of comparable records whose output equals the baseline's (Spec
             (margin < NEAR_TIE) is told apart from a broken method.
 speedup CI: paired prompt-level bootstrap 95% interval, and the median over repeats
             (`spec_zoo.bench.stats`).
-predicted:  the cost model tau * t_ar / (t_draft + t_verify) per target forward, from the
-            records' draft_s, verify_s and target_forwards and the paired baseline's seconds
-            per token: what the speedup would be if drafting and verifying were all the cost.
+predicted:  the classic cost model (Leviathan et al.): tau * t_ar / (t_draft + t_ar), with
+            t_draft the measured draft seconds per target forward and t_ar the paired
+            baseline's seconds per token, i.e. assuming a verify forward costs one plain
+            decoding step. Measured below predicted = what scoring several tokens per forward
+            (and the loop's own work) really costs.
 "overall" pools every category. Pure functions of the records: usable on any results file,
 or on records merged from several (each record's ``_source`` keeps its baseline pairing
 within its own file).
@@ -130,11 +132,12 @@ class Cell:
 
     @property
     def predicted_speedup(self) -> float | None:
-        """Cost model: tau * (baseline seconds per token) / (draft + verify seconds per target forward)."""
+        """Cost model: tau * t_ar / (t_draft + t_ar), t_draft = draft seconds per target forward,
+        t_ar = the baseline's seconds per token (a verify forward assumed to cost one plain step)."""
         if not (self.timed_forwards and self.base_tokens and self.base_wall_s and self.tau):
             return None
-        step = (self.draft_s + self.verify_s) / self.timed_forwards
-        return self.tau * (self.base_wall_s / self.base_tokens) / step if step > 0 else None
+        t_ar = self.base_wall_s / self.base_tokens
+        return self.tau * t_ar / (self.draft_s / self.timed_forwards + t_ar)
 
     @property
     def accept_per_position(self) -> list[float]:
@@ -189,7 +192,7 @@ class Summary:
             ("Speedup, median over repeats", "speedup_median", "{:.2f}x"),
             (f"Output equal to `{self.baseline}` (Spec-Bench `equal`; near-tie: top-2 logit margin < {NEAR_TIE})",
              "equality", "{}"),
-            ("Predicted speedup (cost model: tau x t_ar / (t_draft + t_verify) per forward)",
+            ("Predicted speedup (cost model: tau x t_ar / (t_draft + t_ar), verify = one plain step)",
              "predicted_speedup", "{:.2f}x"),
         ]
         lines = ["# Benchmark summary", ""]

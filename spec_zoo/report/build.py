@@ -142,9 +142,10 @@ def build_report(paths: Sequence, out_dir, title: str = "Benchmark report", seed
         lines += summary.table("Predicted (cost model) vs measured: predicted speedup", "predicted_speedup",
                                "{:.2f}x")
         if "predicted" in plots:
-            lines += ["Predicted = tau x (baseline seconds per token) / (draft + verify seconds per target forward). "
-                      "Measured below predicted means time outside drafting and verifying (the loop's own "
-                      "overhead, sampling, cache bookkeeping).", "",
+            lines += ["Predicted = tau x t_ar / (t_draft + t_ar): the classic cost model, with t_draft the "
+                      "measured draft seconds per target forward and t_ar the baseline's seconds per token, "
+                      "assuming verifying a draft costs one plain decoding step. Measured below predicted is "
+                      "what scoring several tokens per forward (and the loop's own work) really costs.", "",
                       f"![predicted vs measured]({_rel(plots['predicted'], md_path)})", ""]
     lines += summary.table("Output equal to the baseline", "equality", "{}")
     lines += ["## Sources", ""] + [f"- `{s}`" for s in sources] + [""]
