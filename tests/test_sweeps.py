@@ -132,3 +132,13 @@ def test_submitit_local_multirun_merges_into_one_report(tiny_model, prompts, tmp
     rerun = run(args, timeout=600)  # finished work is skipped: no new records
     assert rerun.returncode == 0
     assert [len(read_records(f)) for f in files] == [2 * len(PROMPTS)] * 2
+
+
+def test_joblib_multirun_dry_run_plans_every_job(tmp_path):
+    pytest.importorskip("hydra_plugins.hydra_joblib_launcher")
+    proc = run(["-m", "hydra/launcher=joblib_bench", f"hydra.sweep.dir={tmp_path / 'hydra'}", "--dry-run",
+                "methods=[ngram]", "+method_params.num_draft=2,4", "dataset.per_category=1", f"out={tmp_path}"])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    # joblib workers print to their own stdout; the job dirs are named in the launcher's log
+    assert "+method_params.num_draft=2" in proc.stdout + proc.stderr
+    assert "+method_params.num_draft=4" in proc.stdout + proc.stderr

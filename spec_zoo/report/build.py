@@ -136,6 +136,7 @@ def build_report(paths: Sequence, out_dir, title: str = "Benchmark report", seed
         lines += ["## Acceptance by draft position", "",
                   "Of the steps whose draft reached position j, the share that accepted it (mean over records).", "",
                   f"![acceptance by position]({_rel(plots['position'], md_path)})", ""]
+        lines += _position_table(summary)
     if "draft_length" in plots:
         lines += ["## Speedup vs draft length", "", f"![speedup vs draft length]({_rel(plots['draft_length'], md_path)})", ""]
     if any(summary.get(m, OVERALL, "predicted_speedup") for m in summary.methods):
@@ -171,6 +172,16 @@ def _overall_table(summary: Summary) -> list[str]:
             f"{_fmt(g('speedup_median'), '{:.2f}x')} | {_fmt(g('tau'), '{:.2f}')} | {_fmt(g('alpha'), '{:.3f}')} | "
             f"{_fmt(g('tokens_per_s'), '{:.1f}')} | {_fmt(g('equality'), '{}')} | "
             f"{_fmt(g('predicted_speedup'), '{:.2f}x')} |")
+    return lines + [""]
+
+
+def _position_table(summary: Summary, width: int = 8) -> list[str]:
+    rows = [(m, summary.get(m, OVERALL, "accept_per_position")) for m in summary.methods]
+    rows = [(m, c) for m, c in rows if c]
+    depth = min(width, max(len(c) for _, c in rows))
+    lines = ["| method | " + " | ".join(f"pos {j + 1}" for j in range(depth)) + " |", "|---" * (depth + 1) + "|"]
+    lines += [f"| {m} | " + " | ".join(f"{c[j]:.2f}" if j < len(c) else "-" for j in range(depth)) + " |"
+              for m, c in rows]
     return lines + [""]
 
 
