@@ -56,8 +56,8 @@ def test_report_tables_and_figures(tmp_path):
     md = build_report([tmp_path / "run"], tmp_path / "out")
     text = md.read_text()
     # overall: ngram 2x with a zero-width CI (every prompt has the same speedup), tau 2
-    assert "| ngram | 2.00x | [2.00, 2.00] | 2.00x | 2.00 | 0.500 | 40.0 | 6/8 (2 of 2 near-ties" in text
-    assert "| hf_pld | 1.25x | [1.25, 1.25] | 1.25x | - | - | 25.0 | 8/8 | - |" in text
+    assert "| ngram | 2.00x | [2.00, 2.00] | 2.00x | 2.00x | 2.00 | 0.500 | 40.0 | 6/8 (2 of 2 near-ties" in text
+    assert "| hf_pld | 1.25x | [1.25, 1.25] | 1.25x | 1.25x | - | - | 25.0 | 8/8 | - |" in text
     # cost model: tau 2 x 0.05 s/token / (0.005 s drafting per forward + 0.05)
     assert "| 1.82x |" in text
     assert "| ngram | 2.00x | 2.00x | 2.00x |" in text  # speedup by category: qa, rag, overall

@@ -7,7 +7,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from spec_zoo.bench.stats import Pair, bootstrap_ci, median_speedup, per_repeat_speedups, pooled_speedup, speedup_stats
+from spec_zoo.bench.stats import (
+    Pair, bootstrap_ci, median_speedup, per_repeat_speedups, pooled_speedup, specbench_speedup, speedup_stats,
+)
 from spec_zoo.bench.summary import OVERALL, summarize
 
 
@@ -28,6 +30,18 @@ def test_no_noise_gives_the_exact_speedup_and_a_zero_width_interval():
 def test_pooled_is_summed_tokens_over_summed_seconds_not_a_mean_of_ratios():
     pairs = [Pair((1, 1), 0, 10, 1.0, 10, 1.0), Pair((2, 1), 0, 100, 1.0, 100, 10.0)]
     assert pooled_speedup(pairs) == pytest.approx((110 / 2.0) / (110 / 11.0))  # 5.5, not (1 + 10) / 2
+
+
+def test_specbench_speedup_is_a_mean_over_questions_of_per_question_throughput():
+    # question 1: two turns (10 tok in 1 s, 30 tok in 1 s) -> 20 tok/s; baseline 40 tok in 4 s -> 10 tok/s
+    # question 2: 100 tok in 1 s -> 100 tok/s; baseline 100 tok in 2 s -> 50 tok/s
+    pairs = [Pair(("f", 1, 1), 0, 10, 1.0, 10, 2.0), Pair(("f", 1, 2), 0, 30, 1.0, 30, 2.0),
+             Pair(("f", 2, 1), 0, 100, 1.0, 100, 2.0)]
+    assert specbench_speedup(pairs) == pytest.approx(((20 + 100) / 2) / ((10 + 50) / 2))
+    assert pooled_speedup(pairs) == pytest.approx((140 / 3) / (140 / 6))
+    # repeats: the mean of the per-repeat ratios (Spec-Bench's mean over runs)
+    again = [Pair(p.prompt, 1, p.tokens, p.seconds / 2, p.base_tokens, p.base_seconds) for p in pairs]
+    assert specbench_speedup(pairs + again) == pytest.approx((2.0 + 4.0) / 2)
 
 
 def test_median_over_repeats():

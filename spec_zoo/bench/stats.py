@@ -1,6 +1,10 @@
 """Statistics of a speedup: Spec-Bench's pooled ratio, its median over repeats, and a
 paired bootstrap 95% confidence interval.
 
+(`specbench_speedup` is Spec-Bench's exact formula, a mean over questions of per-question
+throughput; `pooled_speedup` pools every token and second, so long answers weigh as much
+as they cost. They differ when answer lengths and speedups vary together.)
+
 A *pair* is one method record and the baseline record of the same prompt (question, turn)
 and repeat, measured in the same run. The speedup of a set of pairs is Spec-Bench's:
 
@@ -28,7 +32,7 @@ N_BOOTSTRAP = 2000
 class Pair:
     """One measured prompt: the method's and the baseline's tokens and seconds."""
 
-    prompt: tuple  # (question_id, turn) -- the unit the bootstrap resamples
+    prompt: tuple  # (..., question_id, turn) -- the unit the bootstrap resamples; turn last
     repeat: int
     tokens: float
     seconds: float
@@ -43,6 +47,30 @@ def pooled_speedup(pairs: Sequence[Pair]) -> float | None:
     if not (seconds and base_tokens and base_seconds):
         return None
     return (tokens / seconds) / (base_tokens / base_seconds)
+
+
+def specbench_speedup(pairs: Sequence[Pair]) -> float | None:
+    """Spec-Bench's own formula (evaluation/speed.py): per question, its tokens summed over
+    turns / its seconds summed over turns; the mean of that over questions, for the method
+    over the same for the baseline; with several repeats (Spec-Bench's runs), the mean of
+    the per-repeat ratios. Every question weighs the same, however long its answers."""
+    ratios = []
+    for r in sorted({p.repeat for p in pairs}):
+        questions: dict[tuple, list[float]] = {}
+        for p in pairs:
+            if p.repeat == r:
+                q = questions.setdefault(p.prompt[:-1], [0.0, 0.0, 0.0, 0.0])
+                q[0] += p.tokens
+                q[1] += p.seconds
+                q[2] += p.base_tokens
+                q[3] += p.base_seconds
+        sums = [q for q in questions.values() if q[1] > 0 and q[3] > 0]
+        if sums:
+            method = float(np.mean([q[0] / q[1] for q in sums]))
+            base = float(np.mean([q[2] / q[3] for q in sums]))
+            if base > 0:
+                ratios.append(method / base)
+    return float(np.mean(ratios)) if ratios else None
 
 
 def per_repeat_speedups(pairs: Sequence[Pair]) -> dict[int, float]:

@@ -3,6 +3,8 @@
 speedup:    (sum new_tokens / sum wall_s) of the method over the same of the baseline ``ar``
             on the same prompts (question, turn, repeat): pooled, not a mean of per-prompt
             ratios, so long answers weigh as much as they cost.
+Spec-Bench speedup: Spec-Bench's own formula (mean over questions of each question's summed
+            tokens / summed seconds, method over baseline; mean over repeats).
 tau:        sum new_tokens / sum target_forwards (tokens committed per target forward).
 alpha:      sum accepted / sum drafted.
 match rate: share of comparable records whose output equals the baseline's (Spec-Bench's
@@ -28,7 +30,7 @@ from functools import cached_property
 
 from spec_zoo.bench.dataset import CATEGORIES
 from spec_zoo.bench.records import BASELINE, check_schema, read_records
-from spec_zoo.bench.stats import Pair, SpeedupStats, speedup_stats
+from spec_zoo.bench.stats import Pair, SpeedupStats, specbench_speedup, speedup_stats
 
 OVERALL = "overall"
 #: a greedy mismatch whose top-1 minus top-2 logit is below this is explained as a near-tie
@@ -123,6 +125,11 @@ class Cell:
         return speedup_stats(self.pairs, seed=self.seed)
 
     @property
+    def specbench_speedup(self) -> float | None:
+        """Spec-Bench's formula: mean per-question throughput over the baseline's (`stats.specbench_speedup`)."""
+        return specbench_speedup(self.pairs)
+
+    @property
     def speedup_ci(self) -> tuple[float, float] | None:
         return self.speedup_stats.ci
 
@@ -188,6 +195,8 @@ class Summary:
             (f"Match rate vs `{self.baseline}`", "match_rate", "{:.0%}"),
         ]
         extra = [
+            ("Spec-Bench speedup (mean over questions of per-question tokens/s, over the baseline's)",
+             "specbench_speedup", "{:.2f}x"),
             ("Speedup 95% CI (paired bootstrap over prompts)", "speedup_ci", "[{0:.2f}, {1:.2f}]"),
             ("Speedup, median over repeats", "speedup_median", "{:.2f}x"),
             (f"Output equal to `{self.baseline}` (Spec-Bench `equal`; near-tie: top-2 logit margin < {NEAR_TIE})",
