@@ -66,6 +66,7 @@ def test_report_tables_and_figures(tmp_path):
         assert png.is_file() and png.read_bytes()[:4] == b"\x89PNG", name
         assert f"figures/{name}.png" in text
     assert "| ngram | 0.80 | 0.50 |" in text  # acceptance by position
+    assert "| ngram | 4 | 1 | 1 | 0.05 | near-tie (margin < 0.5)" in text  # each mismatch, explained
     assert "testbox" in text and "threads 1" in text
     assert results.read_text().count("\n") == 24  # the results file is untouched
 

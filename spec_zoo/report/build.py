@@ -150,6 +150,7 @@ def build_report(paths: Sequence, out_dir, title: str = "Benchmark report", seed
                       "what scoring several tokens per forward (and the loop's own work) really costs.", "",
                       f"![predicted vs measured]({_rel(plots['predicted'], md_path)})", ""]
     lines += summary.table("Output equal to the baseline", "equality", "{}")
+    lines += _mismatch_list(records, label)
     lines += ["## Sources", ""] + [f"- `{s}`" for s in sources] + [""]
     md_path.write_text("\n".join(lines), encoding="utf-8")
     return md_path
@@ -174,6 +175,25 @@ def _overall_table(summary: Summary) -> list[str]:
             f"{_fmt(g('tau'), '{:.2f}')} | {_fmt(g('alpha'), '{:.3f}')} | "
             f"{_fmt(g('tokens_per_s'), '{:.1f}')} | {_fmt(g('equality'), '{}')} | "
             f"{_fmt(g('predicted_speedup'), '{:.2f}x')} |")
+    return lines + [""]
+
+
+def _mismatch_list(records, label, limit: int = 40) -> list[str]:
+    """Every greedy output that differs from the baseline's, with its near-tie explanation."""
+    bad = [r for r in records if r.get("matches_baseline") is False]
+    if not bad:
+        return []
+    lines = ["### Mismatches", "", "| method | question | turn | repeat | top-2 margin | explanation |",
+             "|---|---|---|---|---|---|"]
+    for r in bad[:limit]:
+        m = r.get("top2_margin_at_mismatch")
+        why = ("output ended early/late at the same prefix" if m is None else
+               f"near-tie (margin < {NEAR_TIE}): kernel rounding, not the method" if m < NEAR_TIE else
+               "clear top-1: investigate (the method changed the output)")
+        lines.append(f"| {label(r)} | {r['question_id']} | {r['turn']} | {r['repeat']} | "
+                     f"{'-' if m is None else f'{m:.3g}'} | {why} |")
+    if len(bad) > limit:
+        lines.append(f"| ... | {len(bad) - limit} more | | | | |")
     return lines + [""]
 
 
