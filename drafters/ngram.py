@@ -11,6 +11,7 @@ from spec_zoo.draft import Draft
 from spec_zoo.draft_length import DraftLength
 from spec_zoo.errors import ConfigError
 from spec_zoo.interfaces import DecodeState, Drafter, Verdict
+from spec_zoo.stats import StepStats
 
 
 class NgramDrafter(Drafter):
@@ -20,7 +21,8 @@ class NgramDrafter(Drafter):
     occurred before, propose the (up to) ``num_draft`` tokens that followed their most
     recent earlier occurrence. With ``adaptive`` the length is chosen per step by expected
     speedup (see `spec_zoo.draft_length`), so poor matches stop costing target time.
-    ``token_cost`` is the cost of scoring one extra token, in target forwards. The index maps each n-gram to the position after its
+    ``token_cost`` is the cost of scoring one extra token, in target forwards (measured
+    online when ``learn_cost``). The index maps each n-gram to the position after its
     latest occurrence and is extended only with newly committed tokens, so a lookup
     costs O(max_ngram) however long the context grows. Deterministic (``probs=None``).
     """
@@ -35,6 +37,7 @@ class NgramDrafter(Drafter):
         adaptive: bool = True,
         max_draft: int = 16,
         token_cost: float = 0.1,
+        learn_cost: bool = True,
     ):
         if min_ngram < 1 or max_ngram < min_ngram:
             raise ConfigError(
@@ -42,7 +45,7 @@ class NgramDrafter(Drafter):
             )
         self.min_ngram, self.max_ngram = min_ngram, max_ngram
         # adaptive: one acceptance estimate per match length (longer matches copy more reliably)
-        self.length = DraftLength(num_draft, adaptive, max_draft, token_cost)
+        self.length = DraftLength(num_draft, adaptive, max_draft, token_cost, learn_cost)
         self._matched = 0  # n-gram length behind the last proposal
         self._index: dict[tuple[int, ...], int] = {}
         self._indexed = 0  # n-grams ending before this position are in the index
@@ -70,5 +73,5 @@ class NgramDrafter(Drafter):
                 return Draft.chain(tokens[start : start + k])
         return Draft.empty()
 
-    def on_commit(self, draft: Draft, verdict: Verdict) -> None:
-        self.length.update(len(draft), len(verdict.path), self._matched)
+    def on_commit(self, draft: Draft, verdict: Verdict, step: StepStats) -> None:
+        self.length.update(len(draft), len(verdict.path), self._matched, step.draft_s + step.verify_s)

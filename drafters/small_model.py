@@ -13,6 +13,7 @@ from spec_zoo.draft import ROOT, Draft
 from spec_zoo.draft_length import DraftLength
 from spec_zoo.errors import ConfigError
 from spec_zoo.interfaces import DecodeState, Drafter, Verdict
+from spec_zoo.stats import StepStats
 from spec_zoo.sampling import SamplingParams, logits_to_probs, sample
 from spec_zoo.target import Target
 
@@ -28,7 +29,8 @@ class SmallModelDrafter(Drafter):
                 Sampled drafts record q so rejection sampling stays exact; greedy drafts
                 are deterministic (q one-hot), which exact verification also handles.
     token_cost: with ``adaptive``, the cost of one drafted token (a draft forward plus its
-                share of the target's scoring) in target forwards; see `spec_zoo.draft_length`.
+                share of the target's scoring) in target forwards, measured online when
+                ``learn_cost``; see `spec_zoo.draft_length`.
     tree_width, tree_depth: with tree_depth > 0, each node gets ``tree_width`` children
                 (the top-k tokens when drafting greedily, independent samples from q when
                 sampling) down to ``tree_depth`` levels: a tree of w + w^2 + ... + w^d nodes.
@@ -46,10 +48,11 @@ class SmallModelDrafter(Drafter):
         tree_width: int = 1,
         tree_depth: int = 0,
         token_cost: float = 0.3,
+        learn_cost: bool = True,
         dtype: str = "float32",
         device: str = "cpu",
     ):
-        self.length = DraftLength(num_draft, adaptive, max_draft, token_cost)
+        self.length = DraftLength(num_draft, adaptive, max_draft, token_cost, learn_cost)
         if sample not in _SAMPLE_MODES:
             raise ConfigError(f"drafter.sample={sample!r}; allowed values: auto, true, false.")
         if tree_width < 1 or tree_depth < 0:
@@ -136,5 +139,6 @@ class SmallModelDrafter(Drafter):
             frontier = {i: logits[i + 1] for i in range(len(tokens)) if draft.depths[i] == level}
         return Draft(torch.tensor(tokens, dtype=torch.long), parents, torch.stack(rows) if rows else None)
 
-    def on_commit(self, draft: Draft, verdict: Verdict) -> None:
-        self.length.update(len(draft), len(verdict.path))
+    def on_commit(self, draft: Draft, verdict: Verdict, step: StepStats) -> None:
+        if not self.tree_depth:
+            self.length.update(len(draft), len(verdict.path), seconds=step.draft_s + step.verify_s)

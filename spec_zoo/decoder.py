@@ -132,7 +132,8 @@ class SpeculativeDecoder:
             verdict = self.verifier.verify(draft, scores.logits, self.sampling, generator)
             self.target.commit(verdict.path)
             t2 = time.perf_counter()
-            self.drafter.on_commit(draft, verdict)
+            step = StepStats(len(draft), len(verdict.path), draft.depth, 0, t1 - t0, t2 - t1)
+            self.drafter.on_commit(draft, verdict, step)
             if self.drafter.needs_target_hidden:
                 m = scores.new_committed
                 rows = list(range(m)) + [m + i for i in verdict.path]
@@ -152,9 +153,8 @@ class SpeculativeDecoder:
                 finish = "stop_string" if hit else finish
             tokens += step_tokens
             generated += step_tokens
-            stats.steps.append(
-                StepStats(len(draft), len(verdict.path), draft.depth, len(step_tokens), t1 - t0, t2 - t1)
-            )
+            step.committed = len(step_tokens)
+            stats.steps.append(step)
             yield step_tokens
             if finish != "length" or len(generated) >= max_new_tokens:
                 break

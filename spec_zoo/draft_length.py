@@ -8,6 +8,12 @@ We keep a running estimate of a (per "bucket": a drafter may track separate esti
 e.g. one per n-gram match length) and draft the k that maximises that ratio, which is
 0 (do not draft) when acceptance is too low to pay for itself. The estimate grows after
 fully accepted drafts and shrinks after rejections, so the length does too.
+
+The cost c differs by an order of magnitude between machines (a GPU scores 8 tokens for
+the price of 1; one CPU thread pays almost linearly), so with ``learn_cost`` it is
+measured online: a decayed least-squares fit of step time against draft length,
+t(k) = t0 (1 + c k), replaces the configured ``token_cost`` once the steps seen vary
+enough in length to fit it.
 """
 
 from __future__ import annotations
@@ -16,12 +22,22 @@ from spec_zoo.errors import ConfigError
 
 PRIOR_ACCEPT, PRIOR_WEIGHT = 0.6, 1.0  # mild prior, so one early rejection does not stop drafting
 DECAY = 0.9  # weight of past evidence per new observed token (memory of ~10 tokens)
+TIME_DECAY = 0.97  # weight of past step timings per step (memory of ~30 steps)
+MIN_SPREAD = 0.25  # variance of draft lengths needed before trusting the fitted cost
 
 
 class DraftLength:
     """Chooses the draft length for the next step and learns from what was accepted."""
 
-    def __init__(self, initial: int, adaptive: bool, maximum: int, token_cost: float = 0.1, key: str = "drafter"):
+    def __init__(
+        self,
+        initial: int,
+        adaptive: bool,
+        maximum: int,
+        token_cost: float = 0.1,
+        learn_cost: bool = True,
+        key: str = "drafter",
+    ):
         if initial <= 0:
             raise ConfigError(f"{key}.num_draft={initial}; the draft length must be a positive integer (e.g. 4).")
         if adaptive and maximum < initial:
@@ -32,11 +48,31 @@ class DraftLength:
             raise ConfigError(
                 f"{key}.token_cost={token_cost}; it is the cost of one drafted token in target forwards, in [0, 1)."
             )
-        self.initial, self.adaptive, self.maximum, self.token_cost = initial, adaptive, maximum, token_cost
+        self.initial, self.adaptive, self.maximum = initial, adaptive, maximum
+        self.prior_cost, self.learn_cost = token_cost, learn_cost
+        self._timing = [0.0] * 5  # decayed sums of 1, k, t, k^2, k t over steps
         self.reset()
 
     def reset(self) -> None:
+        """Forget acceptance evidence (a new sequence); measured costs carry over."""
         self._evidence: dict[object, list[float]] = {}  # bucket -> [accepted, rejected] (decayed counts)
+        self._first_step = True  # its time includes the prompt's prefill: not a sample of t(k)
+
+    @property
+    def token_cost(self) -> float:
+        """Cost of one drafted token in target forwards: fitted when possible, else configured."""
+        w, sk, st, skk, skt = self._timing
+        if not self.learn_cost or w < 5:
+            return self.prior_cost
+        mean_k, mean_t = sk / w, st / w
+        spread = skk / w - mean_k**2
+        if spread < MIN_SPREAD:
+            return self.prior_cost
+        slope = (skt / w - mean_k * mean_t) / spread
+        t0 = mean_t - slope * mean_k
+        if t0 <= 0:
+            return self.prior_cost
+        return min(max(slope / t0, 0.0), 0.99)
 
     def acceptance(self, bucket: object = None) -> float:
         """Estimated probability that a draft token is accepted given its predecessors were."""
@@ -47,17 +83,22 @@ class DraftLength:
         """Tokens to draft now; 0 means drafting is not expected to pay off."""
         if not self.adaptive or bucket not in self._evidence:
             return self.initial
-        a = self.acceptance(bucket)
+        a, cost = self.acceptance(bucket), self.token_cost
         best_k, best, expected = 0, 1.0, 1.0
         for k in range(1, self.maximum + 1):
             expected += a**k
-            gain = expected / (1.0 + self.token_cost * k)
+            gain = expected / (1.0 + cost * k)
             if gain > best:
                 best_k, best = k, gain
         return best_k
 
-    def update(self, drafted: int, accepted: int, bucket: object = None) -> None:
-        """Learn from one verified chain: ``accepted`` successes, then one failure unless all passed."""
+    def update(self, drafted: int, accepted: int, bucket: object = None, seconds: float | None = None) -> None:
+        """Learn from one verified chain: ``accepted`` successes, then one failure unless
+        all passed; ``seconds`` (draft + verify time of the step) feeds the cost fit."""
+        if seconds is not None and not self._first_step:
+            for i, x in enumerate((1.0, drafted, seconds, drafted * drafted, drafted * seconds)):
+                self._timing[i] = self._timing[i] * TIME_DECAY + x
+        self._first_step = False
         if drafted == 0:
             return
         ok, bad = self._evidence.get(bucket, (0.0, 0.0))

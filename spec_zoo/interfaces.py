@@ -15,6 +15,7 @@ import torch
 
 from spec_zoo.draft import Draft
 from spec_zoo.sampling import SamplingParams
+from spec_zoo.stats import StepStats
 
 if TYPE_CHECKING:
     from spec_zoo.target import Target
@@ -65,7 +66,7 @@ class Drafter(ABC):
     Contract: ``propose`` returns a `Draft` whose ``probs`` (when not None) are the exact
     distributions its tokens were drawn from, so exact verifiers stay exact. A drafter
     keeps whatever state it needs (caches, tables) in sync with ``state.tokens`` itself;
-    ``on_commit`` tells it what was accepted so it can adapt.
+    ``on_commit`` tells it what was accepted, and what the step cost, so it can adapt.
     """
 
     #: config name of this drafter (used in stats and benchmark records)
@@ -84,8 +85,9 @@ class Drafter(ABC):
     def propose(self, state: DecodeState) -> Draft:
         """Return the draft to score after ``state.tokens`` (may be empty)."""
 
-    def on_commit(self, draft: Draft, verdict: Verdict) -> None:
-        """Called after each step with the draft and what the verifier accepted."""
+    def on_commit(self, draft: Draft, verdict: Verdict, step: StepStats) -> None:
+        """Called after each step with the draft, what the verifier accepted, and the
+        step's counts and timings (what an adaptive drafter learns its costs from)."""
 
 
 class Verifier(ABC):

@@ -54,3 +54,34 @@ def test_higher_cost_means_shorter_drafts():
 def test_bad_values_name_the_key(args, key):
     with pytest.raises(ConfigError, match=key):
         DraftLength(*args)
+
+
+def _feed(policy, cost, steps=60, t0=0.05):
+    """Steps of varied draft length with time t0 (1 + cost k); half the tokens accepted."""
+    for i in range(steps):
+        k = [0, 1, 2, 4][i % 4]
+        policy.update(k, k // 2, seconds=t0 * (1 + cost * k))
+
+
+@pytest.mark.parametrize("true_cost", [0.02, 0.1, 0.4])
+def test_token_cost_is_learned_from_step_times(true_cost):
+    policy = DraftLength(4, adaptive=True, maximum=16, token_cost=0.1, learn_cost=True)
+    _feed(policy, true_cost)
+    assert policy.token_cost == pytest.approx(true_cost, rel=1e-6)
+
+
+def test_learned_cost_changes_the_draft_length_and_can_be_switched_off():
+    cheap, dear, fixed = (DraftLength(4, True, 16, 0.1, learn) for learn in (True, True, False))
+    _feed(cheap, 0.02)
+    _feed(dear, 0.6)
+    _feed(fixed, 0.6)
+    assert fixed.token_cost == 0.1
+    assert cheap.choose() > fixed.choose() > dear.choose()
+
+
+def test_cost_needs_varied_lengths_and_skips_the_prefill_step():
+    policy = DraftLength(4, True, 16, token_cost=0.1)
+    policy.update(4, 4, seconds=100.0)  # first step: prefill, ignored
+    for _ in range(20):
+        policy.update(4, 2, seconds=0.07)  # always k = 4: slope not identifiable
+    assert policy.token_cost == 0.1
