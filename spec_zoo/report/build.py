@@ -89,7 +89,7 @@ def _num_draft(r: dict):
 
 
 def build_report(paths: Sequence, out_dir, title: str = "Benchmark report", seed: int = 0,
-                 figures: bool = True) -> Path:
+                 figures: bool = True, note: str | None = None) -> Path:
     """Write ``out_dir/report.md`` (or the file ``out_dir`` when it ends in .md) and its
     figures (``figures/`` next to it); return the markdown path."""
     records = load_results(paths)
@@ -102,7 +102,7 @@ def build_report(paths: Sequence, out_dir, title: str = "Benchmark report", seed
 
     sources = sorted({r["_source"] for r in records})
     first = records[0]
-    lines = [f"# {title}", ""]
+    lines = [f"# {title}", ""] + ([note, ""] if note else [])
     lines += [f"> warning: {w}" for w in summary.warnings]
     lines += [
         f"{len(records)} records from {len(sources)} results file(s); target `{first.get('model')}`, "

@@ -20,6 +20,7 @@ def main(argv=None) -> int:
                              "directory + /report")
     parser.add_argument("--title", default="Benchmark report", help="title of the report")
     parser.add_argument("--seed", type=int, default=0, help="seed of the bootstrap")
+    parser.add_argument("--note", default=None, help="a paragraph put under the title (e.g. how the data was made)")
     args = parser.parse_args(argv)
     from pathlib import Path
 
@@ -28,7 +29,7 @@ def main(argv=None) -> int:
     first = Path(args.paths[0])
     out = args.out or ((first if first.is_dir() else first.parent) / "report")
     try:
-        path = build_report(args.paths, out, args.title, args.seed)
+        path = build_report(args.paths, out, args.title, args.seed, note=args.note)
     except ConfigError as err:
         print(f"spec-zoo-report: error: {err}", file=sys.stderr)
         return 2
