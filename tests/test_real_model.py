@@ -59,3 +59,22 @@ def test_greedy_identity_on_spec_bench(smollm2_target, prompts, references, draf
             assert margin < NEAR_TIE, f"{name} diverged at token {at} where the target is sure (margin {margin})"
         if name != "none":
             assert out.stats.target_forwards < len(out.ids) or out.stats.alpha == 0
+
+
+def test_streamed_text_is_the_generated_text(smollm2_target, prompts):
+    decoder = SpeculativeDecoder(smollm2_target, NgramDrafter())
+    pieces = list(decoder.stream(prompts[0], max_new_tokens=32))
+    out = decoder.generate(prompts[0], max_new_tokens=32)
+    assert len(pieces) > 3 and "".join(pieces) == out.text
+
+
+def test_stops_right_after_a_stop_string(smollm2_target, prompts, references):
+    tokenizer = smollm2_target.tokenizer
+    reference = references[0]
+    full = tokenizer.decode(reference, skip_special_tokens=True)
+    stop = full[len(tokenizer.decode(reference[:12], skip_special_tokens=True)) :].split()[0]
+    decoder = SpeculativeDecoder(smollm2_target, NgramDrafter())
+    out = decoder.generate(prompts[0], max_new_tokens=MAX_NEW, stop_strings=[stop])
+    assert out.finish_reason == "stop_string"
+    assert out.ids == reference[: len(out.ids)]
+    assert stop in out.text and stop not in tokenizer.decode(out.ids[:-1], skip_special_tokens=True)
