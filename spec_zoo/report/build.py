@@ -260,6 +260,10 @@ def _plots(summary: Summary, records, label, fig_dir: Path) -> dict[str, Path]:
                 ax.plot([tau, tau], ci, color="gray", lw=0.8)
             ax.annotate(m, (tau, sp), fontsize=7, xytext=(3, 3), textcoords="offset points")
         ax.axhline(1.0, color="k", lw=0.8, ls="--")
+        taus = [p[1] for p in pts]
+        ax.plot([min(taus), max(taus)], [min(taus), max(taus)], color="gray", lw=0.8, ls=":",
+                label="speedup = tau (free drafting and verifying)")
+        ax.legend(fontsize=7)
         ax.set_xlabel("tau (tokens per target forward)")
         ax.set_ylabel(f"speedup over {BASELINE}")
         ax.set_title("tau vs measured speedup (overall)")
