@@ -20,16 +20,22 @@ def main(argv=None) -> int:
                              "directory + /report")
     parser.add_argument("--title", default="Benchmark report", help="title of the report")
     parser.add_argument("--seed", type=int, default=0, help="seed of the bootstrap")
-    parser.add_argument("--note", default=None, help="a paragraph put under the title (e.g. how the data was made)")
+    parser.add_argument("--note", default=None, help="a paragraph put under the title (e.g. how the data was made); @FILE reads it from FILE")
     args = parser.parse_args(argv)
     from pathlib import Path
 
     from spec_zoo.report.build import build_report
 
+    note = args.note
+    if note and note.startswith("@"):
+        if not Path(note[1:]).is_file():
+            print(f"spec-zoo-report: error: --note {note}: {note[1:]} is not a file.", file=sys.stderr)
+            return 2
+        note = Path(note[1:]).read_text(encoding="utf-8").strip()
     first = Path(args.paths[0])
     out = args.out or ((first if first.is_dir() else first.parent) / "report")
     try:
-        path = build_report(args.paths, out, args.title, args.seed, note=args.note)
+        path = build_report(args.paths, out, args.title, args.seed, note=note)
     except ConfigError as err:
         print(f"spec-zoo-report: error: {err}", file=sys.stderr)
         return 2
