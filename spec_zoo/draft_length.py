@@ -9,21 +9,25 @@ e.g. one per n-gram match length) and draft the k that maximises that ratio, whi
 0 (do not draft) when acceptance is too low to pay for itself. The estimate grows after
 fully accepted drafts and shrinks after rejections, so the length does too.
 
-The cost c differs by an order of magnitude between machines (a GPU scores 8 tokens for
-the price of 1; one CPU thread pays almost linearly), so with ``learn_cost`` it is
-measured online: a decayed least-squares fit of step time against draft length,
-t(k) = t0 (1 + c k), replaces the configured ``token_cost`` once the steps seen vary
-enough in length to fit it.
+The cost differs by an order of magnitude between machines (a GPU scores 8 tokens for
+the price of 1; a CPU may switch from a matrix-vector to a slower matrix-matrix kernel as
+soon as a second token is scored), so with ``learn_cost`` it is measured online: a
+decayed least-squares fit of step time against draft length,
+t(k) = t0 (1 + jump [k > 0] + c k), replaces the configured ``token_cost`` (c, with no
+jump) once the steps seen vary enough in length to identify it. The ratio maximised is
+then (1 + a + ... + a^k) / (1 + jump [k > 0] + c k).
 """
 
 from __future__ import annotations
+
+import torch
 
 from spec_zoo.errors import ConfigError
 
 PRIOR_ACCEPT, PRIOR_WEIGHT = 0.6, 1.0  # mild prior, so one early rejection does not stop drafting
 DECAY = 0.9  # weight of past evidence per new observed token (memory of ~10 tokens)
 TIME_DECAY = 0.97  # weight of past step timings per step (memory of ~30 steps)
-MIN_SPREAD = 0.25  # variance of draft lengths needed before trusting the fitted cost
+MIN_STEPS = 8  # timed steps before a fit is trusted
 
 
 class DraftLength:
@@ -50,7 +54,9 @@ class DraftLength:
             )
         self.initial, self.adaptive, self.maximum = initial, adaptive, maximum
         self.prior_cost, self.learn_cost = token_cost, learn_cost
-        self._timing = [0.0] * 5  # decayed sums of 1, k, t, k^2, k t over steps
+        # decayed normal equations of the fit t = b0 + b1 [k > 0] + b2 k
+        self._xtx = torch.zeros(3, 3, dtype=torch.float64)
+        self._xty = torch.zeros(3, dtype=torch.float64)
         self.reset()
 
     def reset(self) -> None:
@@ -58,21 +64,19 @@ class DraftLength:
         self._evidence: dict[object, list[float]] = {}  # bucket -> [accepted, rejected] (decayed counts)
         self._first_step = True  # its time includes the prompt's prefill: not a sample of t(k)
 
-    @property
-    def token_cost(self) -> float:
-        """Cost of one drafted token in target forwards: fitted when possible, else configured."""
-        w, sk, st, skk, skt = self._timing
-        if not self.learn_cost or w < 5:
-            return self.prior_cost
-        mean_k, mean_t = sk / w, st / w
-        spread = skk / w - mean_k**2
-        if spread < MIN_SPREAD:
-            return self.prior_cost
-        slope = (skt / w - mean_k * mean_t) / spread
-        t0 = mean_t - slope * mean_k
-        if t0 <= 0:
-            return self.prior_cost
-        return min(max(slope / t0, 0.0), 0.99)
+    def costs(self) -> tuple[float, float]:
+        """(jump, per-token cost) of drafting, in target forwards: fitted when the timed
+        steps identify them, else (0, configured ``token_cost``)."""
+        prior = (0.0, self.prior_cost)
+        if not self.learn_cost or self._xtx[0, 0] < MIN_STEPS:
+            return prior
+        fit = _solve(self._xtx, self._xty)  # jump and slope
+        if fit is None:  # only two distinct lengths seen: no jump term
+            fit = _solve(self._xtx[::2, ::2], self._xty[::2])
+            fit = None if fit is None else torch.stack([fit[0], fit.new_zeros(()), fit[1]])
+        if fit is None or fit[0] <= 0:
+            return prior
+        return max(float(fit[1] / fit[0]), 0.0), min(max(float(fit[2] / fit[0]), 0.0), 0.99)
 
     def acceptance(self, bucket: object = None) -> float:
         """Estimated probability that a draft token is accepted given its predecessors were."""
@@ -83,11 +87,11 @@ class DraftLength:
         """Tokens to draft now; 0 means drafting is not expected to pay off."""
         if not self.adaptive or bucket not in self._evidence:
             return self.initial
-        a, cost = self.acceptance(bucket), self.token_cost
+        a, (jump, cost) = self.acceptance(bucket), self.costs()
         best_k, best, expected = 0, 1.0, 1.0
         for k in range(1, self.maximum + 1):
             expected += a**k
-            gain = expected / (1.0 + cost * k)
+            gain = expected / (1.0 + jump + cost * k)
             if gain > best:
                 best_k, best = k, gain
         return best_k
@@ -96,12 +100,24 @@ class DraftLength:
         """Learn from one verified chain: ``accepted`` successes, then one failure unless
         all passed; ``seconds`` (draft + verify time of the step) feeds the cost fit."""
         if seconds is not None and not self._first_step:
-            for i, x in enumerate((1.0, drafted, seconds, drafted * drafted, drafted * seconds)):
-                self._timing[i] = self._timing[i] * TIME_DECAY + x
+            x = torch.tensor([1.0, float(drafted > 0), float(drafted)], dtype=torch.float64)
+            self._xtx.mul_(TIME_DECAY).add_(torch.outer(x, x))
+            self._xty.mul_(TIME_DECAY).add_(x * seconds)
         self._first_step = False
-        if drafted == 0:
+        if drafted == 0:  # nothing to learn; let old evidence fade so drafting is retried later
+            if bucket in self._evidence:
+                self._evidence[bucket] = [x * DECAY for x in self._evidence[bucket]]
             return
         ok, bad = self._evidence.get(bucket, (0.0, 0.0))
         rejected = int(accepted < drafted)
         fade = DECAY ** (accepted + rejected)
         self._evidence[bucket] = [ok * fade + accepted, bad * fade + rejected]
+
+
+def _solve(xtx: torch.Tensor, xty: torch.Tensor) -> torch.Tensor | None:
+    """Least-squares coefficients, or None when the design does not identify them."""
+    scale = xtx.diagonal().clamp(min=1e-12).sqrt()
+    normed = xtx / scale[:, None] / scale[None, :]
+    if torch.linalg.eigvalsh(normed).min() < 1e-3:
+        return None
+    return torch.linalg.solve(xtx, xty)

@@ -56,18 +56,36 @@ def test_bad_values_name_the_key(args, key):
         DraftLength(*args)
 
 
-def _feed(policy, cost, steps=60, t0=0.05):
-    """Steps of varied draft length with time t0 (1 + cost k); half the tokens accepted."""
+def _feed(policy, cost, jump=0.0, steps=60, t0=0.05, lengths=(0, 1, 2, 4)):
+    """Steps of varied draft length timed t0 (1 + jump [k > 0] + cost k); half the tokens accepted."""
     for i in range(steps):
-        k = [0, 1, 2, 4][i % 4]
-        policy.update(k, k // 2, seconds=t0 * (1 + cost * k))
+        k = lengths[i % len(lengths)]
+        policy.update(k, k // 2, seconds=t0 * (1 + jump * (k > 0) + cost * k))
 
 
-@pytest.mark.parametrize("true_cost", [0.02, 0.1, 0.4])
-def test_token_cost_is_learned_from_step_times(true_cost):
+@pytest.mark.parametrize("jump, cost", [(0.0, 0.02), (0.0, 0.1), (0.0, 0.4), (0.5, 0.05)])
+def test_costs_are_learned_from_step_times(jump, cost):
     policy = DraftLength(4, adaptive=True, maximum=16, token_cost=0.1, learn_cost=True)
-    _feed(policy, true_cost)
-    assert policy.token_cost == pytest.approx(true_cost, rel=1e-6)
+    _feed(policy, cost, jump)
+    assert policy.costs() == pytest.approx((jump, cost), rel=1e-6, abs=1e-9)
+
+
+def test_two_lengths_fit_a_line():
+    policy = DraftLength(4, adaptive=True, maximum=16, token_cost=0.1)
+    _feed(policy, 0.3, lengths=(0, 4))
+    assert policy.costs() == pytest.approx((0.0, 0.3))
+
+
+def test_a_big_jump_stops_drafting_at_low_acceptance():
+    smooth, jumpy = DraftLength(4, True, 16, 0.1), DraftLength(4, True, 16, 0.1)
+    _feed(smooth, 0.1)
+    _feed(jumpy, 0.02, jump=0.6)
+    for policy in (smooth, jumpy):
+        for _ in range(4):
+            policy.update(4, 0)
+        policy.update(4, 1)
+        assert 0.3 < policy.acceptance() < 0.5
+    assert smooth.choose() >= 1 and jumpy.choose() == 0
 
 
 def test_learned_cost_changes_the_draft_length_and_can_be_switched_off():
@@ -75,7 +93,7 @@ def test_learned_cost_changes_the_draft_length_and_can_be_switched_off():
     _feed(cheap, 0.02)
     _feed(dear, 0.6)
     _feed(fixed, 0.6)
-    assert fixed.token_cost == 0.1
+    assert fixed.costs() == (0.0, 0.1)
     assert cheap.choose() > fixed.choose() > dear.choose()
 
 
@@ -84,4 +102,15 @@ def test_cost_needs_varied_lengths_and_skips_the_prefill_step():
     policy.update(4, 4, seconds=100.0)  # first step: prefill, ignored
     for _ in range(20):
         policy.update(4, 2, seconds=0.07)  # always k = 4: slope not identifiable
-    assert policy.token_cost == 0.1
+    assert policy.costs() == (0.0, 0.1)
+
+
+def test_skipped_steps_let_drafting_resume():
+    policy = DraftLength(4, adaptive=True, maximum=8, token_cost=0.1, learn_cost=False)
+    while policy.choose() > 0:
+        policy.update(policy.choose(), 0)
+    for _ in range(60):
+        if policy.choose() > 0:
+            break
+        policy.update(0, 0)
+    assert policy.choose() > 0
