@@ -271,3 +271,31 @@ def test_drafter_configs_compose():
             cfg = compose("config", overrides=[f"drafter={name}"])
             assert cfg.drafter._target_ == "drafters.distilled.DistilledDrafter"
         assert compose("config", overrides=["drafter=distilled_tree"]).drafter.tree_depth > 0
+
+
+def test_bench_experiment_preset():
+    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+        cfg = compose("bench", overrides=["+experiment=distill"])
+    assert list(cfg.methods) == ["ar", "distilled", "distilled_tree", "draft_untrained", "truncated_target"]
+    assert cfg.dataset.per_category == 3 and cfg.generation.max_new_tokens == 128
+
+
+def test_shipped_draft_loads_and_refuses_another_target():
+    drafter = DistilledDrafter()  # the draft shipped for SmolLM2-135M
+    assert drafter.record["target"]["name"] == "smollm2-135m" and len(drafter.record["draft_vocab"]) == 8192
+    with pytest.raises(ConfigError, match="distilled for target 'smollm2-135m'.*vocab_size 49152 vs 64"):
+        drafter.attach(Target(tiny_llama(0)))
+
+
+@pytest.mark.real_model
+@pytest.mark.parametrize("drafter", ["distilled", "distilled_tree", "draft_untrained"])
+def test_shipped_draft_is_lossless_on_the_real_target(smollm2_target, drafter):
+    from drafters.distilled import DistilledDrafter as D
+
+    make = {"distilled": lambda: D(), "distilled_tree": lambda: D(tree_width=2, tree_depth=3),
+            "draft_untrained": lambda: D(untrained=True)}[drafter]
+    plain = SpeculativeDecoder(smollm2_target)
+    prompt = plain.encode("Name three colours.")
+    reference = plain.generate(prompt, max_new_tokens=24).ids
+    out = SpeculativeDecoder(smollm2_target, make()).generate(prompt, max_new_tokens=24)
+    assert out.ids == reference
