@@ -141,6 +141,17 @@ def test_student_written_data(tmp_path):
     assert rec["heldout_after"]["loss"] < rec["heldout_before"]["loss"]
 
 
+@pytest.mark.parametrize("loss", ["fkl", "rkl", "tvd"])
+def test_loss_gradients_are_finite_when_the_draft_covers_the_top_k(loss):
+    """All of q's mass inside the teacher's top-k (q_rest = 0, the RKL NaN trap)."""
+    t_logp, t_ids = torch.randn(4, 10).log_softmax(-1).topk(5)
+    logits = torch.full((4, 10), -30.0)
+    logits.scatter_(1, t_ids, 5.0)
+    logits.requires_grad_(True)
+    divergence(logits, t_ids, t_logp, loss).sum().backward()
+    assert torch.isfinite(logits.grad).all()
+
+
 def test_lora_adapts_an_existing_draft(trained, tmp_path):
     model, path, _ = trained
     cfg = _cfg(tmp_path, "student.init=pretrained", f"student.path={path}", "student.lora.enabled=true",

@@ -46,7 +46,8 @@ def divergence(student_logits: torch.Tensor, t_index: torch.Tensor, t_logp: torc
         return inside + torch.xlogy(r, r) - r * torch.log(q_rest + _EPS)
     if kind == "rkl":
         inside = torch.where(kept, qk * (qk_log - t_logp.float().clamp(min=-1e4)), torch.zeros_like(p)).sum(-1)
-        return inside + torch.xlogy(q_rest, q_rest) - q_rest * torch.log(r + _EPS)
+        # q_rest * log(q_rest + eps), not xlogy: its gradient at 0 is -inf (NaN after the clamp)
+        return inside + q_rest * (torch.log(q_rest + _EPS) - torch.log(r + _EPS))
     raise ValueError(f"unknown loss {kind!r}; use one of {LOSSES}")
 
 
