@@ -28,26 +28,13 @@ SHIPPED = Path(__file__).parent / "artefacts" / "smollm2-135m-distilled"
 
 
 class DistilledDrafter(SmallModelDrafter):
-    """path: a distilled-draft dir (None = the shipped SmolLM2-135M draft); the other
-    arguments as in `SmallModelDrafter`; untrained: use the draft's initialisation instead
-    of its trained weights (an ablation baseline)."""
+    """path: a distilled-draft dir (None = the shipped SmolLM2-135M draft); untrained: use
+    the draft's initialisation instead of its trained weights (an ablation baseline);
+    ``options`` (num_draft, adaptive, sample, tree_width, ...) as in `SmallModelDrafter`."""
 
     name = "distilled"
 
-    def __init__(
-        self,
-        path=None,
-        num_draft: int = 4,
-        adaptive: bool = False,
-        max_draft: int = 16,
-        sample: str | bool = "auto",
-        tree_width: int = 1,
-        tree_depth: int = 0,
-        untrained: bool = False,
-        dtype: str = "float32",
-        token_cost: float | None = None,
-        device: str = "cpu",
-    ):
+    def __init__(self, path=None, untrained: bool = False, dtype: str = "float32", device: str = "cpu", **options):
         from spec_zoo.train.student import load_artefact
 
         self.path = Path(path).expanduser() if path else SHIPPED
@@ -55,9 +42,7 @@ class DistilledDrafter(SmallModelDrafter):
             raise ConfigError(f"the shipped distilled draft is missing ({SHIPPED}); reinstall spec-zoo, or set "
                               "drafter.path=DIR to a draft made with `spec-zoo-train distill`.")
         model, tokenizer, self.record = load_artefact(self.path, dtype=dtype, device=device)
-        extra = {} if token_cost is None else {"token_cost": token_cost}  # adaptive length: see SmallModelDrafter
-        super().__init__(model, num_draft=num_draft, adaptive=adaptive, max_draft=max_draft, sample=sample,
-                         tree_width=tree_width, tree_depth=tree_depth, dtype=dtype, device=device, **extra)
+        super().__init__(model, dtype=dtype, device=device, **options)
         self.runner.tokenizer = tokenizer
         self.source = str(self.path)
         vocab = self.record.get("draft_vocab")
