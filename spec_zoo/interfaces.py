@@ -50,8 +50,7 @@ class Verdict:
 
     path:       accepted node indices, from a first-level node down (empty: none accepted).
     next_token: the one token the target adds after the path: the *bonus* token when
-                the path ends at a leaf with all its children accepted... i.e. when no
-                child was rejected, else the *recovered* token.
+                the path ends at a leaf (no child was rejected), else the *recovered* token.
     bonus:      True when ``next_token`` is a bonus token (nothing was rejected).
     """
 
