@@ -9,6 +9,11 @@ new committed tokens and its own ancestors) and per-node position ids.
 
 The same class drives draft models (see ``drafters/small_model.py``): a draft model is
 just another causal LM whose cache must follow the committed sequence.
+
+A self-speculative drafter (``drafters/early_exit.py``) runs the target's first E layers
+itself and hands their output over in ``Draft.prefix``; scoring then resumes at layer E
+(KV reuse). Its shallow layers may hold more KV than the deep ones meanwhile, so every
+crop here is to an absolute length, which keeps all layers consistent on rejection.
 """
 
 from __future__ import annotations
@@ -19,6 +24,16 @@ import torch
 from transformers import DynamicCache
 
 from spec_zoo.draft import ROOT, Draft
+from spec_zoo.layers import DecoderStack, causal_mask
+
+
+def crop_cache(cache, length: int) -> None:
+    """Cut every layer of ``cache`` to ``length`` positions (layers may differ in length:
+    a self-speculative draft's shallow layers run ahead of the deep ones)."""
+    for layer in cache.layers:
+        extra = layer.get_seq_length() - length
+        if extra > 0:
+            layer.crop(-extra)
 
 
 @dataclass
@@ -63,26 +78,27 @@ class Target:
         self._pending: Draft | None = None  # last scored draft, whose nodes sit in the cache
         self._base = 0  # committed tokens in the cache when _pending was scored
 
-    def _sync(self, committed: list[int]) -> list[int]:
-        """Crop the cache to its longest prefix shared with ``committed``; return the
-        committed tokens still to feed (at least the last one, whose logits we need)."""
+    def rewind(self, committed: list[int], limit: int | None = None) -> int:
+        """Crop every layer's cache to the longest cached prefix of ``committed`` (at most
+        ``limit`` tokens, and never the last committed token, whose logits are needed);
+        return its length."""
         keep = 0
-        limit = min(len(self.cached), len(committed) - 1)
-        while keep < limit and self.cached[keep] == committed[keep]:
+        bound = min(len(self.cached), len(committed) - 1, len(committed) if limit is None else limit)
+        while keep < bound and self.cached[keep] == committed[keep]:
             keep += 1
-        extra = self.cache.get_seq_length() - keep
-        if extra > 0:
-            self.cache.crop(-extra)
+        crop_cache(self.cache, keep)
         self.cached = self.cached[:keep]
         self._pending = None
-        return committed[keep:]
+        return keep
 
     @torch.no_grad()
     def score(self, committed: list[int], draft: Draft, hidden: bool = False) -> Scores:
         """Logits after the last committed token and after every draft node, in one forward."""
         if not committed:
             raise ValueError("score() needs at least one committed token (an empty prompt?)")
-        new = self._sync(committed)
+        if draft.prefix is not None:
+            return self._resume(committed, draft, hidden)
+        new = committed[self.rewind(committed) :]
         m, n, past = len(new), len(draft), len(self.cached)
         ids = torch.tensor([new + draft.tokens.tolist()], device=self.device)
         kwargs = {}
@@ -100,12 +116,34 @@ class Target:
             **kwargs,
         )
         self.forwards += 1
-        # a chain is a valid continuation, so keep it as cached tokens: the next _sync
+        self._scored(committed, draft)
+        states = out.hidden_states[-1][0] if hidden else None
+        return Scores(out.logits[0], states, m)
+
+    def _resume(self, committed: list[int], draft: Draft, hidden: bool) -> Scores:
+        """Score a chain from layer ``draft.prefix.layer`` on: the layers below already ran
+        (in the drafter) and their KV is in this cache."""
+        states, n = draft.prefix, len(draft)
+        q = states.hidden.shape[0]
+        past = len(committed) + n - q
+        if q <= n or past != len(self.cached) or self.cached != committed[:past]:
+            raise RuntimeError(f"Draft.prefix covers {q} positions, which do not follow the {len(self.cached)} "
+                               f"cached tokens of a {len(committed)}-token committed sequence")
+        stack = DecoderStack(self.model)
+        positions = torch.arange(past, past + q, device=self.device)[None]
+        mask = causal_mask(past, q, self.dtype, self.device)
+        out = stack.run(states.hidden[None], states.layer, stack.num_layers, positions, self.cache, mask)
+        normed = stack.inner.norm(out[0])
+        logits = self.model.lm_head(normed[q - n - 1 :])
+        self.forwards += 1
+        self._scored(committed, draft)
+        return Scores(logits, normed if hidden else None, q - n)
+
+    def _scored(self, committed: list[int], draft: Draft) -> None:
+        # a chain is a valid continuation, so keep it as cached tokens: the next rewind
         # reuses its accepted prefix even without commit(); a tree needs commit()
         self.cached = list(committed) + (draft.tokens.tolist() if draft.is_chain else [])
         self._pending, self._base = draft, len(committed)
-        states = out.hidden_states[-1][0] if hidden else None
-        return Scores(out.logits[0], states, m)
 
     def _tree_mask(self, past: int, m: int, draft: Draft) -> torch.Tensor:
         """Float [1, 1, m + n, past + m + n] additive mask for a tree after m new committed tokens."""
@@ -126,9 +164,7 @@ class Target:
         if draft is None:
             raise RuntimeError("commit() without a scored draft")
         if path == list(range(len(path))):  # nodes stored in order: a crop suffices
-            extra = self.cache.get_seq_length() - (base + len(path))
-            if extra > 0:
-                self.cache.crop(-extra)
+            crop_cache(self.cache, base + len(path))
         else:  # gather the accepted nodes' KV behind the committed prefix
             keep = torch.tensor([base + i for i in path], dtype=torch.long, device=self.device)
             for layer in self.cache.layers:

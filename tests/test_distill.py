@@ -226,7 +226,7 @@ def test_q_is_zero_outside_the_draft_vocabulary(tmp_path, small_vocab_model):
 def test_refuses_a_draft_for_another_target(tmp_path):
     path = _artefact(tiny_llama(0), tmp_path / "d", torch.arange(48))
     drafter = DistilledDrafter(path, dtype="float64")
-    with pytest.raises(ConfigError, match="distilled for target 'tiny'.*embedding weights differ"):
+    with pytest.raises(ConfigError, match="trained for target 'tiny'.*embedding weights differ"):
         SpeculativeDecoder(Target(tiny_llama(1)), drafter)
     with pytest.raises(ConfigError, match="vocab_size 64 vs 32"):
         SpeculativeDecoder(Target(tiny_llama(0, vocab=32)), DistilledDrafter(path, dtype="float64"))
@@ -294,7 +294,7 @@ def test_bench_experiment_preset():
 def test_shipped_draft_loads_and_refuses_another_target():
     drafter = DistilledDrafter()  # the draft shipped for SmolLM2-135M
     assert drafter.record["target"]["name"] == "smollm2-135m" and len(drafter.record["draft_vocab"]) == 8192
-    with pytest.raises(ConfigError, match="distilled for target 'smollm2-135m'.*vocab_size 49152 vs 64"):
+    with pytest.raises(ConfigError, match="trained for target 'smollm2-135m'.*vocab_size 49152 vs 64"):
         drafter.attach(Target(tiny_llama(0)))
 
 

@@ -177,8 +177,9 @@ def student_from_pretrained(path, target_model=None) -> tuple[Student, dict | No
     return Student(lm.float(), None, None), None
 
 
-def check_target(record: dict, target_model, path) -> None:
-    """Refuse a draft distilled for another target, with a message saying which."""
+def check_target(record: dict, target_model, path, key: str = "drafter.path",
+                 fix: str = "`spec-zoo-train distill target.path=...`, or drafter=small_model for an undistilled draft") -> None:
+    """Refuse an artefact trained for another target, with a message saying which."""
     want = record.get("target") or {}
     have = describe_target(target_model, None)
     problems = [f"{k} {want.get(k)} vs {have[k]}" for k in ("vocab_size", "hidden_size")
@@ -187,9 +188,8 @@ def check_target(record: dict, target_model, path) -> None:
         problems.append("the target's embedding weights differ")
     if problems:
         raise ConfigError(
-            f"drafter.path={str(path)!r} was distilled for target {want.get('name')!r}, not for this one "
-            f"({'; '.join(problems)}). Use a draft distilled for this target "
-            "(`spec-zoo-train distill target.path=...`), or drafter=small_model for an undistilled draft."
+            f"{key}={str(path)!r} was trained for target {want.get('name')!r}, not for this one "
+            f"({'; '.join(problems)}). Use one trained for this target ({fix})."
         )
 
 
