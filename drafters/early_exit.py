@@ -15,6 +15,8 @@ verifies with all its layers: the same tokens, more compute.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 from transformers import DynamicCache
 
@@ -29,6 +31,18 @@ from spec_zoo.stats import StepStats
 from spec_zoo.target import Target, crop_cache
 
 _SAMPLE_MODES = ("auto", True, False)
+ARTEFACTS = Path(__file__).parent / "artefacts"
+
+
+def shipped_adapter(exit_layer: int) -> Path:
+    """The adapter shipped for SmolLM2-135M at ``exit_layer``."""
+    path = ARTEFACTS / f"smollm2-135m-exit{exit_layer}"
+    if not path.is_dir():
+        have = sorted(int(p.name.rsplit("exit", 1)[1]) for p in ARTEFACTS.glob("smollm2-135m-exit*"))
+        raise ConfigError(f"drafter.adapter=shipped: no adapter is shipped for exit layer {exit_layer} "
+                          f"(shipped: {have or 'none'}); pick one of those exit layers, or train one with "
+                          f"`spec-zoo-train early_exit adapter.exit_layer={exit_layer}` and set drafter.adapter=DIR.")
+    return path
 
 
 class EarlyExitDrafter(Drafter):
@@ -44,7 +58,8 @@ class EarlyExitDrafter(Drafter):
                 rejection sampling stays exact), argmax at 0; True/False force it.
     reuse_kv:   verify from layer E with the draft's shallow KV and states (see above).
     adapter:    None (untrained exit), an adapter directory (`spec-zoo-train early_exit`),
-                or an `ExitAdapter`; it must be trained for this target and exit layer.
+                "shipped" (the one trained for SmolLM2-135M at this exit layer), or an
+                `ExitAdapter`; it must be trained for this target and exit layer.
     """
 
     name = "early_exit"
@@ -83,8 +98,11 @@ class EarlyExitDrafter(Drafter):
                 raise ConfigError(f"the adapter was trained for exit layer {source.exit_layer}, not "
                                   f"drafter.exit_layer={self.exit_layer}.")
             self.adapter = source
+        elif source in (None, ""):
+            self.adapter = None
         else:
-            self.adapter = None if source in (None, "") else load_adapter(source, target.model, self.exit_layer)
+            path = shipped_adapter(self.exit_layer) if source == "shipped" else source
+            self.adapter = load_adapter(path, target.model, self.exit_layer)
         if self._default_cost:
             self.length.prior_cost = min(0.9, self.exit_layer / self.stack.num_layers + 0.1)
         self.target = target

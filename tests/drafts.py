@@ -7,9 +7,11 @@ import copy
 
 import torch
 
+from drafters.early_exit import EarlyExitDrafter
 from drafters.ngram import NgramDrafter
 from drafters.none import NoDrafter
 from drafters.small_model import SmallModelDrafter
+from spec_zoo.exit_adapter import ExitAdapter
 
 
 def noisy_copy(model, noise: float, seed: int = 123):
@@ -20,6 +22,14 @@ def noisy_copy(model, noise: float, seed: int = 123):
         w = draft.lm_head.weight
         w.add_(noise * w.std() * torch.randn(w.shape, generator=gen, dtype=w.dtype))
     return draft
+
+
+def exit_adapter(model, exit_layer: int = 1) -> ExitAdapter:
+    """An (untrained) exit adapter over a reduced draft vocabulary: every token but the last
+    quarter, so q is zero on some tokens the target may pick."""
+    vocab = model.lm_head.weight.shape[0]
+    return ExitAdapter(model, exit_layer, init_layer=len(model.model.layers) - 1, mlp=True,
+                       vocab_ids=torch.arange(vocab - max(1, vocab // 4))).eval()
 
 
 def drafter_lineup(target_model, sampled: bool = False) -> dict:
@@ -36,4 +46,11 @@ def drafter_lineup(target_model, sampled: bool = False) -> dict:
         "small_chain_self": lambda: SmallModelDrafter(target_model, num_draft=5, sample=sample),
         "small_tree_2x3": lambda: SmallModelDrafter(partial, tree_width=2, tree_depth=3, sample=sample),
         "small_tree_3x2_self": lambda: SmallModelDrafter(target_model, tree_width=3, tree_depth=2, sample=sample),
+        "early_exit_k3": lambda: EarlyExitDrafter(1, num_draft=3, adaptive=False, sample=sample),
+        "early_exit_k3_no_reuse": lambda: EarlyExitDrafter(1, num_draft=3, adaptive=False, sample=sample, reuse_kv=False),
+        "early_exit_adaptive": lambda: EarlyExitDrafter(1, num_draft=2, max_draft=6, sample=sample, stop_below=0.05),
+        "early_exit_adapter": lambda: EarlyExitDrafter(
+            1, num_draft=3, adaptive=False, sample=sample, adapter=exit_adapter(target_model)),
+        "early_exit_adapter_no_reuse": lambda: EarlyExitDrafter(
+            1, num_draft=3, adaptive=False, sample=sample, adapter=exit_adapter(target_model), reuse_kv=False),
     }

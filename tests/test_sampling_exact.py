@@ -68,8 +68,11 @@ CASES = [
     ("small_tree_2x3", "t1"),
     ("small_chain_k3", "t0.7_topk5_topp0.9"),
     ("small_tree_2x3", "t0.7_topk5_topp0.9"),
+    ("early_exit_k3", "t1"),
+    ("early_exit_k3_no_reuse", "t0.7_topk5_topp0.9"),
+    ("early_exit_adapter_no_reuse", "t0.7_topk5_topp0.9"),
 ]
-DETERMINISTIC_DRAFTERS = ["small_chain_k3", "small_tree_3x2_self"]
+DETERMINISTIC_DRAFTERS = ["small_chain_k3", "small_tree_3x2_self", "early_exit_adapter"]
 
 
 def _check(model, drafter, sampling, verifier=None, samples=SAMPLES):

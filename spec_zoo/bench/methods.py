@@ -38,6 +38,8 @@ from spec_zoo.target import Target
 
 ENGINES = ("spec_zoo", "transformers")
 _SPEC_KEYS = {"engine", "drafter", "verifier", "assistant", "params"}
+# generate() kwarg -> drafter label of a transformers method without an assistant model
+_HF_DRAFTERS = {"prompt_lookup_num_tokens": "prompt_lookup", "assistant_early_exit": "early_exit"}
 
 
 def options(group: str) -> list[str]:
@@ -136,7 +138,7 @@ def _spec(name: str, entry: Mapping, root: DictConfig | None) -> MethodSpec:
         assistant, label = _resolve_option("drafter", entry.get("assistant"), name, root)
         if assistant is not None and not isinstance(assistant.get("path"), str):
             raise ConfigError(f"method {name}: assistant={label} has no model `path` to load as assistant_model.")
-        drafter_label = label or ("prompt_lookup" if "prompt_lookup_num_tokens" in params else "none")
+        drafter_label = label or next((lab for key, lab in _HF_DRAFTERS.items() if key in params), "none")
         return MethodSpec(name, engine, assistant=assistant, params=params, drafter_label=drafter_label)
     if entry.get("drafter") is None:
         raise ConfigError(f"method {name}: engine=spec_zoo needs a drafter (e.g. drafter: none).")

@@ -1,6 +1,6 @@
 """``spec-zoo-train <command> [key=value ...]``: Hydra entry points for draft training.
 
-Commands: ``distill`` (conf/train_distill.yaml).
+Commands: ``distill`` (conf/train_distill.yaml), ``early_exit`` (conf/train_early_exit.yaml).
 """
 
 from __future__ import annotations
@@ -13,20 +13,32 @@ from omegaconf import DictConfig
 from spec_zoo.api import CONF_DIR
 from spec_zoo.errors import ConfigError
 
-COMMANDS = {"distill": "train_distill"}
+def _run(train, cfg: DictConfig) -> None:
+    from spec_zoo.cli import _quiet_transformers
+
+    _quiet_transformers()
+    try:
+        print(train(cfg))
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
 
 
 @hydra.main(config_path=CONF_DIR, config_name="train_distill", version_base="1.3")
 def _distill(cfg: DictConfig) -> None:
-    from spec_zoo.cli import _quiet_transformers
     from spec_zoo.train.distill import distill
 
-    _quiet_transformers()
-    try:
-        print(distill(cfg))
-    except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(2)
+    _run(distill, cfg)
+
+
+@hydra.main(config_path=CONF_DIR, config_name="train_early_exit", version_base="1.3")
+def _early_exit(cfg: DictConfig) -> None:
+    from spec_zoo.train.early_exit import train_exit_adapter
+
+    _run(train_exit_adapter, cfg)
+
+
+COMMANDS = {"distill": _distill, "early_exit": _early_exit}
 
 
 def main() -> None:
@@ -36,7 +48,7 @@ def main() -> None:
         sys.exit(2)
     command = sys.argv.pop(1)
     sys.argv[0] = f"spec-zoo-train {command}"
-    {"distill": _distill}[command]()
+    COMMANDS[command]()
 
 
 if __name__ == "__main__":

@@ -274,6 +274,18 @@ def score_continuations(model, prompts: list[list[int]], continuations: list[lis
             "topk_ids": topk_ids, "topk_logp": topk_logp}
 
 
+def _save_parts(parts: list[dict], path: Path) -> TeacherData:
+    """Join batches into one shard, write it atomically to ``path`` and return it."""
+    width = max(p["ids"].shape[1] for p in parts)
+    part = {k: torch.cat([torch.nn.functional.pad(p[k], (0, width - p[k].shape[1]), value=-1) if k == "ids" else p[k]
+                          for p in parts]) for k in parts[0]}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    save_file(part, str(tmp))
+    os.replace(tmp, path)
+    return _concat([part])
+
+
 def student_data(student, model, prompts: list[list[int]], *, cache_dir, key: str, max_new_tokens: int,
                  top_k: int, temperature: float, batch_size: int, eos_ids: list[int], pad_id: int, seed: int,
                  progress: bool = True) -> TeacherData:
@@ -293,19 +305,50 @@ def student_data(student, model, prompts: list[list[int]], *, cache_dir, key: st
         keep = [i for i, c in enumerate(cont) if c]
         if keep:
             parts.append(score_continuations(model, [batch[i] for i in keep], [cont[i] for i in keep], top_k, max_new_tokens))
-    width = max(p["ids"].shape[1] for p in parts)
-    part = {k: torch.cat([torch.nn.functional.pad(p[k], (0, width - p[k].shape[1]), value=-1) if k == "ids" else p[k]
-                          for p in parts]) for k in parts[0]}
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    save_file(part, str(tmp))
-    os.replace(tmp, path)
-    return _concat([part])
+    return _save_parts(parts, path)
+
+
+def _shared_prefix(sequences: list[list[int]]) -> int:
+    n = min(len(s) for s in sequences)
+    for i in range(n):
+        if any(s[i] != sequences[0][i] for s in sequences):
+            return i
+    return n
+
+
+def forced_data(model, sequences: list[list[int]], *, cache_dir, key: str, top_k: int, batch_size: int,
+                progress: bool = True) -> TeacherData:
+    """Teacher-forced data: the target's distributions at every position of ``sequences``
+    (prompts it reads rather than continuations it writes; one forward per batch instead
+    of one per token, so many more positions for the same time). Cached like `teacher_data`."""
+    from tqdm import tqdm
+
+    path = Path(cache_dir).expanduser() / key / "forced.safetensors"
+    if path.is_file():
+        try:
+            return _concat([load_file(path)])
+        except Exception:  # a torn write: redo it
+            path.unlink()
+    # the prefix all sequences share (a chat template's header and system prompt) is
+    # trivially predictable: not scored, so it neither trains nor flatters the metrics
+    shared = _shared_prefix(sequences)
+    usable = [s for s in sequences if len(s) > max(shared, 1)]
+    if not usable:
+        raise ConfigError("data.forced_prompts: no prompt is longer than the prefix they all share.")
+    start = max(shared, 1)
+    width = max(len(s) for s in usable) - start  # positions scored per sequence
+    parts = [score_continuations(model, [s[:start] for s in usable[b : b + batch_size]],
+                                 [s[start:] for s in usable[b : b + batch_size]], top_k, width)
+             for b in tqdm(range(0, len(usable), batch_size), desc="forced data", disable=not progress,
+                           dynamic_ncols=True)]
+    return _save_parts(parts, path)
 
 
 def concat_data(a: TeacherData, b: TeacherData) -> TeacherData:
-    width = max(a.ids.shape[1], b.ids.shape[1])
+    """Both sets in one (sequences and teacher rows padded to the longer of the two)."""
+    width, rows = max(a.ids.shape[1], b.ids.shape[1]), max(a.topk_ids.shape[1], b.topk_ids.shape[1])
     pad = lambda t: torch.nn.functional.pad(t, (0, width - t.shape[1]), value=-1)  # noqa: E731
+    grow = lambda t, v: torch.nn.functional.pad(t, (0, 0, 0, rows - t.shape[1]), value=v)  # noqa: E731
     return TeacherData(torch.cat([pad(a.ids), pad(b.ids)]), torch.cat([a.prompt_len, b.prompt_len]),
-                       torch.cat([a.gen_len, b.gen_len]), torch.cat([a.topk_ids, b.topk_ids]),
-                       torch.cat([a.topk_logp, b.topk_logp]))
+                       torch.cat([a.gen_len, b.gen_len]), torch.cat([grow(a.topk_ids, 0), grow(b.topk_ids, 0)]),
+                       torch.cat([grow(a.topk_logp, float("-inf")), grow(b.topk_logp, float("-inf"))]))

@@ -31,6 +31,7 @@ from spec_zoo.train.data import (
     concat_data,
     data_key,
     encode_prompts,
+    forced_data,
     load_prompts,
     student_data,
     teacher_data,
@@ -48,27 +49,56 @@ from spec_zoo.train.student import (
 INITS = ("target", "pretrained", "random")
 
 
-def check_config(cfg: DictConfig) -> None:
+def check_config(cfg: DictConfig, recipe=None) -> None:
     """Cheap checks, before any model loads; each message names the key."""
     if cfg.loss not in LOSSES:
         raise ConfigError(f"loss={cfg.loss!r}; allowed values: {', '.join(LOSSES)}.")
-    if cfg.student.init not in INITS:
-        raise ConfigError(f"student.init={cfg.student.init!r}; allowed values: {', '.join(INITS)}.")
-    if cfg.student.init == "pretrained" and not cfg.student.path:
-        raise ConfigError("student.init=pretrained needs student.path=DIR (an HF model dir or a distilled draft).")
-    if cfg.student.lora.enabled and cfg.student.init != "pretrained":
-        raise ConfigError("student.lora.enabled=true adapts an existing draft: set student.init=pretrained student.path=DIR.")
-    if cfg.student.path and not Path(cfg.student.path).expanduser().is_dir():
-        raise ConfigError(f"student.path={cfg.student.path!r} is not a directory.")
+    (recipe or DRAFT).check(cfg)
     for key in ("train.steps", "train.batch_size", "data.batch_size", "data.max_new_tokens", "data.max_prompt_tokens"):
         if int(OmegaConf.select(cfg, key)) < 1:
             raise ConfigError(f"{key}={OmegaConf.select(cfg, key)}; it must be a positive integer.")
-    if not 0.0 <= float(cfg.data.student_fraction) <= 1.0:
+    if int(cfg.data.get("forced_prompts", 0)) < 0:
+        raise ConfigError(f"data.forced_prompts={cfg.data.forced_prompts}; use 0 or more prompts.")
+    if not 0.0 <= float(cfg.data.get("student_fraction", 0.0)) <= 1.0:
         raise ConfigError(f"data.student_fraction={cfg.data.student_fraction}; use a fraction in [0, 1].")
     if not 0.0 <= float(cfg.data.heldout) < 1.0:
         raise ConfigError(f"data.heldout={cfg.data.heldout}; use a fraction in [0, 1).")
     if cfg.output.dtype not in ("float32", "float16", "bfloat16"):
         raise ConfigError(f"output.dtype={cfg.output.dtype!r}; allowed values: float32, float16, bfloat16.")
+
+
+class DraftRecipe:
+    """What `spec-zoo-train distill` trains: a small draft model (`Student`). Another
+    recipe (`spec_zoo.train.early_exit`) reuses the whole pipeline for another module."""
+
+    desc = "distill"
+
+    def check(self, cfg: DictConfig) -> None:
+        if cfg.student.init not in INITS:
+            raise ConfigError(f"student.init={cfg.student.init!r}; allowed values: {', '.join(INITS)}.")
+        if cfg.student.init == "pretrained" and not cfg.student.path:
+            raise ConfigError("student.init=pretrained needs student.path=DIR (an HF model dir or a distilled draft).")
+        if cfg.student.lora.enabled and cfg.student.init != "pretrained":
+            raise ConfigError("student.lora.enabled=true adapts an existing draft: set student.init=pretrained student.path=DIR.")
+        if cfg.student.path and not Path(cfg.student.path).expanduser().is_dir():
+            raise ConfigError(f"student.path={cfg.student.path!r} is not a directory.")
+
+    def make(self, cfg: DictConfig, target, train: TeacherData) -> Student:
+        return _make_student(cfg, target, train)
+
+    def trainable(self, student: Student, cfg: DictConfig) -> list[torch.nn.Parameter]:
+        return _trainable(student, cfg)
+
+    def save(self, student: Student, cfg: DictConfig, target_info: dict, record: dict) -> Path:
+        s = cfg.student
+        init = {"kind": s.init, "path": s.path, "layers": int(s.layers),
+                "copy_layers": None if s.copy_layers is None else list(s.copy_layers),
+                "lora": OmegaConf.to_container(s.lora)}
+        return save_artefact(student, Path(cfg.output.dir).expanduser(),
+                             {"target": target_info, "init": init, **record}, dtype=str(cfg.output.dtype))
+
+
+DRAFT = DraftRecipe()
 
 
 def _load_target(cfg: DictConfig):
@@ -130,6 +160,19 @@ def evaluate(student: Student, data: TeacherData, full_vocab: int, kind: str, ba
     return {k: round(v / max(n, 1), 4) for k, v in tot.items()}
 
 
+def draft_vocab(target, train: TeacherData, size: int) -> torch.Tensor | None:
+    """The ``size`` most frequent tokens of the training data, plus special and EOS ids
+    (None: the full vocabulary)."""
+    if size <= 0:
+        return None
+    tok = target.tokenizer
+    always = list(getattr(tok, "all_special_ids", []) or []) if tok is not None else []
+    gen_cfg = getattr(target.model, "generation_config", None)
+    eos = getattr(gen_cfg, "eos_token_id", None)
+    always += eos if isinstance(eos, (list, tuple)) else ([eos] if eos is not None else [])
+    return select_vocab(train.token_counts(target.vocab_size), size, always)
+
+
 def _make_student(cfg: DictConfig, target, train: TeacherData) -> Student:
     s = cfg.student
     if s.init == "pretrained":
@@ -141,15 +184,7 @@ def _make_student(cfg: DictConfig, target, train: TeacherData) -> Student:
                               target_modules=list(s.lora.target_modules), bias="none")
             student.lm = get_peft_model(student.lm, lora)
         return student
-    full = target.vocab_size
-    vocab_ids = None
-    if int(s.vocab_size) > 0:
-        tok = target.tokenizer
-        always = list(getattr(tok, "all_special_ids", []) or []) if tok is not None else []
-        gen_cfg = getattr(target.model, "generation_config", None)
-        eos = getattr(gen_cfg, "eos_token_id", None)
-        always += eos if isinstance(eos, (list, tuple)) else ([eos] if eos is not None else [])
-        vocab_ids = select_vocab(train.token_counts(full), int(s.vocab_size), always)
+    vocab_ids = draft_vocab(target, train, int(s.vocab_size))
     copy_layers = list(s.copy_layers) if s.copy_layers is not None else None
     return student_from_target(target.model, int(s.layers), copy_layers, vocab_ids,
                                random_layers=s.init == "random", seed=int(cfg.train.seed))
@@ -217,9 +252,14 @@ def _load_checkpoint(path: Path, student: Student, opt, gen: torch.Generator) ->
 def distill(cfg: DictConfig, target=None) -> Path:
     """Run the pipeline of ``cfg`` (conf/train_distill.yaml); return the artefact dir.
     ``target``: an already loaded `Target` (tests pass a tiny one)."""
+    return train_module(cfg, DRAFT, target)
+
+
+def train_module(cfg: DictConfig, recipe, target=None) -> Path:
+    """The pipeline (data, training loop, artefact) for the module ``recipe`` builds."""
     from tqdm import tqdm
 
-    check_config(cfg)
+    check_config(cfg, recipe)
     t0 = time.time()
     torch.set_num_threads(int(cfg.threads))
     torch.manual_seed(int(cfg.train.seed))
@@ -230,14 +270,18 @@ def distill(cfg: DictConfig, target=None) -> Path:
 
     # -- data ---------------------------------------------------------------------
     d = cfg.data
-    if d.get("token_ids") is not None:  # tests / pre-tokenized prompts
+    n_forced = int(d.get("forced_prompts", 0))
+    if d.get("token_ids") is not None:  # tests / pre-tokenized prompts (the last n_forced are read, not continued)
         prompt_ids = [list(map(int, p)) for p in d.token_ids]
     else:
         if target.tokenizer is None:
             raise ConfigError("the target has no tokenizer; give data.token_ids (pre-tokenized prompts).")
         path = d.prompts or PACKAGED_PROMPTS
-        texts = load_prompts(path, int(d.num_prompts) * 2, list(d.sources) if d.sources else None, int(d.seed))
-        prompt_ids = encode_prompts(target.tokenizer, texts, bool(d.chat), int(d.max_prompt_tokens))[: int(d.num_prompts)]
+        wanted = int(d.num_prompts) + n_forced
+        texts = load_prompts(path, wanted * 2, list(d.sources) if d.sources else None, int(d.seed))
+        prompt_ids = encode_prompts(target.tokenizer, texts, bool(d.chat), int(d.max_prompt_tokens))[:wanted]
+    forced_ids = prompt_ids[len(prompt_ids) - n_forced :] if n_forced else []
+    prompt_ids = prompt_ids[: len(prompt_ids) - len(forced_ids)]
     if len(prompt_ids) < 2:
         raise ConfigError(f"only {len(prompt_ids)} usable prompts; raise data.num_prompts or data.max_prompt_tokens.")
     gen_cfg = getattr(model, "generation_config", None)
@@ -259,11 +303,19 @@ def distill(cfg: DictConfig, target=None) -> Path:
     order = torch.randperm(len(data), generator=torch.Generator().manual_seed(int(d.seed)))
     n_held = int(round(len(data) * float(d.heldout)))
     held, train = data.subset(order[:n_held]), data.subset(order[n_held:])
+    forced_positions = 0
+    if forced_ids:  # cheap extra positions: text the target reads (one forward each) instead of writes;
+        # training only: the held-out metrics stay on text the target writes, as at decode time
+        t_forced = time.time()
+        forced = forced_data(model, forced_ids, cache_dir=d.cache_dir, key=data_key({**settings, "forced": forced_ids, "skip": "shared_prefix"}),
+                             top_k=int(d.top_k), batch_size=int(d.batch_size), progress=bool(cfg.progress))
+        train, forced_positions = concat_data(train, forced), forced.positions
+        data_s += time.time() - t_forced
 
     # -- student ------------------------------------------------------------------
-    student = _make_student(cfg, target, train)
+    student = recipe.make(cfg, target, train)
     full_vocab = target.vocab_size
-    n_student = int(round(len(train) * float(d.student_fraction)))
+    n_student = int(round(len(train) * float(d.get("student_fraction", 0.0))))
     if n_student:  # on-policy for the student too: its own continuations, scored by the target
         t_student = time.time()
         prompts = [train.ids[i, : int(train.prompt_len[i])].tolist() for i in range(n_student)]
@@ -277,7 +329,7 @@ def distill(cfg: DictConfig, target=None) -> Path:
         data_s += time.time() - t_student
     kind = str(cfg.loss)
     before = evaluate(student, held, full_vocab, kind)
-    params = _trainable(student, cfg)
+    params = recipe.trainable(student, cfg)
     opt = torch.optim.AdamW(params, lr=float(cfg.train.lr), weight_decay=float(cfg.train.weight_decay))
     gen = torch.Generator().manual_seed(int(cfg.train.seed))
     ckpt_dir = out_dir.parent / f".{out_dir.name}.checkpoints"
@@ -289,7 +341,7 @@ def distill(cfg: DictConfig, target=None) -> Path:
     steps, bs = int(cfg.train.steps), int(cfg.train.batch_size)
     last_eval = history[-1]["alpha_greedy"] if history else before["alpha_greedy"]
     t_train = time.time()
-    bar = tqdm(total=steps, initial=step, desc=f"distill ({kind})", disable=not cfg.progress, dynamic_ncols=True)
+    bar = tqdm(total=steps, initial=step, desc=f"{recipe.desc} ({kind})", disable=not cfg.progress, dynamic_ncols=True)
     ema = None
     while step < steps:
         student.lm.train()
@@ -318,13 +370,9 @@ def distill(cfg: DictConfig, target=None) -> Path:
     train_s = time.time() - t_train
     after = evaluate(student, held, full_vocab, kind)
     record = {
-        "target": target_info,
-        "init": {"kind": cfg.student.init, "path": cfg.student.path, "layers": int(cfg.student.layers),
-                 "copy_layers": None if cfg.student.copy_layers is None else list(cfg.student.copy_layers),
-                 "lora": OmegaConf.to_container(cfg.student.lora)},
-        "data": {"prompts": str(d.prompts or "spec_zoo/train/data/prompts.jsonl"), "sequences": len(data),
-                 "train_sequences": len(train), "heldout_sequences": len(held), "positions": data.positions,
-                 "student_sequences": n_student,
+        "data": {"prompts": str(d.prompts or "spec_zoo/train/data/prompts.jsonl"), "sequences": len(data) + len(forced_ids),
+                 "train_sequences": len(train), "heldout_sequences": len(held), "positions": data.positions + forced_positions,
+                 "student_sequences": n_student, "forced_prompts": int(d.get("forced_prompts", 0)),
                  "max_new_tokens": int(d.max_new_tokens), "top_k": int(d.top_k), "temperature": float(d.temperature),
                  "chat": bool(d.chat)},
         "loss": kind,
@@ -337,7 +385,7 @@ def distill(cfg: DictConfig, target=None) -> Path:
         "threads": int(cfg.threads),
         "config": OmegaConf.to_container(cfg, resolve=True),
     }
-    path = save_artefact(student, out_dir, record, dtype=str(cfg.output.dtype))
+    path = recipe.save(student, cfg, target_info, record)
     if ckpt.is_file() and not bool(cfg.train.keep_checkpoints):
         ckpt.unlink()
         try:
