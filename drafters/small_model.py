@@ -14,7 +14,7 @@ from spec_zoo.draft_length import DraftLength
 from spec_zoo.errors import ConfigError
 from spec_zoo.interfaces import DecodeState, Drafter, Verdict
 from spec_zoo.stats import StepStats
-from spec_zoo.sampling import SamplingParams, logits_to_probs, sample
+from spec_zoo.sampling import logits_to_probs, sample
 from spec_zoo.target import Target
 
 _SAMPLE_MODES = ("auto", True, False)

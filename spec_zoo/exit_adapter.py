@@ -23,15 +23,12 @@ another exit layer, or files that do not fit together.
 from __future__ import annotations
 
 import copy
-import json
-import os
-import shutil
-import tempfile
 from pathlib import Path
 
 import torch
 from safetensors.torch import load_file, save_file
 
+from spec_zoo.artefacts import read_record, write_artefact
 from spec_zoo.errors import ConfigError
 from spec_zoo.layers import DecoderStack
 
@@ -101,22 +98,10 @@ def check_exit_layer(exit_layer: int, num_layers: int, key: str = "drafter.exit_
 
 def save_adapter(adapter: ExitAdapter, out_dir, target_info: dict, record: dict, dtype=torch.float16) -> Path:
     """Write ``adapter.safetensors`` + ``adapter.json`` atomically (temp dir, then rename)."""
-    out_dir = Path(out_dir).expanduser()
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
     tensors = {k: (v if k == "vocab_ids" else v.to(dtype)).detach().contiguous()
                for k, v in adapter.state_dict().items()}
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}-", dir=out_dir.parent))
-    try:
-        save_file(tensors, str(tmp / WEIGHTS))
-        full = {"format": FORMAT, "format_version": FORMAT_VERSION, **adapter.describe(),
-                "target": target_info, **record}
-        (tmp / RECORD).write_text(json.dumps(full, indent=1))
-        if out_dir.exists():
-            shutil.rmtree(out_dir)
-        os.replace(tmp, out_dir)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return out_dir
+    full = {"format": FORMAT, "format_version": FORMAT_VERSION, **adapter.describe(), "target": target_info, **record}
+    return write_artefact(out_dir, RECORD, full, lambda tmp: save_file(tensors, str(tmp / WEIGHTS)))
 
 
 def read_adapter_record(path) -> dict:
@@ -125,16 +110,7 @@ def read_adapter_record(path) -> dict:
     if not path.is_dir() or not file.is_file():
         raise ConfigError(f"drafter.adapter={str(path)!r} is not an exit-adapter directory (no {RECORD}); "
                           "train one with `spec-zoo-train early_exit`, or set drafter.adapter=null.")
-    try:
-        record = json.loads(file.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ConfigError(f"{file} is corrupt ({e}); retrain or re-copy the adapter.") from None
-    if not isinstance(record, dict) or record.get("format") != FORMAT:
-        raise ConfigError(f"{file} is not a spec-zoo exit-adapter record.")
-    if int(record.get("format_version", 0)) > FORMAT_VERSION:
-        raise ConfigError(f"{file} has format_version {record['format_version']}; this spec-zoo reads up to "
-                          f"{FORMAT_VERSION}: upgrade spec-zoo.")
-    return record
+    return read_record(file, FORMAT, FORMAT_VERSION, "exit-adapter", "retrain or re-copy the adapter")
 
 
 def load_adapter(path, target_model, exit_layer: int | None = None) -> ExitAdapter:

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import torch
 from transformers import DynamicCache
 
-from spec_zoo.draft import ROOT, Draft
+from spec_zoo.draft import Draft
 from spec_zoo.layers import DecoderStack, causal_mask
 
 

@@ -20,14 +20,12 @@ vocabulary, row order of the head), the data, the loss, the steps and the measur
 from __future__ import annotations
 
 import copy
-import json
-import os
-import shutil
-import tempfile
 from pathlib import Path
 
 import torch
 
+from spec_zoo.artefacts import read_record as read_json_record
+from spec_zoo.artefacts import write_artefact
 from spec_zoo.errors import ConfigError
 
 RECORD = "distill.json"
@@ -197,30 +195,23 @@ def save_artefact(student: Student, out_dir, record: dict, dtype: str = "float16
     """Write the HF model dir + ``distill.json`` atomically (temp dir, then rename)."""
     from spec_zoo.models import DTYPES
 
-    out_dir = Path(out_dir).expanduser()
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
     lm = student.lm
     if hasattr(lm, "merge_and_unload"):  # a LoRA student: fold the adapters in
         lm = copy.deepcopy(lm).merge_and_unload()
     lm = copy.deepcopy(lm).to(DTYPES[dtype])
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}-", dir=out_dir.parent))
-    try:
+
+    def write_files(tmp: Path) -> None:
         lm.save_pretrained(tmp, safe_serialization=True)
         if tokenizer is not None:
             tokenizer.save_pretrained(tmp)
-        full = {
-            "format": FORMAT, "format_version": FORMAT_VERSION,
-            "input_embeddings": student.input_embeddings,
-            "draft_vocab": None if student.vocab_ids is None else student.vocab_ids.tolist(),
-            **record,
-        }
-        (tmp / RECORD).write_text(json.dumps(full, indent=1))
-        if out_dir.exists():
-            shutil.rmtree(out_dir)
-        os.replace(tmp, out_dir)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return out_dir
+
+    full = {
+        "format": FORMAT, "format_version": FORMAT_VERSION,
+        "input_embeddings": student.input_embeddings,
+        "draft_vocab": None if student.vocab_ids is None else student.vocab_ids.tolist(),
+        **record,
+    }
+    return write_artefact(out_dir, RECORD, full, write_files)
 
 
 def read_record(path) -> dict:
@@ -232,15 +223,7 @@ def read_record(path) -> dict:
     if not file.is_file():
         raise ConfigError(f"drafter.path={str(path)!r} has no {RECORD}: it is not a distilled draft. "
                           "Use drafter=small_model for a plain draft model, or make one with `spec-zoo-train distill`.")
-    try:
-        record = json.loads(file.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ConfigError(f"{file} is corrupt ({e}); retrain or re-copy the draft.") from None
-    if not isinstance(record, dict) or record.get("format") != FORMAT:
-        raise ConfigError(f"{file} is not a spec-zoo distilled-draft record (format={record.get('format') if isinstance(record, dict) else None!r}).")
-    if int(record.get("format_version", 0)) > FORMAT_VERSION:
-        raise ConfigError(f"{file} has format_version {record['format_version']}; this spec-zoo reads up to {FORMAT_VERSION}: upgrade spec-zoo.")
-    return record
+    return read_json_record(file, FORMAT, FORMAT_VERSION, "distilled-draft", "retrain or re-copy the draft")
 
 
 def load_artefact(path, dtype: str = "float32", device: str = "cpu"):
