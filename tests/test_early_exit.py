@@ -227,6 +227,11 @@ def test_configs_compose_and_build():
     assert len(out.ids) == 8
     names = set(bench.methods)
     assert {"ar", "early_exit", "early_exit_adapter", "hf_early_exit"} <= names
+    from spec_zoo.bench.methods import resolve_methods
+
+    specs, _ = resolve_methods(["hf_early_exit"], [])
+    hf = [s for s in specs if s.name == "hf_early_exit"][0]
+    assert hf.engine == "transformers" and hf.drafter_label == "early_exit" and hf.params == {"assistant_early_exit": 8}
     assert {f"early_exit_e{E}" for E in (4, 12, 16)} | {f"early_exit_adapter_e{E}" for E in (4, 12, 16)} <= names
 
 
