@@ -28,7 +28,7 @@ from spec_zoo.interfaces import DecodeState, Drafter, Verdict
 from spec_zoo.layers import DecoderStack, LayerStates, causal_mask
 from spec_zoo.sampling import logits_to_probs, sample
 from spec_zoo.stats import StepStats
-from spec_zoo.target import Target, crop_cache
+from spec_zoo.target import Target, crop_cache, shared_prefix
 
 _SAMPLE_MODES = ("auto", True, False)
 ARTEFACTS = Path(__file__).parent / "artefacts"
@@ -118,9 +118,7 @@ class EarlyExitDrafter(Drafter):
 
     def _rewind(self, tokens: list[int]) -> int:
         """Crop the shallow and adapter caches to what is still committed; return its length."""
-        keep, bound = 0, min(len(self._fed), len(tokens) - 1)
-        while keep < bound and self._fed[keep] == tokens[keep]:
-            keep += 1
+        keep = shared_prefix(self._fed, tokens, len(tokens) - 1)
         if self.reuse_kv:  # the shallow KV lives in the target's cache: crop all its layers
             keep = self.target.rewind(tokens, limit=keep)
         else:

@@ -27,6 +27,14 @@ from spec_zoo.draft import Draft
 from spec_zoo.layers import DecoderStack, causal_mask
 
 
+def shared_prefix(a: list[int], b: list[int], bound: int) -> int:
+    """Length of the longest common prefix of ``a`` and ``b``, at most ``bound``."""
+    n, bound = 0, min(len(a), len(b), bound)
+    while n < bound and a[n] == b[n]:
+        n += 1
+    return n
+
+
 def crop_cache(cache, length: int) -> None:
     """Cut every layer of ``cache`` to ``length`` positions (layers may differ in length:
     a self-speculative draft's shallow layers run ahead of the deep ones)."""
@@ -61,6 +69,7 @@ class Target:
         self.vocab_size = model.get_output_embeddings().weight.shape[0]
         self.max_length = getattr(model.config, "max_position_embeddings", None)
         self.forwards = 0
+        self._stack: DecoderStack | None = None  # layer access, built at the first resumed scoring
         self.reset()
 
     @property
@@ -82,10 +91,8 @@ class Target:
         """Crop every layer's cache to the longest cached prefix of ``committed`` (at most
         ``limit`` tokens, and never the last committed token, whose logits are needed);
         return its length."""
-        keep = 0
-        bound = min(len(self.cached), len(committed) - 1, len(committed) if limit is None else limit)
-        while keep < bound and self.cached[keep] == committed[keep]:
-            keep += 1
+        bound = len(committed) - 1 if limit is None else min(limit, len(committed) - 1)
+        keep = shared_prefix(self.cached, committed, bound)
         crop_cache(self.cache, keep)
         self.cached = self.cached[:keep]
         self._pending = None
@@ -129,7 +136,9 @@ class Target:
         if q <= n or past != len(self.cached) or self.cached != committed[:past]:
             raise RuntimeError(f"Draft.prefix covers {q} positions, which do not follow the {len(self.cached)} "
                                f"cached tokens of a {len(committed)}-token committed sequence")
-        stack = DecoderStack(self.model)
+        if self._stack is None:
+            self._stack = DecoderStack(self.model)
+        stack = self._stack
         positions = torch.arange(past, past + q, device=self.device)[None]
         mask = causal_mask(past, q, self.dtype, self.device)
         out = stack.run(states.hidden[None], states.layer, stack.num_layers, positions, self.cache, mask)

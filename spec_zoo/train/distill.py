@@ -303,19 +303,20 @@ def train_module(cfg: DictConfig, recipe, target=None) -> Path:
     order = torch.randperm(len(data), generator=torch.Generator().manual_seed(int(d.seed)))
     n_held = int(round(len(data) * float(d.heldout)))
     held, train = data.subset(order[:n_held]), data.subset(order[n_held:])
-    forced_positions = 0
+    forced_positions, continued = 0, len(train)  # train rows continued by the target (before forced ones)
     if forced_ids:  # cheap extra positions: text the target reads (one forward each) instead of writes;
         # training only: the held-out metrics stay on text the target writes, as at decode time
         t_forced = time.time()
-        forced = forced_data(model, forced_ids, cache_dir=d.cache_dir, key=data_key({**settings, "forced": forced_ids, "skip": "shared_prefix"}),
-                             top_k=int(d.top_k), batch_size=int(d.batch_size), progress=bool(cfg.progress))
+        key = data_key({**settings, "forced": forced_ids, "skip": "shared_prefix"})
+        forced = forced_data(model, forced_ids, cache_dir=d.cache_dir, key=key, top_k=int(d.top_k),
+                             batch_size=int(d.batch_size), progress=bool(cfg.progress))
         train, forced_positions = concat_data(train, forced), forced.positions
         data_s += time.time() - t_forced
 
     # -- student ------------------------------------------------------------------
     student = recipe.make(cfg, target, train)
     full_vocab = target.vocab_size
-    n_student = int(round(len(train) * float(d.get("student_fraction", 0.0))))
+    n_student = int(round(continued * float(d.get("student_fraction", 0.0))))
     if n_student:  # on-policy for the student too: its own continuations, scored by the target
         t_student = time.time()
         prompts = [train.ids[i, : int(train.prompt_len[i])].tolist() for i in range(n_student)]
