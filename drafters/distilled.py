@@ -22,6 +22,7 @@ import torch
 from drafters.small_model import SmallModelDrafter
 from spec_zoo.draft import Draft
 from spec_zoo.errors import ConfigError
+from spec_zoo.sampling import to_full_vocab
 from spec_zoo.target import Target
 
 SHIPPED = Path(__file__).parent / "artefacts" / "smollm2-135m-distilled"
@@ -87,9 +88,6 @@ class DistilledDrafter(SmallModelDrafter):
 
     def draft_logits(self, tokens: list[int], draft: Draft) -> torch.Tensor:
         logits = self.runner.score(tokens, draft).logits
-        if self.vocab_ids is None:
-            return logits
-        if self.full_vocab is None:
+        if self.vocab_ids is not None and self.full_vocab is None:
             raise RuntimeError("DistilledDrafter.attach(target) must be called before drafting")
-        full = logits.new_full((logits.shape[0], self.full_vocab), float("-inf"))
-        return full.index_copy_(1, self.vocab_ids, logits)
+        return to_full_vocab(logits, self.vocab_ids, self.full_vocab)

@@ -26,7 +26,7 @@ from spec_zoo.errors import ConfigError
 from spec_zoo.exit_adapter import ExitAdapter, check_exit_layer, load_adapter
 from spec_zoo.interfaces import DecodeState, Drafter, Verdict
 from spec_zoo.layers import DecoderStack, LayerStates, causal_mask
-from spec_zoo.sampling import logits_to_probs, sample
+from spec_zoo.sampling import logits_to_probs, sample, to_full_vocab
 from spec_zoo.stats import StepStats
 from spec_zoo.target import Target, crop_cache, shared_prefix
 
@@ -141,16 +141,13 @@ class EarlyExitDrafter(Drafter):
         self._fed += new
         if self.adapter is not None:
             adapted = self.adapter(hidden, rotary, self._adapted, mask)
-            logits = self._full_vocab(self.adapter.logits(adapted[0, -1])) if need_logits else None
+            logits = None
+            if need_logits:
+                logits = to_full_vocab(self.adapter.logits(adapted[0, -1]), self.adapter.vocab_ids,
+                                       self.target.vocab_size)
         else:
             logits = self.stack.logits(hidden[0, -1]) if need_logits else None
         return hidden[0], logits
-
-    def _full_vocab(self, logits: torch.Tensor) -> torch.Tensor:
-        ids = self.adapter.vocab_ids
-        if ids is None:
-            return logits
-        return logits.new_full((self.target.vocab_size,), float("-inf")).index_copy_(0, ids, logits)
 
     @torch.no_grad()
     def propose(self, state: DecodeState) -> Draft:

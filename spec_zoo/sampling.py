@@ -71,3 +71,12 @@ def sample(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tens
     """Draw one token per row of ``probs`` ([..., V] -> [...])."""
     flat = probs.reshape(-1, probs.shape[-1])
     return torch.multinomial(flat, 1, generator=generator).reshape(probs.shape[:-1])
+
+
+def to_full_vocab(logits: torch.Tensor, vocab_ids: torch.Tensor | None, size: int) -> torch.Tensor:
+    """Logits over a reduced draft vocabulary (last dim, ids ``vocab_ids``) as logits over all
+    ``size`` tokens: -inf elsewhere, so q is exactly 0 there and exact verifiers stay exact."""
+    if vocab_ids is None:
+        return logits
+    full = logits.new_full((*logits.shape[:-1], size), float("-inf"))
+    return full.index_copy_(-1, vocab_ids, logits)
