@@ -7,10 +7,12 @@ import copy
 
 import torch
 
+from drafters.eagle import EagleDrafter
 from drafters.early_exit import EarlyExitDrafter
 from drafters.ngram import NgramDrafter
 from drafters.none import NoDrafter
 from drafters.small_model import SmallModelDrafter
+from spec_zoo.eagle import EagleHead
 from spec_zoo.exit_adapter import ExitAdapter
 
 
@@ -30,6 +32,13 @@ def exit_adapter(model, exit_layer: int = 1) -> ExitAdapter:
     vocab = model.lm_head.weight.shape[0]
     return ExitAdapter(model, exit_layer, init_layer=len(model.model.layers) - 1, mlp=True,
                        vocab_ids=torch.arange(vocab - max(1, vocab // 4))).eval()
+
+
+def eagle_head(model) -> EagleHead:
+    """An (untrained) EAGLE head over a reduced draft vocabulary, as `exit_adapter`."""
+    vocab = model.lm_head.weight.shape[0]
+    return EagleHead(model, init_layer=len(model.model.layers) - 1, mlp=True,
+                     vocab_ids=torch.arange(vocab - max(1, vocab // 4))).eval()
 
 
 def drafter_lineup(target_model, sampled: bool = False) -> dict:
@@ -53,4 +62,6 @@ def drafter_lineup(target_model, sampled: bool = False) -> dict:
             1, num_draft=3, adaptive=False, sample=sample, adapter=exit_adapter(target_model)),
         "early_exit_adapter_no_reuse": lambda: EarlyExitDrafter(
             1, num_draft=3, adaptive=False, sample=sample, adapter=exit_adapter(target_model), reuse_kv=False),
+        "eagle_k3": lambda: EagleDrafter(eagle_head(target_model), num_draft=3, adaptive=False, sample=sample),
+        "eagle_adaptive": lambda: EagleDrafter(eagle_head(target_model), num_draft=2, max_draft=6, sample=sample),
     }

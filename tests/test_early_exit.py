@@ -19,7 +19,8 @@ from drafters.early_exit import EarlyExitDrafter, shipped_adapter
 from spec_zoo import SamplingParams, SpeculativeDecoder, Target
 from spec_zoo.api import CONF_DIR
 from spec_zoo.errors import ConfigError
-from spec_zoo.exit_adapter import ExitAdapter, load_adapter, save_adapter
+from spec_zoo.draft_head import save_head as save_adapter
+from spec_zoo.exit_adapter import ExitAdapter, load_adapter
 from spec_zoo.train.early_exit import train_exit_adapter
 from spec_zoo.train.student import describe_target
 from tests.drafts import exit_adapter

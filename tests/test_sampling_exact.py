@@ -71,8 +71,10 @@ CASES = [
     ("early_exit_k3", "t1"),
     ("early_exit_k3_no_reuse", "t0.7_topk5_topp0.9"),
     ("early_exit_adapter_no_reuse", "t0.7_topk5_topp0.9"),
+    ("eagle_k3", "t1"),
+    ("eagle_adaptive", "t0.7_topk5_topp0.9"),
 ]
-DETERMINISTIC_DRAFTERS = ["small_chain_k3", "small_tree_3x2_self", "early_exit_adapter"]
+DETERMINISTIC_DRAFTERS = ["small_chain_k3", "small_tree_3x2_self", "early_exit_adapter", "eagle_k3"]
 
 
 def _check(model, drafter, sampling, verifier=None, samples=SAMPLES):

@@ -1,6 +1,7 @@
 """``spec-zoo-train <command> [key=value ...]``: Hydra entry points for draft training.
 
-Commands: ``distill`` (conf/train_distill.yaml), ``early_exit`` (conf/train_early_exit.yaml).
+Commands: ``distill`` (conf/train_distill.yaml), ``early_exit`` (conf/train_early_exit.yaml),
+``eagle`` (conf/train_eagle.yaml).
 """
 
 from __future__ import annotations
@@ -38,7 +39,14 @@ def _early_exit(cfg: DictConfig) -> None:
     _run(train_exit_adapter, cfg)
 
 
-COMMANDS = {"distill": _distill, "early_exit": _early_exit}
+@hydra.main(config_path=CONF_DIR, config_name="train_eagle", version_base="1.3")
+def _eagle(cfg: DictConfig) -> None:
+    from spec_zoo.train.eagle import train_eagle
+
+    _run(train_eagle, cfg)
+
+
+COMMANDS = {"distill": _distill, "early_exit": _early_exit, "eagle": _eagle}
 
 
 def main() -> None:

@@ -350,6 +350,8 @@ def train_module(cfg: DictConfig, recipe, target=None) -> Path:
         for g in opt.param_groups:
             g["lr"] = _lr(step, cfg)
         loss = _batch_loss(student, train, rows, full_vocab, kind).mean()
+        if hasattr(recipe, "extra_loss"):  # a recipe's own term next to the distillation loss
+            loss = loss + recipe.extra_loss(student, cfg)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         if float(cfg.train.grad_clip) > 0:

@@ -16,7 +16,8 @@ import torch
 from omegaconf import DictConfig
 
 from spec_zoo.errors import ConfigError
-from spec_zoo.exit_adapter import ExitAdapter, check_exit_layer, save_adapter
+from spec_zoo.draft_head import save_head
+from spec_zoo.exit_adapter import ExitAdapter, check_exit_layer
 from spec_zoo.layers import DecoderStack, causal_mask
 from spec_zoo.train.data import TeacherData
 from spec_zoo.train.distill import draft_vocab, train_module
@@ -93,7 +94,7 @@ class ExitRecipe:
     def save(self, student: ExitStudent, cfg: DictConfig, target_info: dict, record: dict) -> Path:
         from spec_zoo.models import DTYPES
 
-        return save_adapter(student.lm, cfg.output.dir, target_info, record, dtype=DTYPES[str(cfg.output.dtype)])
+        return save_head(student.lm, cfg.output.dir, target_info, record, dtype=DTYPES[str(cfg.output.dtype)])
 
 
 def train_exit_adapter(cfg: DictConfig, target=None) -> Path:

@@ -1,0 +1,132 @@
+"""``drafter=eagle``: draft from the target's own features with a trained EAGLE head.
+
+Each step the target's verification pass already computes its last-layer features of
+the positions it commits; the drafter keeps them (``needs_target_hidden``) and runs a
+one-layer `spec_zoo.eagle.EagleHead` over (token, previous feature) pairs: a draft token
+costs one decoder layer and a reduced-vocabulary head, a small fraction of a target
+forward. The head has its own KV cache; positions it computed from its *own* predicted
+features (the drafted ones) are recomputed from the target's true features once they
+are committed, so every committed position is drafted from exact inputs.
+
+The first step of a sequence drafts nothing: the target has not read the prompt yet.
+Chains only (trees: future work). Exact verifiers stay exact: q is recorded when
+sampling and is zero outside the draft vocabulary.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from transformers import DynamicCache
+
+from spec_zoo.draft import Draft
+from spec_zoo.draft_length import DraftLength
+from spec_zoo.eagle import EagleHead, load_eagle
+from spec_zoo.errors import ConfigError
+from spec_zoo.interfaces import DecodeState, Drafter, Verdict
+from spec_zoo.layers import DecoderStack, causal_mask
+from spec_zoo.sampling import logits_to_probs, sample, to_full_vocab
+from spec_zoo.stats import StepStats
+from spec_zoo.target import Target, crop_cache, shared_prefix
+
+_SAMPLE_MODES = ("auto", True, False)
+SHIPPED = Path(__file__).parent / "artefacts" / "smollm2-135m-eagle"
+
+
+class EagleDrafter(Drafter):
+    """head:       an EAGLE-head dir (`spec-zoo-train eagle`), None (the one shipped for
+                SmolLM2-135M), or an `EagleHead`; it must be trained for this target.
+    num_draft, adaptive, max_draft, token_cost, learn_cost: the chain length, fixed or chosen
+                per step by expected speedup (`spec_zoo.draft_length`).
+    sample:     "auto" samples from the head when temperature > 0 (q recorded, so rejection
+                sampling stays exact), argmax at 0; True/False force it.
+    """
+
+    name = "eagle"
+    needs_target_hidden = True
+
+    def __init__(self, head=None, num_draft: int = 4, adaptive: bool = True, max_draft: int = 8,
+                 sample: str | bool = "auto", token_cost: float = 0.1, learn_cost: bool = True):
+        if sample not in _SAMPLE_MODES:
+            raise ConfigError(f"drafter.sample={sample!r}; allowed values: auto, true, false.")
+        if head is None and not (SHIPPED / EagleHead.RECORD).is_file():
+            raise ConfigError(f"the shipped EAGLE head is missing ({SHIPPED}); reinstall spec-zoo, or set "
+                              "drafter.head=DIR to a head made with `spec-zoo-train eagle`.")
+        self.head_source, self.sample_mode = head, sample
+        self.length = DraftLength(num_draft, adaptive, max_draft, token_cost, learn_cost)
+        self.target: Target | None = None
+
+    def attach(self, target: Target) -> None:
+        self.stack = DecoderStack(target.model)
+        source = self.head_source
+        self.head = source if isinstance(source, EagleHead) else load_eagle(source or SHIPPED, target.model)
+        self.target = target
+
+    def begin(self, state: DecodeState) -> None:
+        self.cache = DynamicCache()
+        self._fed: list[int] = []  # tokens whose KV is in the head's cache, in order
+        self._exact = 0  # leading positions of the cache computed from the target's true features
+        self._features: list[torch.Tensor] = []  # the target's features of positions 0.. (chunks)
+        self._seen = None
+        self.length.reset()
+
+    def _sampling(self, state: DecodeState) -> bool:
+        return not state.sampling.greedy if self.sample_mode == "auto" else bool(self.sample_mode)
+
+    def _run(self, tokens: list[int], features: torch.Tensor) -> torch.Tensor:
+        """Feed ``tokens`` with the features of the positions before them ([m, H]); return
+        the block's outputs [m, H]."""
+        past, m = len(self._fed), len(tokens)
+        device = self.target.device
+        embeds = self.stack.embed(torch.tensor([tokens], device=device))
+        hidden = self.head.inputs(embeds, features[None].to(embeds.dtype))
+        positions = torch.arange(past, past + m, device=device)[None]
+        out = self.head(hidden, self.stack.rotary(hidden, positions), self.cache,
+                        causal_mask(past, m, hidden.dtype, device))
+        self._fed += tokens
+        return out[0]
+
+    def _logits(self, out: torch.Tensor) -> torch.Tensor:
+        return to_full_vocab(self.head.logits(out), self.head.vocab_ids, self.target.vocab_size)
+
+    @torch.no_grad()
+    def propose(self, state: DecodeState) -> Draft:
+        if self.target is None:
+            raise RuntimeError("EagleDrafter.attach(target) must be called before drafting")
+        if state.target_hidden is not None and state.target_hidden is not self._seen:
+            self._features.append(state.target_hidden)
+            self._seen = state.target_hidden
+        tokens, n = state.tokens, len(state.tokens) - 1
+        have = sum(f.shape[0] for f in self._features)
+        k = min(self.length.choose(), state.max_depth)
+        if have == 0 or k == 0:  # nothing read by the target yet, or drafting does not pay now
+            return Draft.empty()
+        if have != n:
+            raise RuntimeError(f"EagleDrafter holds target features of {have} positions but the committed "
+                               f"sequence has {n} before its last token; was begin() called for this sequence?")
+        features = torch.cat(self._features)
+        self._features = [features]
+        keep = shared_prefix(self._fed, tokens, min(self._exact, n))
+        crop_cache(self.cache, keep)
+        self._fed = self._fed[:keep]
+        before = features[keep - 1 : n] if keep else torch.cat([features[:1] * 0, features[:n]])
+        out = self._run(tokens[keep:], before)[-1:]
+        self._exact = n + 1
+        drafted, qs = [], []
+        sampled = self._sampling(state)
+        for i in range(k):
+            logits = self._logits(out[-1])
+            if sampled:
+                q = logits_to_probs(logits, state.sampling)
+                qs.append(q)
+                token = int(sample(q.to(state.generator.device), state.generator))
+            else:
+                token = int(logits.argmax())
+            drafted.append(token)
+            if i + 1 < k:  # the next position reads the head's own guess of this feature
+                out = self._run([token], self.head.feature(out[-1:]))
+        return Draft.chain(drafted, torch.stack(qs) if qs else None)
+
+    def on_commit(self, draft: Draft, verdict: Verdict, step: StepStats) -> None:
+        self.length.update(len(draft), len(verdict.path), seconds=step.draft_s + step.verify_s)

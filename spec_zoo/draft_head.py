@@ -1,0 +1,130 @@
+"""A trained draft head that lives next to the target: one decoder layer + norm + head.
+
+Shared by the exit adapter (reads layer E's states, `spec_zoo.exit_adapter`) and the
+EAGLE-style feature head (reads the target's last-layer features, `spec_zoo.eagle`):
+
+* ``block``: one decoder layer of the target's own class, initialised from one of its
+  layers (attention + MLP, or attention only); it has its own KV cache, so it sees the
+  whole context, not just the current position;
+* ``norm``: a copy of the target's final norm;
+* a head over a reduced *draft vocabulary* (the most frequent tokens of the training
+  data): logits exist only there, so q is exactly zero elsewhere and exact verification
+  stays exact. The head rows are the target's (frozen, not stored) unless trained.
+
+It never touches the target's weights or caches, so a lossless verifier stays lossless.
+
+On disk: ``WEIGHTS`` (safetensors: the trained parts and the draft vocabulary) and
+``RECORD`` (JSON: shapes, the target it was trained for with an embedding fingerprint, the
+training record). Loading refuses another target or files that do not fit together.
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from spec_zoo.artefacts import read_record, write_artefact
+from spec_zoo.errors import ConfigError
+from spec_zoo.layers import DecoderStack
+
+
+class BlockHead(torch.nn.Module):
+    """States [B, q, H] -> one decoder layer -> norm -> logits over the draft vocabulary.
+
+    init_layer: the target layer the block starts as a copy of.
+    vocab_ids:  LongTensor [K] of target token ids (row order of the head), or None (all).
+    """
+
+    #: artefact format name, JSON record and weights file names, and what to call it in errors
+    FORMAT, RECORD, WEIGHTS, WHAT = "", "", "", ""
+    FORMAT_VERSION = 1
+
+    def __init__(self, target_model, init_layer: int, mlp: bool = True, vocab_ids: torch.Tensor | None = None,
+                 train_head: bool = False):
+        super().__init__()
+        stack = DecoderStack(target_model)
+        if not 0 <= init_layer < stack.num_layers:
+            raise ConfigError(f"init_layer={init_layer}; the target has layers 0..{stack.num_layers - 1}.")
+        self.init_layer, self.mlp, self.train_head = init_layer, mlp, train_head
+        block = copy.deepcopy(stack.inner.layers[init_layer])
+        block.self_attn.layer_idx = 0  # its own one-layer cache
+        if not mlp:
+            del block.mlp, block.post_attention_layernorm
+        self.block = block
+        self.norm = copy.deepcopy(stack.inner.norm)
+        weight = target_model.lm_head.weight.detach()
+        if vocab_ids is not None:
+            vocab_ids = torch.as_tensor(vocab_ids, dtype=torch.long)
+            weight = weight[vocab_ids.to(weight.device)]
+        self.register_buffer("vocab_ids", vocab_ids)
+        if train_head:
+            self.head = torch.nn.Parameter(weight.clone())
+        else:  # the target's rows, rebuilt at load: not stored
+            self.register_buffer("head", weight.clone(), persistent=False)
+        for p in self.parameters():
+            p.requires_grad_(True)
+
+    def forward(self, hidden, rotary, cache=None, mask=None) -> torch.Tensor:
+        """The block's output [B, q, H] for input states ``hidden`` (KV appended to ``cache``)."""
+        b = self.block
+        attn, _ = b.self_attn(b.input_layernorm(hidden), position_embeddings=rotary, attention_mask=mask,
+                              cache=cache, use_cache=cache is not None)
+        hidden = hidden + attn
+        if self.mlp:
+            hidden = hidden + b.mlp(b.post_attention_layernorm(hidden))
+        return hidden
+
+    def logits(self, adapted: torch.Tensor) -> torch.Tensor:
+        """Logits over the draft vocabulary."""
+        return torch.nn.functional.linear(self.norm(adapted), self.head)
+
+    def describe(self) -> dict:
+        return {"init_layer": self.init_layer, "mlp": self.mlp, "train_head": self.train_head,
+                "hidden_size": int(self.head.shape[1]), "draft_vocab_size": int(self.head.shape[0])}
+
+    @classmethod
+    def from_record(cls, target_model, record: dict, vocab_ids: torch.Tensor | None) -> "BlockHead":
+        """An untrained head of the shape ``record`` describes (its weights are loaded next)."""
+        raise NotImplementedError
+
+
+def save_head(head: BlockHead, out_dir, target_info: dict, record: dict, dtype=torch.float16) -> Path:
+    """Write the head's weights + JSON record atomically (temp dir, then rename)."""
+    tensors = {k: (v if k == "vocab_ids" else v.to(dtype)).detach().contiguous() for k, v in head.state_dict().items()}
+    full = {"format": head.FORMAT, "format_version": head.FORMAT_VERSION, **head.describe(), "target": target_info,
+            **record}
+    return write_artefact(out_dir, head.RECORD, full, lambda tmp: save_file(tensors, str(tmp / head.WEIGHTS)))
+
+
+def read_head_record(cls: type[BlockHead], path, key: str, fix: str) -> dict:
+    path = Path(path).expanduser()
+    file = path / cls.RECORD
+    if not path.is_dir() or not file.is_file():
+        raise ConfigError(f"{key}={str(path)!r} is not an {cls.WHAT} directory (no {cls.RECORD}); {fix}.")
+    return read_record(file, cls.FORMAT, cls.FORMAT_VERSION, cls.WHAT, f"retrain or re-copy the {cls.WHAT}")
+
+
+def load_head(cls: type[BlockHead], path, target_model, key: str, train_command: str) -> BlockHead:
+    """The ``cls`` head at ``path``, checked against ``target_model``; frozen, on its device."""
+    from spec_zoo.train.student import check_target
+
+    path = Path(path).expanduser()
+    record = read_head_record(cls, path, key, f"train one with `{train_command}`, or set {key}=null")
+    check_target(record, target_model, path, key=key, fix=f"`{train_command}`")
+    try:
+        tensors = load_file(str(path / cls.WEIGHTS))
+    except Exception as e:  # missing, truncated or corrupt file
+        raise ConfigError(f"{key}={str(path)!r}: {cls.WEIGHTS} cannot be read ({type(e).__name__}: "
+                          f"{str(e)[:160]}); the file is corrupt or incomplete: retrain or re-copy it.") from None
+    head = cls.from_record(target_model, record, tensors.get("vocab_ids"))
+    dtype = target_model.lm_head.weight.dtype
+    try:
+        head.load_state_dict({k: (v if k == "vocab_ids" else v.to(dtype)) for k, v in tensors.items()})
+    except RuntimeError as e:
+        raise ConfigError(f"{key}={str(path)!r}: the weights do not fit {cls.RECORD} or this target "
+                          f"({str(e)[:160]}); retrain or re-copy the {cls.WHAT}.") from None
+    head.record = record
+    return head.to(target_model.device).eval().requires_grad_(False)

@@ -1,0 +1,223 @@
+"""EAGLE feature drafting (`drafters/eagle.py`, `spec_zoo/eagle.py`): the head reads the
+target's true features and its cache keeps only exact positions across rejections; the
+head trains end to end and stays lossless; bad input fails clearly.
+
+Greedy identity and sampling exactness of the EAGLE drafter run with the other drafters
+in test_greedy_identity.py and test_sampling_exact.py (tests/drafts.py line-up)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+
+import drafters.eagle as eagle_module
+from drafters.eagle import EagleDrafter
+from spec_zoo import SamplingParams, SpeculativeDecoder, Target
+from spec_zoo.api import CONF_DIR, generate
+from spec_zoo.draft_head import save_head
+from spec_zoo.eagle import EagleHead, load_eagle
+from spec_zoo.errors import ConfigError
+from spec_zoo.train.eagle import train_eagle
+from spec_zoo.train.student import describe_target
+from tests.drafts import eagle_head
+from tests.test_distill import _prompts
+from tests.test_sampling_exact import P_MIN, SETTINGS, _check
+from tests.tiny import hf_greedy, one_thread, tiny_llama  # noqa: F401 (autouse fixture)
+
+PROMPT = [5, 9, 12, 5, 9, 12, 7, 3]
+
+
+class FromScratch(EagleDrafter):
+    """Reference: forgets its cache before every draft, so each draft is computed from the
+    target's features of the whole committed sequence; it also records those features."""
+
+    def propose(self, state):
+        self.cache.crop(0) if self.cache.get_seq_length() else None
+        self._fed, self._exact = [], 0
+        draft = super().propose(state)
+        self.seen_features = torch.cat(self._features) if self._features else None
+        return draft
+
+
+def test_cached_drafts_equal_drafts_from_scratch_and_features_are_the_targets():
+    model = tiny_llama(5, layers=3, sharpness=3.0)
+    head = eagle_head(model)
+    outs, drafts = {}, {}
+    for cls in (EagleDrafter, FromScratch):
+        drafter = cls(head, num_draft=3, adaptive=False)
+        seen = []
+        decoder = SpeculativeDecoder(Target(model), drafter)
+        original = drafter.propose
+        drafter.propose = lambda state, f=original: seen.append(f(state).tokens.tolist()) or _last(seen)
+        outs[cls] = decoder.generate(PROMPT, max_new_tokens=40, eos_token_ids=[])
+        drafts[cls] = seen
+    assert drafts[EagleDrafter] == drafts[FromScratch]  # the cache crop/recompute logic changes nothing
+    assert outs[EagleDrafter].ids == outs[FromScratch].ids == hf_greedy(model, PROMPT, 40)
+    assert outs[EagleDrafter].stats.drafted > 0
+    # the features the drafter keeps are the target's last-layer features of the committed tokens
+    drafter = FromScratch(head, num_draft=3, adaptive=False)
+    decoder = SpeculativeDecoder(Target(model), drafter)
+    ids = decoder.generate(PROMPT, max_new_tokens=20, eos_token_ids=[]).ids
+    full = torch.tensor([PROMPT + ids])
+    with torch.no_grad():
+        expected = model.model(input_ids=full).last_hidden_state[0]
+    n = drafter.seen_features.shape[0]
+    assert n >= len(PROMPT) and torch.allclose(drafter.seen_features, expected[:n], atol=1e-6)
+
+
+def _last(seen):
+    from spec_zoo.draft import Draft
+
+    return Draft.chain(seen[-1])
+
+
+def test_reduced_vocabulary_head_is_exact_when_sampling():
+    """q = 0 on a quarter of the tokens, T = 1, 6,000 samples (see test_early_exit)."""
+    model = tiny_llama(21, vocab=8, sharpness=6.0)
+    drafter = EagleDrafter(eagle_head(model), num_draft=3, adaptive=False, sample=True)
+    pvalue, decoder = _check(model, drafter, SETTINGS["t1"], samples=6000)
+    assert pvalue > P_MIN
+    assert 0 < decoder.drafter.length.acceptance() < 1
+
+
+# -- training end to end, artefact, refusals ----------------------------------------------
+
+
+def _teacher(seed: int = 3):
+    model = tiny_llama(seed, vocab=64, layers=3, sharpness=3.0, dtype=torch.float32)
+    model.generation_config.eos_token_id = 1
+    return model
+
+
+def _cfg(tmp_path, *overrides):
+    base = [
+        "data.max_new_tokens=16", "data.heldout=0.25", "data.batch_size=8", "data.top_k=16", "data.forced_prompts=16",
+        "head.vocab_size=48", "train.steps=40", "train.batch_size=8", "train.lr=1e-2", "train.warmup=4",
+        "train.eval_every=10", "train.ckpt_every=10", f"output.dir={tmp_path / 'head'}",
+        f"data.cache_dir={tmp_path / 'cache'}", "output.dtype=float32", "progress=false", "threads=1",
+    ]
+    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+        cfg = compose("train_eagle", overrides=base + list(overrides))
+    OmegaConf.update(cfg, "data.token_ids", _prompts(64))
+    return cfg
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("eagle")
+    model = _teacher()
+    return model, train_eagle(_cfg(tmp), target=Target(model)), tmp
+
+
+def test_training_lowers_loss_and_raises_acceptance(trained):
+    _, path, _ = trained
+    record = json.loads((path / "eagle.json").read_text())
+    before, after = record["heldout_before"], record["heldout_after"]
+    assert after["loss"] < before["loss"]
+    assert after["alpha_sampled"] > before["alpha_sampled"]
+    assert record["draft_vocab_size"] == 48 and record["steps"] == 40 and record["target"]["vocab_size"] == 64
+    assert sorted(p.name for p in path.iterdir()) == ["eagle.json", "eagle.safetensors"]
+
+
+def test_trained_head_loads_back_and_drafts_losslessly(trained):
+    model, path, _ = trained
+    out = SpeculativeDecoder(Target(model), EagleDrafter(str(path), num_draft=3, adaptive=False)).generate(
+        PROMPT, max_new_tokens=30, eos_token_ids=[])
+    assert out.ids == hf_greedy(model, PROMPT, 30)
+    assert out.stats.accepted > 0
+    head = load_eagle(path, model)
+    assert not any(p.requires_grad for p in head.parameters()) and head.vocab_ids.numel() == 48
+
+
+def test_trained_head_samples_exactly(trained):
+    model, path, _ = trained
+    sampled = SpeculativeDecoder(Target(model), EagleDrafter(str(path), num_draft=3, adaptive=False),
+                                 sampling=SamplingParams(temperature=1.0))
+    a = sampled.generate(PROMPT, max_new_tokens=20, eos_token_ids=[], seed=7)
+    b = sampled.generate(PROMPT, max_new_tokens=20, eos_token_ids=[], seed=7)
+    assert a.ids == b.ids and a.stats.drafted > 0  # seeded: reproducible
+
+
+def test_training_is_deterministic(trained, tmp_path):
+    model, path, _ = trained
+    again = train_eagle(_cfg(tmp_path), target=Target(model))
+    a, b = (json.loads((p / "eagle.json").read_text())["heldout_after"] for p in (path, again))
+    assert a == b
+
+
+def test_feature_loss_weight_changes_training(trained, tmp_path):
+    model, path, _ = trained
+    other = train_eagle(_cfg(tmp_path, "head.regress=0", "train.steps=10"), target=Target(model))
+    record = json.loads((other / "eagle.json").read_text())
+    assert record["config"]["head"]["regress"] == 0 and record["heldout_after"]["loss"] != pytest.approx(
+        json.loads((path / "eagle.json").read_text())["heldout_after"]["loss"])
+
+
+def test_refuses_a_head_for_another_target(trained):
+    _, path, _ = trained
+    with pytest.raises(ConfigError, match="drafter.head=.*trained for target.*embedding weights differ"):
+        load_eagle(path, _teacher(seed=4))
+    with pytest.raises(ConfigError, match="trained for target"):
+        SpeculativeDecoder(Target(_teacher(seed=4)), EagleDrafter(str(path)))
+
+
+def test_corrupt_head_files_fail_clearly(trained, tmp_path):
+    model, path, _ = trained
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    with pytest.raises(ConfigError, match="not an EAGLE head directory.*spec-zoo-train eagle"):
+        load_eagle(bad, model)
+    (bad / "eagle.json").write_text("{not json")
+    with pytest.raises(ConfigError, match="corrupt"):
+        load_eagle(bad, model)
+    (bad / "eagle.json").write_text(json.dumps({"format": "spec-zoo-exit-adapter"}))
+    with pytest.raises(ConfigError, match="not a spec-zoo EAGLE head record"):
+        load_eagle(bad, model)
+    (bad / "eagle.json").write_text((path / "eagle.json").read_text())
+    (bad / "eagle.safetensors").write_bytes((path / "eagle.safetensors").read_bytes()[:200])
+    with pytest.raises(ConfigError, match="corrupt or incomplete"):
+        load_eagle(bad, model)
+    record = json.loads((path / "eagle.json").read_text())
+    save_head(EagleHead(model, 2, mlp=False, vocab_ids=torch.arange(48)), bad, describe_target(model, None), {})
+    (bad / "eagle.json").write_text(json.dumps({**record, "mlp": True}))  # the weights have no MLP
+    with pytest.raises(ConfigError, match="do not fit"):
+        load_eagle(bad, model)
+
+
+def test_bad_config_fails_before_any_model_load(tmp_path, monkeypatch):
+    import spec_zoo.train.distill as distill
+
+    monkeypatch.setattr(distill, "_load_target", lambda cfg: pytest.fail("loaded a model"))
+    for override, message in [("head.regress=-1", "head.regress=-1"), ("head.vocab_size=-2", "head.vocab_size=-2"),
+                              ("loss=mse", "loss='mse'")]:
+        with pytest.raises(ConfigError, match=message):
+            train_eagle(_cfg(tmp_path, override))
+    with pytest.raises(ConfigError, match="drafter.sample='sometimes'"):
+        EagleDrafter(eagle_head(_teacher()), sample="sometimes")
+
+
+def test_missing_shipped_head_is_named(monkeypatch, tmp_path):
+    monkeypatch.setattr(eagle_module, "SHIPPED", tmp_path / "nothing")
+    with pytest.raises(ConfigError, match="shipped EAGLE head is missing.*drafter.head=DIR"):
+        EagleDrafter()
+
+
+def test_first_step_drafts_nothing_then_drafts():
+    """The target has not read the prompt before the first step: no features, no draft."""
+    model = tiny_llama(2, sharpness=3.0)
+    out = SpeculativeDecoder(Target(model), EagleDrafter(eagle_head(model), num_draft=2, adaptive=False)).generate(
+        PROMPT, max_new_tokens=12, eos_token_ids=[])
+    steps = out.stats.steps
+    assert steps[0].drafted == 0 and all(s.drafted > 0 for s in steps[1:-1])
+
+
+def test_config_builds_the_eagle_drafter(trained):
+    """``drafter=eagle drafter.head=DIR`` from the Hydra config, as the CLI builds it."""
+    model, path, _ = trained
+    out = generate(PROMPT, drafter="eagle", model=Target(model), max_new_tokens=12, head=str(path), num_draft=2,
+                   adaptive=False)
+    assert out.ids == hf_greedy(model, PROMPT, 12, eos=1)[: len(out.ids)] and out.stats.drafted > 0
