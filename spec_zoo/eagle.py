@@ -22,8 +22,10 @@ from spec_zoo.draft_head import BlockHead, load_head
 
 
 class EagleHead(BlockHead):
-    """``fc`` + `BlockHead` (see the module docstring). At initialisation the head passes
-    ``embed + feature`` through unchanged (``fc`` sums, the block's writes are zero)."""
+    """``fc`` + `BlockHead` (see the module docstring). At initialisation ``fc`` passes the
+    token embedding through and ignores the feature, so with the block copied from the
+    target's layer 0 the head starts as a one-layer truncated target and learns to read
+    the features from there."""
 
     FORMAT, RECORD, WEIGHTS, WHAT = "spec-zoo-eagle-head", "eagle.json", "eagle.safetensors", "EAGLE head"
 
@@ -32,18 +34,15 @@ class EagleHead(BlockHead):
         super().__init__(target_model, init_layer, mlp, vocab_ids, train_head)
         H = self.head.shape[1]
         self.fc = torch.nn.Linear(2 * H, H, bias=False, dtype=self.head.dtype)
-        with torch.no_grad():
-            eye = torch.eye(H, dtype=self.head.dtype)
-            self.fc.weight.copy_(torch.cat([eye, eye], dim=1))
-            # the copied layer writes at the scale of the target's deep residual stream, orders of
-            # magnitude above a final-norm feature: start its writes at zero and let training grow them
-            self.block.self_attn.o_proj.weight.zero_()
-            if mlp:
-                self.block.mlp.down_proj.weight.zero_()
+        with torch.no_grad():  # start as "the block on the token alone": features enter as training finds them useful
+            self.fc.weight.zero_()
+            self.fc.weight[:, :H].copy_(torch.eye(H, dtype=self.head.dtype))
 
     def inputs(self, embeds: torch.Tensor, features: torch.Tensor) -> torch.Tensor:
-        """Block input [B, q, H] from token embeddings and the features of the positions before."""
-        return self.fc(torch.cat([embeds, features], dim=-1))
+        """Block input [B, q, H] from token embeddings and the features of the positions before.
+        Features are RMS-normalised first (a final-norm feature is ~12x the scale of an
+        embedding in SmolLM2, which would drown the token the target just picked)."""
+        return self.fc(torch.cat([embeds, _unit_rms(features)], dim=-1))
 
     def feature(self, out: torch.Tensor) -> torch.Tensor:
         """The head's guess of the target's last-layer feature (what its LM head reads)."""
@@ -52,6 +51,10 @@ class EagleHead(BlockHead):
     @classmethod
     def from_record(cls, target_model, record: dict, vocab_ids):
         return cls(target_model, int(record["init_layer"]), bool(record["mlp"]), vocab_ids, bool(record["train_head"]))
+
+
+def _unit_rms(x: torch.Tensor) -> torch.Tensor:
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)
 
 
 def load_eagle(path, target_model) -> EagleHead:

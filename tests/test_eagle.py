@@ -221,3 +221,36 @@ def test_config_builds_the_eagle_drafter(trained):
     out = generate(PROMPT, drafter="eagle", model=Target(model), max_new_tokens=12, head=str(path), num_draft=2,
                    adaptive=False)
     assert out.ids == hf_greedy(model, PROMPT, 12, eos=1)[: len(out.ids)] and out.stats.drafted > 0
+
+
+# -- the head shipped for SmolLM2-135M -----------------------------------------------------
+
+
+def test_shipped_head_refuses_another_target():
+    record = json.loads((eagle_module.SHIPPED / "eagle.json").read_text())
+    assert record["target"]["name"] == "smollm2-135m" and record["draft_vocab_size"] == 8192
+    with pytest.raises(ConfigError, match="trained for target 'smollm2-135m'"):
+        load_eagle(eagle_module.SHIPPED, tiny_llama(0, layers=12))
+
+
+@pytest.mark.real_model
+def test_shipped_head_is_lossless_and_useful_on_the_real_target(smollm2_target):
+    plain = SpeculativeDecoder(smollm2_target)
+    decoder = SpeculativeDecoder(smollm2_target, EagleDrafter(num_draft=3, adaptive=False))
+    accepted = drafted = 0
+    for question in ("Name three colours.", "Translate to French: the cat sleeps on the warm windowsill.",
+                     "What is 12 times 7? Explain step by step."):
+        prompt = plain.encode(question)
+        out = decoder.generate(prompt, max_new_tokens=48)
+        assert out.ids == plain.generate(prompt, max_new_tokens=48).ids
+        accepted, drafted = accepted + out.stats.accepted, drafted + out.stats.drafted
+    assert accepted / drafted > 0.2  # the trained head really predicts the target (untrained: ~0.05)
+
+
+@pytest.mark.real_model
+def test_sampling_with_the_shipped_head_is_seeded(smollm2_target):
+    runs = [SpeculativeDecoder(smollm2_target, EagleDrafter(num_draft=3, adaptive=False),
+                               sampling=SamplingParams(temperature=0.7)).generate("Name three colours.",
+                                                                                  max_new_tokens=24, seed=1)
+            for _ in range(2)]
+    assert runs[0].ids == runs[1].ids and runs[0].stats.drafted > 0
