@@ -26,7 +26,7 @@ from spec_zoo.eagle import EagleHead, load_eagle
 from spec_zoo.errors import ConfigError
 from spec_zoo.interfaces import DecodeState, Drafter, Verdict
 from spec_zoo.layers import DecoderStack, causal_mask
-from spec_zoo.sampling import logits_to_probs, sample, to_full_vocab
+from spec_zoo.sampling import draft_token, to_full_vocab
 from spec_zoo.stats import StepStats
 from spec_zoo.target import Target, crop_cache, shared_prefix
 
@@ -117,12 +117,8 @@ class EagleDrafter(Drafter):
         sampled = self._sampling(state)
         for i in range(k):
             logits = self._logits(out[-1])
-            if sampled:
-                q = logits_to_probs(logits, state.sampling)
-                qs.append(q)
-                token = int(sample(q.to(state.generator.device), state.generator))
-            else:
-                token = int(logits.argmax())
+            token, q = draft_token(logits, sampled, state.sampling, state.generator)
+            qs += [q] if q is not None else []
             drafted.append(token)
             if i + 1 < k:  # the next position reads the head's own guess of this feature
                 out = self._run([token], self.head.feature(out[-1:]))

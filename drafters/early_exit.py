@@ -26,7 +26,7 @@ from spec_zoo.errors import ConfigError
 from spec_zoo.exit_adapter import ExitAdapter, check_exit_layer, load_adapter
 from spec_zoo.interfaces import DecodeState, Drafter, Verdict
 from spec_zoo.layers import DecoderStack, LayerStates, causal_mask
-from spec_zoo.sampling import logits_to_probs, sample, to_full_vocab
+from spec_zoo.sampling import draft_token, to_full_vocab
 from spec_zoo.stats import StepStats
 from spec_zoo.target import Target, crop_cache, shared_prefix
 
@@ -164,12 +164,8 @@ class EarlyExitDrafter(Drafter):
         for i in range(k):
             if self.stop_below and float(logits.softmax(-1).max()) < self.stop_below:
                 break
-            if sampled:
-                q = logits_to_probs(logits, state.sampling)
-                qs.append(q)
-                token = int(sample(q.to(state.generator.device), state.generator))
-            else:
-                token = int(logits.argmax())
+            token, q = draft_token(logits, sampled, state.sampling, state.generator)
+            qs += [q] if q is not None else []
             drafted.append(token)
             if self.reuse_kv or i + 1 < k:  # the target resumes from every node's layer-E state
                 states, logits = self._advance([token], need_logits=i + 1 < k)

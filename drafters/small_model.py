@@ -14,7 +14,7 @@ from spec_zoo.draft_length import DraftLength
 from spec_zoo.errors import ConfigError
 from spec_zoo.interfaces import DecodeState, Drafter, Verdict
 from spec_zoo.stats import StepStats
-from spec_zoo.sampling import logits_to_probs, sample
+from spec_zoo.sampling import draft_token, logits_to_probs, sample
 from spec_zoo.target import Target
 
 _SAMPLE_MODES = ("auto", True, False)
@@ -104,13 +104,9 @@ class SmallModelDrafter(Drafter):
         sampled = self._sampling(state)
         tokens, qs = list(state.tokens), []
         for _ in range(min(self.length.choose(), state.max_depth)):
-            logits = self._next_logits(tokens)
-            if sampled:
-                q = logits_to_probs(logits, state.sampling)
-                qs.append(q)
-                tokens.append(int(sample(q.to(state.generator.device), state.generator)))
-            else:
-                tokens.append(int(logits.argmax()))
+            token, q = draft_token(self._next_logits(tokens), sampled, state.sampling, state.generator)
+            tokens.append(token)
+            qs += [q] if q is not None else []
         drafted = tokens[len(state.tokens) :]
         return Draft.chain(drafted, torch.stack(qs) if qs else None)
 

@@ -73,6 +73,16 @@ def sample(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tens
     return torch.multinomial(flat, 1, generator=generator).reshape(probs.shape[:-1])
 
 
+def draft_token(logits: torch.Tensor, sampled: bool, params: SamplingParams,
+                generator: torch.Generator) -> tuple[int, torch.Tensor | None]:
+    """A drafter's next token from its logits [V]: a sample from q (returned, so exact
+    verifiers can use it) when ``sampled``, else the argmax (q one-hot: None)."""
+    if not sampled:
+        return int(logits.argmax()), None
+    q = logits_to_probs(logits, params)
+    return int(sample(q.to(generator.device), generator)), q
+
+
 def to_full_vocab(logits: torch.Tensor, vocab_ids: torch.Tensor | None, size: int) -> torch.Tensor:
     """Logits over a reduced draft vocabulary (last dim, ids ``vocab_ids``) as logits over all
     ``size`` tokens: -inf elsewhere, so q is exactly 0 there and exact verifiers stay exact."""

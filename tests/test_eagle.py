@@ -11,20 +11,16 @@ import json
 
 import pytest
 import torch
-from hydra import compose, initialize_config_dir
-from omegaconf import OmegaConf
 
 import drafters.eagle as eagle_module
 from drafters.eagle import EagleDrafter
 from spec_zoo import SamplingParams, SpeculativeDecoder, Target
-from spec_zoo.api import CONF_DIR, generate
-from spec_zoo.draft_head import save_head
+from spec_zoo.api import generate
 from spec_zoo.eagle import EagleHead, load_eagle
 from spec_zoo.errors import ConfigError
 from spec_zoo.train.eagle import train_eagle
-from spec_zoo.train.student import describe_target
 from tests.drafts import eagle_head
-from tests.test_distill import _prompts
+from tests.heads import check_corrupt_files_fail, teacher, train_cfg
 from tests.test_sampling_exact import P_MIN, SETTINGS, _check
 from tests.tiny import hf_greedy, one_thread, tiny_llama  # noqa: F401 (autouse fixture)
 
@@ -87,29 +83,14 @@ def test_reduced_vocabulary_head_is_exact_when_sampling():
 # -- training end to end, artefact, refusals ----------------------------------------------
 
 
-def _teacher(seed: int = 3):
-    model = tiny_llama(seed, vocab=64, layers=3, sharpness=3.0, dtype=torch.float32)
-    model.generation_config.eos_token_id = 1
-    return model
-
-
 def _cfg(tmp_path, *overrides):
-    base = [
-        "data.max_new_tokens=16", "data.heldout=0.25", "data.batch_size=8", "data.top_k=16", "data.forced_prompts=16",
-        "head.vocab_size=48", "train.steps=40", "train.batch_size=8", "train.lr=1e-2", "train.warmup=4",
-        "train.eval_every=10", "train.ckpt_every=10", f"output.dir={tmp_path / 'head'}",
-        f"data.cache_dir={tmp_path / 'cache'}", "output.dtype=float32", "progress=false", "threads=1",
-    ]
-    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
-        cfg = compose("train_eagle", overrides=base + list(overrides))
-    OmegaConf.update(cfg, "data.token_ids", _prompts(64))
-    return cfg
+    return train_cfg("train_eagle", tmp_path, "head.vocab_size=48", *overrides)
 
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("eagle")
-    model = _teacher()
+    model = teacher()
     return model, train_eagle(_cfg(tmp), target=Target(model)), tmp
 
 
@@ -160,32 +141,15 @@ def test_feature_loss_weight_changes_training(trained, tmp_path):
 def test_refuses_a_head_for_another_target(trained):
     _, path, _ = trained
     with pytest.raises(ConfigError, match="drafter.head=.*trained for target.*embedding weights differ"):
-        load_eagle(path, _teacher(seed=4))
+        load_eagle(path, teacher(seed=4))
     with pytest.raises(ConfigError, match="trained for target"):
-        SpeculativeDecoder(Target(_teacher(seed=4)), EagleDrafter(str(path)))
+        SpeculativeDecoder(Target(teacher(seed=4)), EagleDrafter(str(path)))
 
 
 def test_corrupt_head_files_fail_clearly(trained, tmp_path):
     model, path, _ = trained
-    bad = tmp_path / "bad"
-    bad.mkdir()
-    with pytest.raises(ConfigError, match="not an EAGLE head directory.*spec-zoo-train eagle"):
-        load_eagle(bad, model)
-    (bad / "eagle.json").write_text("{not json")
-    with pytest.raises(ConfigError, match="corrupt"):
-        load_eagle(bad, model)
-    (bad / "eagle.json").write_text(json.dumps({"format": "spec-zoo-exit-adapter"}))
-    with pytest.raises(ConfigError, match="not a spec-zoo EAGLE head record"):
-        load_eagle(bad, model)
-    (bad / "eagle.json").write_text((path / "eagle.json").read_text())
-    (bad / "eagle.safetensors").write_bytes((path / "eagle.safetensors").read_bytes()[:200])
-    with pytest.raises(ConfigError, match="corrupt or incomplete"):
-        load_eagle(bad, model)
-    record = json.loads((path / "eagle.json").read_text())
-    save_head(EagleHead(model, 2, mlp=False, vocab_ids=torch.arange(48)), bad, describe_target(model, None), {})
-    (bad / "eagle.json").write_text(json.dumps({**record, "mlp": True}))  # the weights have no MLP
-    with pytest.raises(ConfigError, match="do not fit"):
-        load_eagle(bad, model)
+    check_corrupt_files_fail(load_eagle, path, tmp_path / "bad", EagleHead,
+                             EagleHead(model, 2, mlp=False, vocab_ids=torch.arange(48)), model)
 
 
 def test_bad_config_fails_before_any_model_load(tmp_path, monkeypatch):
@@ -197,7 +161,7 @@ def test_bad_config_fails_before_any_model_load(tmp_path, monkeypatch):
         with pytest.raises(ConfigError, match=message):
             train_eagle(_cfg(tmp_path, override))
     with pytest.raises(ConfigError, match="drafter.sample='sometimes'"):
-        EagleDrafter(eagle_head(_teacher()), sample="sometimes")
+        EagleDrafter(eagle_head(teacher()), sample="sometimes")
 
 
 def test_missing_shipped_head_is_named(monkeypatch, tmp_path):

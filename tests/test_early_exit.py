@@ -13,18 +13,15 @@ import json
 import pytest
 import torch
 from hydra import compose, initialize_config_dir
-from omegaconf import OmegaConf
 
 from drafters.early_exit import EarlyExitDrafter, shipped_adapter
 from spec_zoo import SamplingParams, SpeculativeDecoder, Target
 from spec_zoo.api import CONF_DIR
 from spec_zoo.errors import ConfigError
-from spec_zoo.draft_head import save_head as save_adapter
 from spec_zoo.exit_adapter import ExitAdapter, load_adapter
 from spec_zoo.train.early_exit import train_exit_adapter
-from spec_zoo.train.student import describe_target
 from tests.drafts import exit_adapter
-from tests.test_distill import _prompts
+from tests.heads import check_corrupt_files_fail, teacher, train_cfg
 from tests.test_sampling_exact import P_MIN, SETTINGS, _check
 from tests.tiny import hf_greedy, one_thread, tiny_llama  # noqa: F401 (autouse fixture)
 
@@ -92,29 +89,14 @@ def test_adapter_with_reduced_vocabulary_is_exact_when_sampling(tiny_llama):
 # -- the adapter: training end to end, artefact, refusals ------------------------------
 
 
-def _teacher(seed: int = 3):
-    model = tiny_llama(seed, vocab=64, layers=3, sharpness=3.0, dtype=torch.float32)
-    model.generation_config.eos_token_id = 1
-    return model
-
-
 def _cfg(tmp_path, *overrides):
-    base = [
-        "data.max_new_tokens=16", "data.heldout=0.25", "data.batch_size=8", "data.top_k=16", "data.forced_prompts=16",
-        "adapter.exit_layer=1", "adapter.vocab_size=48", "train.steps=40", "train.batch_size=8", "train.lr=1e-2",
-        "train.warmup=4", "train.eval_every=10", "train.ckpt_every=10", f"output.dir={tmp_path / 'adapter'}",
-        f"data.cache_dir={tmp_path / 'cache'}", "output.dtype=float32", "progress=false", "threads=1",
-    ]
-    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
-        cfg = compose("train_early_exit", overrides=base + list(overrides))
-    OmegaConf.update(cfg, "data.token_ids", _prompts(64))
-    return cfg
+    return train_cfg("train_early_exit", tmp_path, "adapter.exit_layer=1", "adapter.vocab_size=48", *overrides)
 
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("exit")
-    model = _teacher()
+    model = teacher()
     return model, train_exit_adapter(_cfg(tmp), target=Target(model)), tmp
 
 
@@ -149,30 +131,15 @@ def test_training_is_deterministic(trained, tmp_path):
 def test_refuses_an_adapter_for_another_target_or_exit(trained):
     _, path, _ = trained
     with pytest.raises(ConfigError, match="trained for target.*embedding weights differ"):
-        load_adapter(path, _teacher(seed=4))
+        load_adapter(path, teacher(seed=4))
     with pytest.raises(ConfigError, match="trained for exit layer 1, not drafter.exit_layer=2"):
-        SpeculativeDecoder(Target(_teacher()), EarlyExitDrafter(2, adapter=str(path)))
+        SpeculativeDecoder(Target(teacher()), EarlyExitDrafter(2, adapter=str(path)))
 
 
 def test_corrupt_adapter_files_fail_clearly(trained, tmp_path):
     model, path, _ = trained
-    bad = tmp_path / "bad"
-    bad.mkdir()
-    with pytest.raises(ConfigError, match="not an exit-adapter directory"):
-        load_adapter(bad, model)
-    (bad / "adapter.json").write_text("{not json")
-    with pytest.raises(ConfigError, match="corrupt"):
-        load_adapter(bad, model)
-    (bad / "adapter.json").write_text((path / "adapter.json").read_text())
-    (bad / "adapter.safetensors").write_bytes((path / "adapter.safetensors").read_bytes()[:200])
-    with pytest.raises(ConfigError, match="corrupt or incomplete"):
-        load_adapter(bad, model)
-    record = json.loads((path / "adapter.json").read_text())
-    save_adapter(ExitAdapter(model, 1, 2, mlp=False, vocab_ids=torch.arange(48)), bad, describe_target(model, None),
-                 {})
-    (bad / "adapter.json").write_text(json.dumps({**record, "mlp": True}))  # the weights have no MLP
-    with pytest.raises(ConfigError, match="do not fit"):
-        load_adapter(bad, model)
+    check_corrupt_files_fail(load_adapter, path, tmp_path / "bad", ExitAdapter,
+                             ExitAdapter(model, 1, 2, mlp=False, vocab_ids=torch.arange(48)), model)
 
 
 # -- bad input --------------------------------------------------------------------------

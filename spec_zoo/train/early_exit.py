@@ -16,85 +16,45 @@ import torch
 from omegaconf import DictConfig
 
 from spec_zoo.errors import ConfigError
-from spec_zoo.draft_head import save_head
 from spec_zoo.exit_adapter import ExitAdapter, check_exit_layer
 from spec_zoo.layers import DecoderStack, causal_mask
-from spec_zoo.train.data import TeacherData
-from spec_zoo.train.distill import draft_vocab, train_module
+from spec_zoo.train.distill import train_module
+from spec_zoo.train.heads import HeadRecipe, HeadStudent
 
 
-class ExitStudent(torch.nn.Module):
-    """The `Student` interface of the training loop over an `ExitAdapter` (``lm``): inputs
-    are the frozen target's states entering layer E, cached per sequence."""
+class ExitStudent(HeadStudent):
+    """An `ExitAdapter` (``lm``) reading the frozen target's states entering layer E."""
 
-    def __init__(self, target_model, adapter: ExitAdapter):
-        super().__init__()
-        self.lm = adapter
-        self.vocab_ids = adapter.vocab_ids
-        self._stack = [DecoderStack(target_model)]  # a list: the target is not a submodule
-        self._features: dict[tuple[int, ...], torch.Tensor] = {}
-
-    @torch.no_grad()
-    def _exit_states(self, ids: torch.Tensor, lengths: list[int]) -> torch.Tensor:
-        """States entering layer E [B, L, H] (zeros after each sequence's end)."""
-        stack = self._stack[0]
-        missing = [b for b in range(ids.shape[0]) if tuple(ids[b, : lengths[b]].tolist()) not in self._features]
-        if missing:
-            T = max(lengths[b] for b in missing)
-            batch = ids[missing, :T]
-            hidden = stack.embed(batch)
-            positions = torch.arange(T, device=batch.device)[None]
-            out = stack.run(hidden, 0, self.lm.exit_layer, positions, None, causal_mask(0, T, hidden.dtype, hidden.device))
-            for row, b in enumerate(missing):
-                self._features[tuple(ids[b, : lengths[b]].tolist())] = out[row, : lengths[b]].clone()
-        H = self.lm.head.shape[1]
-        states = torch.zeros(ids.shape[0], ids.shape[1], H, dtype=self.lm.head.dtype, device=ids.device)
-        for b, n in enumerate(lengths):
-            states[b, :n] = self._features[tuple(ids[b, :n].tolist())]
-        return states
+    def target_states(self, ids: torch.Tensor) -> torch.Tensor:
+        T = ids.shape[1]
+        hidden = self.stack.embed(ids)
+        positions = torch.arange(T, device=ids.device)[None]
+        return self.stack.run(hidden, 0, self.lm.exit_layer, positions, None,
+                              causal_mask(0, T, hidden.dtype, hidden.device))
 
     def hidden(self, ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         """Adapted states [B, L, H] of right-padded ``ids``."""
-        states = self._exit_states(ids, attention_mask.sum(1).tolist())
+        states = self.cached_states(ids, attention_mask.sum(1).tolist())
         T = ids.shape[1]
         positions = torch.arange(T, device=ids.device)[None]
-        rotary = self._stack[0].rotary(states, positions)
+        rotary = self.stack.rotary(states, positions)
         return self.lm(states, rotary, None, causal_mask(0, T, states.dtype, states.device))
 
-    def head(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.lm.logits(hidden)
 
+class ExitRecipe(HeadRecipe):
+    """What `spec-zoo-train early_exit` trains: an `ExitAdapter` (section ``adapter``)."""
 
-class ExitRecipe:
-    """What `spec-zoo-train early_exit` trains (see `spec_zoo.train.distill.DraftRecipe`)."""
-
-    desc = "exit adapter"
+    desc, section, student = "exit adapter", "adapter", ExitStudent
 
     def check(self, cfg: DictConfig) -> None:
+        super().check(cfg)
+        if int(cfg.adapter.exit_layer) < 1:
+            raise ConfigError(f"adapter.exit_layer={cfg.adapter.exit_layer}; the exit must be a layer index >= 1.")
+
+    def build(self, cfg: DictConfig, target_model, init_layer: int, vocab_ids) -> ExitAdapter:
         a = cfg.adapter
-        if int(a.exit_layer) < 1:
-            raise ConfigError(f"adapter.exit_layer={a.exit_layer}; the exit must be a layer index >= 1.")
-        if int(a.vocab_size) < 0:
-            raise ConfigError(f"adapter.vocab_size={a.vocab_size}; use 0 (full vocabulary) or a positive size.")
-
-    def make(self, cfg: DictConfig, target, train: TeacherData) -> ExitStudent:
-        a = cfg.adapter
-        layers = DecoderStack(target.model).num_layers
-        check_exit_layer(int(a.exit_layer), layers, key="adapter.exit_layer")
-        init = layers - 1 if a.init_layer is None else int(a.init_layer)
-        adapter = ExitAdapter(target.model, int(a.exit_layer), init, bool(a.mlp),
-                              draft_vocab(target, train, int(a.vocab_size)), bool(a.train_head))
-        return ExitStudent(target.model, adapter.to(target.model.dtype))
-
-    def trainable(self, student: ExitStudent, cfg: DictConfig) -> list[torch.nn.Parameter]:
-        for p in student._stack[0].model.parameters():
-            p.requires_grad_(False)
-        return list(student.lm.parameters())
-
-    def save(self, student: ExitStudent, cfg: DictConfig, target_info: dict, record: dict) -> Path:
-        from spec_zoo.models import DTYPES
-
-        return save_head(student.lm, cfg.output.dir, target_info, record, dtype=DTYPES[str(cfg.output.dtype)])
+        check_exit_layer(int(a.exit_layer), DecoderStack(target_model).num_layers, key="adapter.exit_layer")
+        return ExitAdapter(target_model, int(a.exit_layer), init_layer, bool(a.mlp), vocab_ids, bool(a.train_head))
 
 
 def train_exit_adapter(cfg: DictConfig, target=None) -> Path:
