@@ -15,6 +15,7 @@ from omegaconf import OmegaConf
 from drafters.distilled import DistilledDrafter
 from spec_zoo import Draft, SpeculativeDecoder, Target
 from spec_zoo.api import CONF_DIR
+from spec_zoo.bench.methods import resolve_methods
 from spec_zoo.errors import ConfigError
 from spec_zoo.train.distill import distill
 from spec_zoo.train.losses import divergence
@@ -287,8 +288,12 @@ def test_drafter_configs_compose():
 def test_bench_experiment_preset():
     with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
         cfg = compose("bench", overrides=["+experiment=distill"])
-    assert list(cfg.methods) == ["ar", "distilled", "distilled_tree", "draft_untrained", "truncated_target"]
+    assert list(cfg.methods) == ["ar", "distilled", "distilled_tree", "draft_untrained", "truncated_target", "eagle",
+                                 "eagle_k3"]
     assert cfg.dataset.per_category == 3 and cfg.generation.max_new_tokens == 128
+    specs = {s.name: s for s in resolve_methods(cfg.methods, cfg.default_methods, cfg)[0]}
+    assert specs["eagle_k3"].drafter["_target_"] == "drafters.eagle.EagleDrafter"
+    assert specs["eagle_k3"].params == {"num_draft": 3, "adaptive": False}
 
 
 def test_shipped_draft_loads_and_refuses_another_target():
