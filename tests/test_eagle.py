@@ -198,17 +198,23 @@ def test_shipped_head_refuses_another_target():
 
 
 @pytest.mark.real_model
-def test_shipped_head_is_lossless_and_useful_on_the_real_target(smollm2_target):
+def test_shipped_head_is_lossless_and_beats_its_initialisation_on_the_real_target(smollm2_target):
     plain = SpeculativeDecoder(smollm2_target)
-    decoder = SpeculativeDecoder(smollm2_target, EagleDrafter(num_draft=3, adaptive=False))
-    accepted = drafted = 0
-    for question in ("Name three colours.", "Translate to French: the cat sleeps on the warm windowsill.",
-                     "What is 12 times 7? Explain step by step."):
-        prompt = plain.encode(question)
-        out = decoder.generate(prompt, max_new_tokens=48)
-        assert out.ids == plain.generate(prompt, max_new_tokens=48).ids
-        accepted, drafted = accepted + out.stats.accepted, drafted + out.stats.drafted
-    assert accepted / drafted > 0.2  # the trained head really predicts the target (untrained: ~0.05)
+    shipped = load_eagle(eagle_module.SHIPPED, smollm2_target.model)
+    untrained = EagleHead(smollm2_target.model, shipped.init_layer, vocab_ids=shipped.vocab_ids).eval()
+    rates = {}
+    for name, head in (("shipped", shipped), ("untrained", untrained)):
+        decoder = SpeculativeDecoder(smollm2_target, EagleDrafter(head, num_draft=3, adaptive=False))
+        accepted = drafted = 0
+        for question in ("Name three colours.", "Translate to French: the cat sleeps on the warm windowsill.",
+                         "What is 12 times 7? Explain step by step."):
+            prompt = plain.encode(question)
+            out = decoder.generate(prompt, max_new_tokens=48)
+            assert out.ids == plain.generate(prompt, max_new_tokens=48).ids
+            accepted, drafted = accepted + out.stats.accepted, drafted + out.stats.drafted
+        rates[name] = accepted / drafted
+    print(rates)
+    assert rates["shipped"] > max(0.1, 2 * rates["untrained"])  # training really taught it the target
 
 
 @pytest.mark.real_model
