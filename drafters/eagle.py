@@ -26,11 +26,10 @@ from spec_zoo.eagle import EagleHead, load_eagle
 from spec_zoo.errors import ConfigError
 from spec_zoo.interfaces import DecodeState, Drafter, Verdict
 from spec_zoo.layers import DecoderStack, causal_mask
-from spec_zoo.sampling import draft_token, to_full_vocab
+from spec_zoo.sampling import check_sample_mode, draft_token, drafts_sampled, to_full_vocab
 from spec_zoo.stats import StepStats
 from spec_zoo.target import Target, crop_cache, shared_prefix
 
-_SAMPLE_MODES = ("auto", True, False)
 SHIPPED = Path(__file__).parent / "artefacts" / "smollm2-135m-eagle"
 
 
@@ -48,8 +47,7 @@ class EagleDrafter(Drafter):
 
     def __init__(self, head=None, num_draft: int = 4, adaptive: bool = True, max_draft: int = 8,
                  sample: str | bool = "auto", token_cost: float = 0.1, learn_cost: bool = True):
-        if sample not in _SAMPLE_MODES:
-            raise ConfigError(f"drafter.sample={sample!r}; allowed values: auto, true, false.")
+        check_sample_mode(sample)
         if head is None and not (SHIPPED / EagleHead.RECORD).is_file():
             raise ConfigError(f"the shipped EAGLE head is missing ({SHIPPED}); reinstall spec-zoo, or set "
                               "drafter.head=DIR to a head made with `spec-zoo-train eagle`.")
@@ -70,9 +68,6 @@ class EagleDrafter(Drafter):
         self._features: list[torch.Tensor] = []  # the target's features of positions 0.. (chunks)
         self._seen = None
         self.length.reset()
-
-    def _sampling(self, state: DecodeState) -> bool:
-        return not state.sampling.greedy if self.sample_mode == "auto" else bool(self.sample_mode)
 
     def _run(self, tokens: list[int], features: torch.Tensor) -> torch.Tensor:
         """Feed ``tokens`` with the features of the positions before them ([m, H]); return
@@ -114,7 +109,7 @@ class EagleDrafter(Drafter):
         out = self._run(tokens[keep:], before)[-1:]
         self._exact = n + 1
         drafted, qs = [], []
-        sampled = self._sampling(state)
+        sampled = drafts_sampled(self.sample_mode, state.sampling)
         for i in range(k):
             logits = self._logits(out[-1])
             token, q = draft_token(logits, sampled, state.sampling, state.generator)

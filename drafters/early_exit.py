@@ -26,11 +26,10 @@ from spec_zoo.errors import ConfigError
 from spec_zoo.exit_adapter import ExitAdapter, check_exit_layer, load_adapter
 from spec_zoo.interfaces import DecodeState, Drafter, Verdict
 from spec_zoo.layers import DecoderStack, LayerStates, causal_mask
-from spec_zoo.sampling import draft_token, to_full_vocab
+from spec_zoo.sampling import check_sample_mode, draft_token, drafts_sampled, to_full_vocab
 from spec_zoo.stats import StepStats
 from spec_zoo.target import Target, crop_cache, shared_prefix
 
-_SAMPLE_MODES = ("auto", True, False)
 ARTEFACTS = Path(__file__).parent / "artefacts"
 
 
@@ -77,8 +76,7 @@ class EarlyExitDrafter(Drafter):
         token_cost: float | None = None,
         learn_cost: bool = True,
     ):
-        if sample not in _SAMPLE_MODES:
-            raise ConfigError(f"drafter.sample={sample!r}; allowed values: auto, true, false.")
+        check_sample_mode(sample)
         if not 0.0 <= stop_below < 1.0:
             raise ConfigError(f"drafter.stop_below={stop_below}; it is a probability threshold in [0, 1) (0 = off).")
         if int(exit_layer) < 1:
@@ -112,9 +110,6 @@ class EarlyExitDrafter(Drafter):
         self._adapted = DynamicCache()  # the adapter's own layer
         self._fed: list[int] = []  # tokens whose shallow (and adapter) KV is cached, in order
         self.length.reset()
-
-    def _sampling(self, state: DecodeState) -> bool:
-        return not state.sampling.greedy if self.sample_mode == "auto" else bool(self.sample_mode)
 
     def _rewind(self, tokens: list[int]) -> int:
         """Crop the shallow and adapter caches to what is still committed; return its length."""
@@ -160,7 +155,7 @@ class EarlyExitDrafter(Drafter):
         keep = self._rewind(tokens)
         states, logits = self._advance(tokens[keep:], need_logits=k > 0)
         rows, drafted, qs = [states], [], []
-        sampled = self._sampling(state)
+        sampled = drafts_sampled(self.sample_mode, state.sampling)
         for i in range(k):
             if self.stop_below and float(logits.softmax(-1).max()) < self.stop_below:
                 break

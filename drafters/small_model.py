@@ -14,10 +14,9 @@ from spec_zoo.draft_length import DraftLength
 from spec_zoo.errors import ConfigError
 from spec_zoo.interfaces import DecodeState, Drafter, Verdict
 from spec_zoo.stats import StepStats
-from spec_zoo.sampling import draft_token, logits_to_probs, sample
+from spec_zoo.sampling import check_sample_mode, draft_token, drafts_sampled, logits_to_probs, sample
 from spec_zoo.target import Target
 
-_SAMPLE_MODES = ("auto", True, False)
 
 
 class SmallModelDrafter(Drafter):
@@ -53,8 +52,7 @@ class SmallModelDrafter(Drafter):
         device: str = "cpu",
     ):
         self.length = DraftLength(num_draft, adaptive, max_draft, token_cost, learn_cost)
-        if sample not in _SAMPLE_MODES:
-            raise ConfigError(f"drafter.sample={sample!r}; allowed values: auto, true, false.")
+        check_sample_mode(sample)
         if tree_width < 1 or tree_depth < 0:
             raise ConfigError(
                 f"drafter.tree_width={tree_width}, drafter.tree_depth={tree_depth}: "
@@ -87,9 +85,6 @@ class SmallModelDrafter(Drafter):
         self.runner.reset()
         self.length.reset()
 
-    def _sampling(self, state: DecodeState) -> bool:
-        return not state.sampling.greedy if self.sample_mode == "auto" else bool(self.sample_mode)
-
     def draft_logits(self, tokens: list[int], draft: Draft) -> torch.Tensor:
         """Draft-model logits over the target's vocabulary, rows as in `Target.score`.
         Subclasses with a reduced draft vocabulary map their logits back here."""
@@ -101,7 +96,7 @@ class SmallModelDrafter(Drafter):
     def propose(self, state: DecodeState) -> Draft:
         if self.tree_depth:
             return self._propose_tree(state)
-        sampled = self._sampling(state)
+        sampled = drafts_sampled(self.sample_mode, state.sampling)
         tokens, qs = list(state.tokens), []
         for _ in range(min(self.length.choose(), state.max_depth)):
             token, q = draft_token(self._next_logits(tokens), sampled, state.sampling, state.generator)
@@ -112,7 +107,7 @@ class SmallModelDrafter(Drafter):
 
     def _propose_tree(self, state: DecodeState) -> Draft:
         """Expand level by level; each level scores the tree so far in one draft forward."""
-        sampled = self._sampling(state)
+        sampled = drafts_sampled(self.sample_mode, state.sampling)
         depth = min(self.tree_depth, state.max_depth)
         tokens: list[int] = []
         parents: list[int] = []

@@ -73,6 +73,22 @@ def sample(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tens
     return torch.multinomial(flat, 1, generator=generator).reshape(probs.shape[:-1])
 
 
+SAMPLE_MODES = ("auto", True, False)
+
+
+def check_sample_mode(mode) -> str | bool:
+    """A drafter's ``sample`` setting, checked: "auto", True or False."""
+    if mode not in SAMPLE_MODES:
+        raise ConfigError(f"drafter.sample={mode!r}; allowed values: auto, true, false.")
+    return mode
+
+
+def drafts_sampled(mode: str | bool, params: SamplingParams) -> bool:
+    """Whether a drafter with ``sample=mode`` samples its drafts in a run with ``params``:
+    "auto" samples when the run samples (temperature > 0) and takes the argmax at 0."""
+    return not params.greedy if mode == "auto" else bool(mode)
+
+
 def draft_token(logits: torch.Tensor, sampled: bool, params: SamplingParams,
                 generator: torch.Generator) -> tuple[int, torch.Tensor | None]:
     """A drafter's next token from its logits [V]: a sample from q (returned, so exact
