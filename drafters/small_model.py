@@ -18,11 +18,11 @@ from spec_zoo.sampling import check_sample_mode, draft_token, drafts_sampled, lo
 from spec_zoo.target import Target
 
 
-
 class SmallModelDrafter(Drafter):
     """Chain drafting (``tree_depth=0``) or top-k / sampled tree drafting.
 
-    path:       a local HF model directory (safetensors) or an already loaded model.
+    path:       a local HF model directory (safetensors), an already loaded model, or None:
+                the default target's first ``draft_layers`` layers (made once, cached).
     num_draft:  chain length (the starting length when ``adaptive``).
     sample:     "auto" samples when temperature > 0 and drafts greedily at 0; True/False force it.
                 Sampled drafts record q so rejection sampling stays exact; greedy drafts
@@ -39,7 +39,7 @@ class SmallModelDrafter(Drafter):
 
     def __init__(
         self,
-        path,
+        path=None,
         num_draft: int = 4,
         adaptive: bool = False,
         max_draft: int = 16,
@@ -50,6 +50,7 @@ class SmallModelDrafter(Drafter):
         learn_cost: bool = True,
         dtype: str = "float32",
         device: str = "cpu",
+        draft_layers: int = 4,
     ):
         self.length = DraftLength(num_draft, adaptive, max_draft, token_cost, learn_cost)
         check_sample_mode(sample)
@@ -62,8 +63,9 @@ class SmallModelDrafter(Drafter):
         if isinstance(path, torch.nn.Module):
             model, tokenizer, self.source = path, None, type(path).__name__
         else:
-            from spec_zoo.models import load_causal_lm
+            from spec_zoo.models import load_causal_lm, truncated_draft
 
+            path = truncated_draft(draft_layers) if path is None else path
             model, tokenizer = load_causal_lm(str(path), dtype=dtype, device=device)
             self.source = str(path)
         self.runner = Target(model, tokenizer)

@@ -1,7 +1,7 @@
 """A trained draft head that lives next to the target: one decoder layer + norm + head.
 
-Shared by the exit adapter (reads layer E's states, `spec_zoo.exit_adapter`) and the
-EAGLE-style feature head (reads the target's last-layer features, `spec_zoo.eagle`):
+Shared by the exit adapter (reads layer E's states, `spec_zoo.drafters.early_exit.adapter`) and the
+EAGLE-style feature head (reads the target's last-layer features, `spec_zoo.drafters.eagle.head`):
 
 * ``block``: one decoder layer of the target's own class, initialised from one of its
   layers (attention + MLP, or attention only); it has its own KV cache, so it sees the
@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-from spec_zoo.artefacts import read_record, write_artefact
+from spec_zoo.artefacts import check_target, read_record, write_artefact
 from spec_zoo.errors import ConfigError
 from spec_zoo.layers import DecoderStack
 
@@ -109,8 +109,6 @@ def read_head_record(cls: type[BlockHead], path, key: str, fix: str) -> dict:
 
 def load_head(cls: type[BlockHead], path, target_model, key: str, train_command: str) -> BlockHead:
     """The ``cls`` head at ``path``, checked against ``target_model``; frozen, on its device."""
-    from spec_zoo.train.student import check_target
-
     path = Path(path).expanduser()
     record = read_head_record(cls, path, key, f"train one with `{train_command}`, or set {key}=null")
     check_target(record, target_model, path, key=key, fix=f"`{train_command}`")

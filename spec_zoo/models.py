@@ -186,3 +186,17 @@ def make_truncated_draft(target_model, num_layers: int, out_dir, tokenizer=None)
     out_dir = Path(out_dir).expanduser()
     _save_atomically(out_dir, draft, tokenizer)
     return out_dir
+
+
+def truncated_draft(layers: int = 4, name: str = "smollm2-135m") -> Path:
+    """The embedded target ``name`` cut to its first ``layers`` layers, as a model dir under
+    the cache: made on first use (seconds), so no method needs a setup command first."""
+    out = cache_root() / f"{name}-trunc{layers}"
+    if not (out / "config.json").is_file():
+        import sys
+
+        print(f"spec-zoo: making the {layers}-layer truncated draft of {name} once -> {out}", file=sys.stderr)
+        target = load_target(name)
+        make_truncated_draft(target.model, layers, out, tokenizer=target.tokenizer)
+    return out
+

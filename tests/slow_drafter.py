@@ -2,7 +2,7 @@
 
 import time
 
-from drafters.none import NoDrafter
+from spec_zoo.drafters.none import NoDrafter
 
 
 class SlowNoDrafter(NoDrafter):

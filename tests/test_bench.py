@@ -132,22 +132,22 @@ def test_unknown_method_lists_the_available_ones():
         resolve_methods({"mine": {"drafter": "nope"}}, [])
 
 
-def test_missing_draft_is_skipped_by_default_and_an_error_when_asked_for(tmp_path, monkeypatch):
+def test_draft_models_need_no_setup_and_a_missing_one_is_an_error_when_asked_for(tmp_path, monkeypatch):
     monkeypatch.setenv("SPEC_ZOO_CACHE", str(tmp_path / "nothing"))
     specs, notes = resolve_methods(None, ["ar", "ngram", "small_model", "hf_assisted"])
-    assert [s.name for s in specs] == ["ar", "ngram"]
-    assert len(notes) == 2 and all("spec-zoo-make-draft" in n for n in notes)
-    with pytest.raises(ConfigError, match="spec-zoo-make-draft"):
-        resolve_methods(["small_model"], [])
+    assert [s.name for s in specs] == ["ar", "ngram", "small_model", "hf_assisted"] and not notes  # made on first use
+    missing = {"mine": {"drafter": "small_model", "params": {"path": str(tmp_path / "nope")}}}
+    with pytest.raises(ConfigError, match="does not exist; point drafter.path"):
+        resolve_methods(missing, [])
 
 
 def test_baseline_first_inline_methods_and_overrides():
     specs, _ = resolve_methods(
-        {"ngram": None, "mine": {"drafter": {"_target_": "drafters.ngram.NgramDrafter", "num_draft": 2}}}, []
+        {"ngram": None, "mine": {"drafter": {"_target_": "spec_zoo.drafters.ngram.NgramDrafter", "num_draft": 2}}}, []
     )
     assert [s.name for s in specs] == ["ar", "ngram", "mine"]
     mine = specs[2]
-    assert mine.drafter_label == "drafters.ngram.NgramDrafter" and mine.record_params == {"num_draft": 2}
+    assert mine.drafter_label == "spec_zoo.drafters.ngram.NgramDrafter" and mine.record_params == {"num_draft": 2}
     ngram8, = resolve_methods({"ngram": {"params": {"num_draft": 8}}}, [])[0][1:]
     assert ngram8.drafter["num_draft"] == 8 and ngram8.config_hash({}) != specs[1].config_hash({})
 

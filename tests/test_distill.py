@@ -12,18 +12,19 @@ import torch
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from drafters.distilled import DistilledDrafter
+from spec_zoo.drafters.distilled.drafter import DistilledDrafter
 from spec_zoo import Draft, SpeculativeDecoder, Target
 from spec_zoo.api import CONF_DIR
 from spec_zoo.bench.methods import resolve_methods
 from spec_zoo.errors import ConfigError
-from spec_zoo.train.distill import distill
+from spec_zoo.drafters.distilled.train import distill
 from spec_zoo.train.losses import divergence
-from spec_zoo.train.student import describe_target, save_artefact, student_from_target
+from spec_zoo.artefacts import describe_target
+from spec_zoo.drafters.distilled.student import save_artefact, student_from_target
 from tests.test_sampling_exact import P_MIN, SETTINGS, VOCAB, _check
 from tests.tiny import hf_greedy, one_thread, tiny_llama  # noqa: F401 (autouse fixture)
-from verifiers.greedy import GreedyVerifier
-from verifiers.rejection import RejectionVerifier
+from spec_zoo.verifiers.greedy import GreedyVerifier
+from spec_zoo.verifiers.rejection import RejectionVerifier
 
 
 def _teacher(seed: int = 3):
@@ -281,7 +282,7 @@ def test_drafter_configs_compose():
     with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
         for name in ("distilled", "distilled_tree"):
             cfg = compose("config", overrides=[f"drafter={name}"])
-            assert cfg.drafter._target_ == "drafters.distilled.DistilledDrafter"
+            assert cfg.drafter._target_ == "spec_zoo.drafters.distilled.DistilledDrafter"
         assert compose("config", overrides=["drafter=distilled_tree"]).drafter.tree_depth > 0
 
 
@@ -292,7 +293,7 @@ def test_bench_experiment_preset():
                                  "eagle_k3"]
     assert cfg.dataset.per_category == 3 and cfg.generation.max_new_tokens == 128
     specs = {s.name: s for s in resolve_methods(cfg.methods, cfg.default_methods, cfg)[0]}
-    assert specs["eagle_k3"].drafter["_target_"] == "drafters.eagle.EagleDrafter"
+    assert specs["eagle_k3"].drafter["_target_"] == "spec_zoo.drafters.eagle.EagleDrafter"
     assert specs["eagle_k3"].params == {"num_draft": 3, "adaptive": False}
 
 
@@ -306,7 +307,7 @@ def test_shipped_draft_loads_and_refuses_another_target():
 @pytest.mark.real_model
 @pytest.mark.parametrize("drafter", ["distilled", "distilled_tree", "draft_untrained"])
 def test_shipped_draft_is_lossless_on_the_real_target(smollm2_target, drafter):
-    from drafters.distilled import DistilledDrafter as D
+    from spec_zoo.drafters.distilled.drafter import DistilledDrafter as D
 
     make = {"distilled": lambda: D(), "distilled_tree": lambda: D(tree_width=2, tree_depth=3),
             "draft_untrained": lambda: D(untrained=True)}[drafter]

@@ -13,12 +13,12 @@ import pytest
 import torch
 
 import drafters.eagle as eagle_module
-from drafters.eagle import EagleDrafter
+from spec_zoo.drafters.eagle.drafter import EagleDrafter
 from spec_zoo import SamplingParams, SpeculativeDecoder, Target
 from spec_zoo.api import generate
-from spec_zoo.eagle import EagleHead, load_eagle
+from spec_zoo.drafters.eagle.head import EagleHead, load_eagle
 from spec_zoo.errors import ConfigError
-from spec_zoo.train.eagle import train_eagle
+from spec_zoo.drafters.eagle.train import train_eagle
 from tests.drafts import eagle_head
 from tests.heads import check_corrupt_files_fail, teacher, train_cfg
 from tests.test_sampling_exact import P_MIN, SETTINGS, _check
@@ -153,7 +153,7 @@ def test_corrupt_head_files_fail_clearly(trained, tmp_path):
 
 
 def test_bad_config_fails_before_any_model_load(tmp_path, monkeypatch):
-    import spec_zoo.train.distill as distill
+    import spec_zoo.train.loop as distill
 
     monkeypatch.setattr(distill, "_load_target", lambda cfg: pytest.fail("loaded a model"))
     for override, message in [("head.regress=-1", "head.regress=-1"), ("head.vocab_size=-2", "head.vocab_size=-2"),

@@ -5,20 +5,17 @@ import pytest
 import torch
 
 from spec_zoo import SamplingParams, SpeculativeDecoder, Target
+from spec_zoo.testing import repetitive_prompt
 from tests.drafts import drafter_lineup
 from tests.tiny import hf_greedy, one_thread, tiny_llama  # noqa: F401 (autouse fixture)
-from verifiers.greedy import GreedyVerifier
-from verifiers.rejection import RejectionVerifier
+from spec_zoo.verifiers.greedy import GreedyVerifier
+from spec_zoo.verifiers.rejection import RejectionVerifier
 
 SEEDS = [0, 1, 2, 3, 4]
 MAX_NEW = 40
 
 
-def _prompt(seed: int) -> list[int]:
-    # a repetitive prompt over a few tokens, so prompt lookup finds matches
-    gen = torch.Generator().manual_seed(seed)
-    motif = torch.randint(2, 64, (5,), generator=gen).tolist()
-    return motif * 3 + torch.randint(2, 64, (4,), generator=gen).tolist()
+_prompt = repetitive_prompt  # a repetitive prompt, so prompt lookup finds matches
 
 
 @pytest.fixture(scope="module", params=SEEDS)

@@ -8,8 +8,8 @@ differing position (the margin is printed and bounded).
 
 import pytest
 
-from drafters.ngram import NgramDrafter
-from drafters.small_model import SmallModelDrafter
+from spec_zoo.drafters.ngram import NgramDrafter
+from spec_zoo.drafters.small_model import SmallModelDrafter
 from spec_zoo import SpeculativeDecoder
 from spec_zoo.bench.dataset import load_questions
 from spec_zoo.bench.runner import first_difference, top2_margin

@@ -9,57 +9,27 @@ token) must fail the same test, so the test has the power to catch real bugs.
 
 import pytest
 import torch
-from scipy.stats import chisquare
 
 from spec_zoo import Draft, SamplingParams, SpeculativeDecoder, Target, Verdict, Verifier, logits_to_probs
+from spec_zoo.testing import (  # noqa: F401 (the harness lives in spec_zoo.testing; other tests import it from here)
+    P_MIN,
+    PROMPT,
+    SETTINGS,
+    VOCAB,
+    exact_distribution,
+    sampling_model,
+)
+from spec_zoo.testing import sampling_pvalue as _check
+from spec_zoo.verifiers.rejection import RejectionVerifier
 from tests.drafts import drafter_lineup
-from tests.tiny import one_thread, tiny_llama  # noqa: F401 (autouse fixture)
-from verifiers.rejection import RejectionVerifier
-
-VOCAB, LENGTH, SAMPLES = 8, 3, 2000
-PROMPT = [2, 3, 4, 2, 3, 4, 2, 3]  # repetitive, so the n-gram drafter proposes
-P_MIN = 1e-3  # a correct rule fails with this probability per test
-
-
-def exact_distribution(model, sampling: SamplingParams) -> torch.Tensor:
-    """P(x1, x2, x3 | PROMPT) under the target, as a flat [VOCAB**3] vector."""
-    with torch.no_grad():
-        p1 = logits_to_probs(model(torch.tensor([PROMPT])).logits[0, -1], sampling)
-        pairs = torch.cartesian_prod(torch.arange(VOCAB), torch.arange(VOCAB))
-        ids = torch.cat([torch.tensor(PROMPT).expand(len(pairs), -1), pairs], 1)
-        logits = model(ids).logits
-        p2 = logits_to_probs(logits[:: VOCAB, -2], sampling)  # after x1 (same for every x2)
-        p3 = logits_to_probs(logits[:, -1], sampling)  # after (x1, x2)
-    joint = p1[:, None, None] * p2[:, :, None] * p3.reshape(VOCAB, VOCAB, VOCAB)
-    return joint.reshape(-1)
-
-
-def sample_counts(decoder, samples: int = SAMPLES) -> torch.Tensor:
-    counts = torch.zeros(VOCAB**LENGTH)
-    for seed in range(samples):
-        ids = decoder.generate(PROMPT, max_new_tokens=LENGTH, eos_token_ids=[], seed=seed).ids
-        counts[(ids[0] * VOCAB + ids[1]) * VOCAB + ids[2]] += 1
-    return counts
-
-
-def goodness_of_fit(counts: torch.Tensor, probs: torch.Tensor) -> float:
-    """Chi-square p-value, pooling cells expected below 5 into one."""
-    expected = probs.double() * counts.sum()
-    big = expected >= 5
-    obs = torch.cat([counts[big].double(), counts[~big].sum().reshape(1).double()])
-    exp = torch.cat([expected[big], expected[~big].sum().reshape(1)])
-    return float(chisquare(obs.numpy(), exp.numpy() * obs.sum().item() / exp.sum().item()).pvalue)
+from tests.tiny import one_thread  # noqa: F401 (autouse fixture)
 
 
 @pytest.fixture(scope="module")
 def model():
-    return tiny_llama(21, vocab=VOCAB, sharpness=6.0)
+    return sampling_model()
 
 
-SETTINGS = {
-    "t1": SamplingParams(temperature=1.0),
-    "t0.7_topk5_topp0.9": SamplingParams(temperature=0.7, top_k=5, top_p=0.9),
-}
 # every drafter family at T=1; top-k/top-p truncation through the chain and the tree
 CASES = [
     ("none", "t1"),
@@ -73,14 +43,15 @@ CASES = [
     ("early_exit_adapter_no_reuse", "t0.7_topk5_topp0.9"),
     ("eagle_k3", "t1"),
     ("eagle_adaptive", "t0.7_topk5_topp0.9"),
+    # composed drafters (drafters/cascade.py, drafters/merge.py): sampled members keep their q
+    ("cascade_ngram_small", "t1"),
+    ("cascade_ngram_eagle", "t0.7_topk5_topp0.9"),
+    ("merge_ngram_small", "t1"),
+    ("merge_tree_eagle_ngram", "t0.7_topk5_topp0.9"),
+    ("merge_sampled_twins", "t1"),
 ]
-DETERMINISTIC_DRAFTERS = ["small_chain_k3", "small_tree_3x2_self", "early_exit_adapter", "eagle_k3"]
-
-
-def _check(model, drafter, sampling, verifier=None, samples=SAMPLES):
-    decoder = SpeculativeDecoder(Target(model), drafter, verifier or RejectionVerifier(), sampling)
-    counts = sample_counts(decoder, samples)
-    return goodness_of_fit(counts, exact_distribution(model, sampling)), decoder
+DETERMINISTIC_DRAFTERS = ["small_chain_k3", "small_tree_3x2_self", "early_exit_adapter", "eagle_k3",
+                          "cascade_ngram_small", "merge_tree_eagle_ngram"]
 
 
 def test_target_distribution_is_not_trivial(model):

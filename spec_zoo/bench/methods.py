@@ -85,7 +85,7 @@ class MethodSpec:
         """What the `params` field of a record shows: the drafter's settings, or generate() kwargs."""
         if self.engine == "spec_zoo":
             return {k: v for k, v in (self.drafter or {}).items() if k != "_target_"}
-        extra = {"assistant_model": self.assistant["path"]} if self.assistant else {}
+        extra = {"assistant_model": _assistant_path(self.assistant)} if self.assistant else {}
         return {**self.params, **extra}
 
     def config_hash(self, run_settings: Mapping) -> str:
@@ -94,6 +94,13 @@ class MethodSpec:
         method = {k: getattr(self, k) for k in ("name", "engine", "drafter", "verifier", "assistant", "params")}
         blob = json.dumps({"method": method, "run": run_settings}, sort_keys=True, default=str)
         return hashlib.sha256(blob.encode()).hexdigest()[:12]
+
+
+def _assistant_path(assistant: Mapping) -> str:
+    """The assistant model dir; with no ``path``, where its truncated draft is (made on first use)."""
+    from spec_zoo.models import cache_root
+
+    return assistant.get("path") or str(cache_root() / f"smollm2-135m-trunc{assistant['draft_layers']}")
 
 
 def _resolve_option(group: str, value, method: str, root: DictConfig | None) -> tuple[dict | None, str | None]:
@@ -136,7 +143,7 @@ def _spec(name: str, entry: Mapping, root: DictConfig | None) -> MethodSpec:
             raise ConfigError(f"method {name}: engine=transformers takes no drafter/verifier; "
                               "use assistant (a drafter option) and params (generate() kwargs).")
         assistant, label = _resolve_option("drafter", entry.get("assistant"), name, root)
-        if assistant is not None and not isinstance(assistant.get("path"), str):
+        if assistant is not None and not ("path" in assistant or "draft_layers" in assistant):
             raise ConfigError(f"method {name}: assistant={label} has no model `path` to load as assistant_model.")
         drafter_label = label or next((lab for key, lab in _HF_DRAFTERS.items() if key in params), "none")
         return MethodSpec(name, engine, assistant=assistant, params=params, drafter_label=drafter_label)
@@ -177,7 +184,7 @@ def resolve_methods(
         spec = _spec(name, entry, root)
         path = spec.draft_model_path
         if path is not None and not Path(path).expanduser().is_dir():
-            why = f"its draft model {path} does not exist; make it with `spec-zoo-make-draft`"
+            why = f"its draft model {path} does not exist; point drafter.path at a model dir"
             if explicit:
                 raise ConfigError(f"method {name}: {why} (or point drafter.path at one).")
             notes.append(f"skipping {name}: {why}.")
@@ -272,9 +279,10 @@ def build_method(spec: MethodSpec, target: Target, sampling: SamplingParams, con
                              spec.drafter_label, stop_strings, eos_token_ids)
     kwargs = dict(spec.params)
     if spec.assistant:
-        from spec_zoo.models import load_causal_lm
+        from spec_zoo.models import load_causal_lm, truncated_draft
 
         a = spec.assistant
-        kwargs["assistant_model"], _ = load_causal_lm(a["path"], a.get("dtype", "float32"), a.get("device", "cpu"))
+        path = a.get("path") or truncated_draft(int(a["draft_layers"]))
+        kwargs["assistant_model"], _ = load_causal_lm(path, a.get("dtype", "float32"), a.get("device", "cpu"))
     return TransformersMethod(spec.name, target.model, sampling, config_hash, spec.drafter_label, kwargs,
                               spec.record_params, eos_token_ids, stop_strings, target.tokenizer)

@@ -27,21 +27,21 @@ def _run(train, cfg: DictConfig) -> None:
 
 @hydra.main(config_path=CONF_DIR, config_name="train_distill", version_base="1.3")
 def _distill(cfg: DictConfig) -> None:
-    from spec_zoo.train.distill import distill
+    from spec_zoo.drafters.distilled.train import distill
 
     _run(distill, cfg)
 
 
 @hydra.main(config_path=CONF_DIR, config_name="train_early_exit", version_base="1.3")
 def _early_exit(cfg: DictConfig) -> None:
-    from spec_zoo.train.early_exit import train_exit_adapter
+    from spec_zoo.drafters.early_exit.train import train_exit_adapter
 
     _run(train_exit_adapter, cfg)
 
 
 @hydra.main(config_path=CONF_DIR, config_name="train_eagle", version_base="1.3")
 def _eagle(cfg: DictConfig) -> None:
-    from spec_zoo.train.eagle import train_eagle
+    from spec_zoo.drafters.eagle.train import train_eagle
 
     _run(train_eagle, cfg)
 

@@ -210,7 +210,7 @@ def teacher_data(model, prompts: list[list[int]], *, cache_dir, key: str, max_ne
 @torch.no_grad()
 def student_continuations(student, prompts: list[list[int]], max_new_tokens: int, temperature: float,
                           eos_ids: list[int], pad_id: int, seed: int) -> list[list[int]]:
-    """Batched continuations written by ``student`` (a `spec_zoo.train.student.Student`),
+    """Batched continuations written by ``student`` (a `spec_zoo.drafters.distilled.student.Student`),
     in the target's token ids (a reduced draft vocabulary is mapped back)."""
     from transformers import DynamicCache
 

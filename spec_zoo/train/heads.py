@@ -1,5 +1,5 @@
 """Training a `spec_zoo.draft_head.BlockHead` next to a frozen target: what the exit
-adapter (`spec_zoo.train.early_exit`) and the EAGLE head (`spec_zoo.train.eagle`) share.
+adapter (`spec_zoo.drafters.early_exit.train`) and the EAGLE head (`spec_zoo.drafters.eagle.train`) share.
 
 The target never trains; the states the head reads from it are computed once per
 training sequence and kept in memory, so a training step costs the head alone.
@@ -57,7 +57,7 @@ class HeadStudent(torch.nn.Module):
 
 
 class HeadRecipe:
-    """A head's recipe (see `spec_zoo.train.distill.DraftRecipe`): its config section
+    """A head's recipe (see `spec_zoo.drafters.distilled.train.DraftRecipe`): its config section
     (``section``: init_layer, mlp, vocab_size, train_head) builds it (`build`), only its
     parameters train, and it is saved with `save_head`."""
 
@@ -73,7 +73,7 @@ class HeadRecipe:
         raise NotImplementedError
 
     def make(self, cfg: DictConfig, target, train) -> HeadStudent:
-        from spec_zoo.train.distill import draft_vocab
+        from spec_zoo.train.loop import draft_vocab
 
         s = cfg[self.section]
         layers = DecoderStack(target.model).num_layers

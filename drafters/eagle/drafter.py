@@ -2,7 +2,7 @@
 
 Each step the target's verification pass already computes its last-layer features of
 the positions it commits; the drafter keeps them (``needs_target_hidden``) and runs a
-one-layer `spec_zoo.eagle.EagleHead` over (token, previous feature) pairs: a draft token
+one-layer `spec_zoo.drafters.eagle.head.EagleHead` over (token, previous feature) pairs: a draft token
 costs one decoder layer and a reduced-vocabulary head, a small fraction of a target
 forward. The head has its own KV cache; positions it computed from its *own* predicted
 features (the drafted ones) are recomputed from the target's true features once they
@@ -22,7 +22,7 @@ from transformers import DynamicCache
 
 from spec_zoo.draft import Draft
 from spec_zoo.draft_length import DraftLength
-from spec_zoo.eagle import EagleHead, load_eagle
+from spec_zoo.drafters.eagle.head import EagleHead, load_eagle
 from spec_zoo.errors import ConfigError
 from spec_zoo.interfaces import DecodeState, Drafter, Verdict
 from spec_zoo.layers import DecoderStack, causal_mask

@@ -1,6 +1,6 @@
 """``spec-zoo-train early_exit``: self-distil an exit adapter (Kangaroo-style).
 
-The pipeline is `spec_zoo.train.distill.train_module` (teacher data, losses, progress,
+The pipeline is `spec_zoo.train.loop.train_module` (teacher data, losses, progress,
 checkpoints, resume, seeds) with another module: an `ExitAdapter` that reads the target's
 own layer-E hidden states and learns the target's next-token distributions. The target
 stays frozen; its layers 0..E-1 are run once per training sequence and their output is
@@ -16,9 +16,9 @@ import torch
 from omegaconf import DictConfig
 
 from spec_zoo.errors import ConfigError
-from spec_zoo.exit_adapter import ExitAdapter, check_exit_layer
+from spec_zoo.drafters.early_exit.adapter import ExitAdapter, check_exit_layer
 from spec_zoo.layers import DecoderStack, causal_mask
-from spec_zoo.train.distill import train_module
+from spec_zoo.train.loop import train_module
 from spec_zoo.train.heads import HeadRecipe, HeadStudent
 
 

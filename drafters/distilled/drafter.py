@@ -3,7 +3,7 @@
 A thin preset over `SmallModelDrafter` (same chain / tree / adaptive options) that
 
 * loads a distilled-draft directory (HF model dir + ``distill.json``), by default the one
-  shipped for SmolLM2-135M (``drafters/artefacts/smollm2-135m-distilled``);
+  shipped for SmolLM2-135M (``drafters/distilled/artefacts/smollm2-135m-distilled``);
 * refuses a draft distilled for another target, or corrupt files, with a clear message;
 * plugs the target's input embeddings in (the artefact does not duplicate them);
 * maps a reduced draft vocabulary back to the target's: logits outside it are -inf, so
@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from drafters.small_model import SmallModelDrafter
+from spec_zoo.drafters.small_model import SmallModelDrafter
 from spec_zoo.draft import Draft
 from spec_zoo.errors import ConfigError
 from spec_zoo.sampling import to_full_vocab
@@ -36,7 +36,7 @@ class DistilledDrafter(SmallModelDrafter):
     name = "distilled"
 
     def __init__(self, path=None, untrained: bool = False, dtype: str = "float32", device: str = "cpu", **options):
-        from spec_zoo.train.student import load_artefact
+        from spec_zoo.drafters.distilled.student import load_artefact
 
         self.path = Path(path).expanduser() if path else SHIPPED
         if path is None and not (SHIPPED / "distill.json").is_file():
@@ -56,7 +56,8 @@ class DistilledDrafter(SmallModelDrafter):
         self._attached_to = None
 
     def attach(self, target: Target) -> None:
-        from spec_zoo.train.student import check_target, student_from_target
+        from spec_zoo.artefacts import check_target
+        from spec_zoo.drafters.distilled.student import student_from_target
 
         if self._attached_to is target:
             return

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import torch
 
+from spec_zoo.artefacts import check_target
 from spec_zoo.artefacts import read_record as read_json_record
 from spec_zoo.artefacts import write_artefact
 from spec_zoo.errors import ConfigError
@@ -31,35 +32,6 @@ from spec_zoo.errors import ConfigError
 RECORD = "distill.json"
 FORMAT = "spec-zoo-distilled-draft"
 FORMAT_VERSION = 1
-_FP_ROWS, _FP_DIMS = 16, 8
-
-
-def target_fingerprint(model) -> list[list[float]]:
-    """A few entries of the target's input embedding matrix: enough to tell targets apart,
-    robust to the dtype the target is loaded in (compared with a tolerance)."""
-    w = model.get_input_embeddings().weight.detach()
-    rows = torch.linspace(0, w.shape[0] - 1, _FP_ROWS).long()
-    return [[round(float(x), 4) for x in w[r, :_FP_DIMS].float()] for r in rows]
-
-
-def fingerprint_matches(a, b, tol: float = 2e-2) -> bool:
-    ta, tb = torch.tensor(a, dtype=torch.float64), torch.tensor(b, dtype=torch.float64)
-    if ta.shape != tb.shape:
-        return False
-    scale = max(float(ta.abs().mean()), 1e-6)
-    return float((ta - tb).abs().max()) <= tol * max(scale, 1.0) + 1e-3
-
-
-def describe_target(model, name: str | None) -> dict:
-    cfg = model.config
-    return {
-        "name": name,
-        "model_type": getattr(cfg, "model_type", None),
-        "vocab_size": int(model.get_input_embeddings().weight.shape[0]),
-        "hidden_size": int(cfg.hidden_size),
-        "num_hidden_layers": int(cfg.num_hidden_layers),
-        "fingerprint": target_fingerprint(model),
-    }
 
 
 class Student(torch.nn.Module):
@@ -96,19 +68,6 @@ class Student(torch.nn.Module):
 
     def to_target_ids(self, index: torch.Tensor) -> torch.Tensor:
         return index if self.vocab_ids is None else self.vocab_ids[index]
-
-
-def select_vocab(counts: torch.Tensor, size: int, always=()) -> torch.Tensor | None:
-    """The ``size`` most frequent token ids (plus ``always``), sorted; None = full vocabulary."""
-    V = counts.shape[0]
-    if size <= 0 or size >= V:
-        return None
-    always = sorted({int(t) for t in always if 0 <= int(t) < V})
-    scores = counts.clone().double()
-    scores[always] = float("inf")
-    # ties (e.g. unseen tokens) broken by id, deterministically
-    order = sorted(range(V), key=lambda i: (-scores[i].item(), i))[:size]
-    return torch.tensor(sorted(order), dtype=torch.long)
 
 
 def student_from_target(target_model, layers: int, copy_layers, vocab_ids: torch.Tensor | None,
@@ -173,22 +132,6 @@ def student_from_pretrained(path, target_model=None) -> tuple[Student, dict | No
 
     lm, _ = load_causal_lm(path, key="student")
     return Student(lm.float(), None, None), None
-
-
-def check_target(record: dict, target_model, path, key: str = "drafter.path",
-                 fix: str = "`spec-zoo-train distill target.path=...`, or drafter=small_model for an undistilled draft") -> None:
-    """Refuse an artefact trained for another target, with a message saying which."""
-    want = record.get("target") or {}
-    have = describe_target(target_model, None)
-    problems = [f"{k} {want.get(k)} vs {have[k]}" for k in ("vocab_size", "hidden_size")
-                if want.get(k) is not None and want.get(k) != have[k]]
-    if not problems and want.get("fingerprint") is not None and not fingerprint_matches(want["fingerprint"], have["fingerprint"]):
-        problems.append("the target's embedding weights differ")
-    if problems:
-        raise ConfigError(
-            f"{key}={str(path)!r} was trained for target {want.get('name')!r}, not for this one "
-            f"({'; '.join(problems)}). Use one trained for this target ({fix})."
-        )
 
 
 def save_artefact(student: Student, out_dir, record: dict, dtype: str = "float16", tokenizer=None) -> Path:

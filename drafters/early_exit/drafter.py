@@ -2,7 +2,7 @@
 
 The target drafts for itself: its own first E layers, then an exit head, propose tokens
 one at a time. The exit head is the target's final norm + LM head on layer E (untrained),
-or a trained `spec_zoo.exit_adapter.ExitAdapter`. No second model, no weight copy.
+or a trained `spec_zoo.drafters.early_exit.adapter.ExitAdapter`. No second model, no weight copy.
 
 KV reuse (``reuse_kv``, LayerSkip's "shared compute"): the draft pass writes the KV of
 layers 0..E-1 straight into the target's cache and hands the target the states entering
@@ -23,7 +23,7 @@ from transformers import DynamicCache
 from spec_zoo.draft import Draft
 from spec_zoo.draft_length import DraftLength
 from spec_zoo.errors import ConfigError
-from spec_zoo.exit_adapter import ExitAdapter, check_exit_layer, load_adapter
+from spec_zoo.drafters.early_exit.adapter import ExitAdapter, check_exit_layer, load_adapter
 from spec_zoo.interfaces import DecodeState, Drafter, Verdict
 from spec_zoo.layers import DecoderStack, LayerStates, causal_mask
 from spec_zoo.sampling import check_sample_mode, draft_token, drafts_sampled, to_full_vocab

@@ -1,6 +1,6 @@
-"""``spec-zoo-train eagle``: train an EAGLE head (`spec_zoo.eagle.EagleHead`) for a target.
+"""``spec-zoo-train eagle``: train an EAGLE head (`spec_zoo.drafters.eagle.head.EagleHead`) for a target.
 
-The pipeline is `spec_zoo.train.distill.train_module` (teacher data, losses, progress,
+The pipeline is `spec_zoo.train.loop.train_module` (teacher data, losses, progress,
 checkpoints, resume, seeds) with another module. The target stays frozen; its
 last-layer features are computed once per training sequence and kept in memory, so a
 step costs one decoder layer. Two losses: the distillation loss of ``cfg.loss`` on the
@@ -16,10 +16,10 @@ from pathlib import Path
 import torch
 from omegaconf import DictConfig
 
-from spec_zoo.eagle import EagleHead
+from spec_zoo.drafters.eagle.head import EagleHead
 from spec_zoo.errors import ConfigError
 from spec_zoo.layers import causal_mask
-from spec_zoo.train.distill import train_module
+from spec_zoo.train.loop import train_module
 from spec_zoo.train.heads import HeadRecipe, HeadStudent
 
 

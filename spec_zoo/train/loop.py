@@ -1,15 +1,17 @@
-"""Distil a draft model from the target (DistillSpec, Zhou et al. 2024).
-
-``distill(cfg)`` runs the whole pipeline of ``spec-zoo-train distill``:
+"""The generic training pipeline every recipe plugs into (``spec-zoo-train <recipe>``):
 
 1. load the target; read and encode training prompts;
 2. teacher data: the target's continuations of the prompts + its top-k next-token
    distributions at every generated position (batched generation, cached on disk);
-3. build the student (from the target's first layers with a reduced draft vocabulary,
-   from an existing draft, or a LoRA adapter over one);
+3. build the module the recipe trains (``recipe.make``): a draft model, an exit adapter,
+   an EAGLE head, ...;
 4. train it on the loss of ``cfg.loss`` (fkl / rkl / tvd), with a progress bar showing the
    loss and the held-out acceptance, periodic checkpoints and resume;
-5. write the artefact: an HF model dir + ``distill.json`` (see `spec_zoo.train.student`).
+5. write the artefact (``recipe.save``).
+
+A recipe (``drafters/<method>/train.py``) supplies ``desc``, ``check``, ``make``,
+``trainable``, ``save`` and optionally ``extra_loss``; a module it makes exposes
+``hidden``, ``head``, ``vocab_ids`` and ``lm`` (see `spec_zoo.drafters.distilled.student.Student`).
 """
 
 from __future__ import annotations
@@ -37,23 +39,14 @@ from spec_zoo.train.data import (
     teacher_data,
 )
 from spec_zoo.train.losses import LOSSES, agreement, divergence
-from spec_zoo.train.student import (
-    Student,
-    describe_target,
-    save_artefact,
-    select_vocab,
-    student_from_pretrained,
-    student_from_target,
-)
-
-INITS = ("target", "pretrained", "random")
+from spec_zoo.artefacts import describe_target
 
 
-def check_config(cfg: DictConfig, recipe=None) -> None:
+def check_config(cfg: DictConfig, recipe) -> None:
     """Cheap checks, before any model loads; each message names the key."""
     if cfg.loss not in LOSSES:
         raise ConfigError(f"loss={cfg.loss!r}; allowed values: {', '.join(LOSSES)}.")
-    (recipe or DRAFT).check(cfg)
+    recipe.check(cfg)
     for key in ("train.steps", "train.batch_size", "data.batch_size", "data.max_new_tokens", "data.max_prompt_tokens"):
         if int(OmegaConf.select(cfg, key)) < 1:
             raise ConfigError(f"{key}={OmegaConf.select(cfg, key)}; it must be a positive integer.")
@@ -67,40 +60,6 @@ def check_config(cfg: DictConfig, recipe=None) -> None:
         raise ConfigError(f"output.dtype={cfg.output.dtype!r}; allowed values: float32, float16, bfloat16.")
 
 
-class DraftRecipe:
-    """What `spec-zoo-train distill` trains: a small draft model (`Student`). Another
-    recipe (`spec_zoo.train.early_exit`) reuses the whole pipeline for another module."""
-
-    desc = "distill"
-
-    def check(self, cfg: DictConfig) -> None:
-        if cfg.student.init not in INITS:
-            raise ConfigError(f"student.init={cfg.student.init!r}; allowed values: {', '.join(INITS)}.")
-        if cfg.student.init == "pretrained" and not cfg.student.path:
-            raise ConfigError("student.init=pretrained needs student.path=DIR (an HF model dir or a distilled draft).")
-        if cfg.student.lora.enabled and cfg.student.init != "pretrained":
-            raise ConfigError("student.lora.enabled=true adapts an existing draft: set student.init=pretrained student.path=DIR.")
-        if cfg.student.path and not Path(cfg.student.path).expanduser().is_dir():
-            raise ConfigError(f"student.path={cfg.student.path!r} is not a directory.")
-
-    def make(self, cfg: DictConfig, target, train: TeacherData) -> Student:
-        return _make_student(cfg, target, train)
-
-    def trainable(self, student: Student, cfg: DictConfig) -> list[torch.nn.Parameter]:
-        return _trainable(student, cfg)
-
-    def save(self, student: Student, cfg: DictConfig, target_info: dict, record: dict) -> Path:
-        s = cfg.student
-        init = {"kind": s.init, "path": s.path, "layers": int(s.layers),
-                "copy_layers": None if s.copy_layers is None else list(s.copy_layers),
-                "lora": OmegaConf.to_container(s.lora)}
-        return save_artefact(student, Path(cfg.output.dir).expanduser(),
-                             {"target": target_info, "init": init, **record}, dtype=str(cfg.output.dtype))
-
-
-DRAFT = DraftRecipe()
-
-
 def _load_target(cfg: DictConfig):
     from spec_zoo.models import load_target
 
@@ -108,7 +67,7 @@ def _load_target(cfg: DictConfig):
     return load_target(name=t.name, path=t.path, dtype=t.dtype, device="cpu")
 
 
-def _positions(student: Student, data: TeacherData, rows: torch.Tensor, full_vocab: int):
+def _positions(student, data: TeacherData, rows: torch.Tensor, full_vocab: int):
     """Teacher targets of a batch of sequences: (flat hidden-state index, t_ids, t_index, t_logp)."""
     lut = None
     if student.vocab_ids is not None:
@@ -130,7 +89,7 @@ def _positions(student: Student, data: TeacherData, rows: torch.Tensor, full_voc
     return ids.clamp(min=0), mask, torch.cat(where), t_ids, t_index, t_logp
 
 
-def _batch_loss(student: Student, data: TeacherData, rows, full_vocab: int, kind: str, with_agreement=False):
+def _batch_loss(student, data: TeacherData, rows, full_vocab: int, kind: str, with_agreement=False):
     ids, mask, where, t_ids, t_index, t_logp = _positions(student, data, rows, full_vocab)
     hidden = student.hidden(ids, mask)
     logits = student.head(hidden.reshape(-1, hidden.shape[-1])[where])
@@ -142,7 +101,7 @@ def _batch_loss(student: Student, data: TeacherData, rows, full_vocab: int, kind
 
 
 @torch.no_grad()
-def evaluate(student: Student, data: TeacherData, full_vocab: int, kind: str, batch_size: int = 16) -> dict:
+def evaluate(student, data: TeacherData, full_vocab: int, kind: str, batch_size: int = 16) -> dict:
     """Held-out loss, greedy acceptance (draft argmax == target argmax) and sampled
     acceptance (1 - TV at temperature 1), averaged over positions."""
     if len(data) == 0:
@@ -160,6 +119,19 @@ def evaluate(student: Student, data: TeacherData, full_vocab: int, kind: str, ba
     return {k: round(v / max(n, 1), 4) for k, v in tot.items()}
 
 
+def select_vocab(counts: torch.Tensor, size: int, always=()) -> torch.Tensor | None:
+    """The ``size`` most frequent token ids (plus ``always``), sorted; None = full vocabulary."""
+    V = counts.shape[0]
+    if size <= 0 or size >= V:
+        return None
+    always = sorted({int(t) for t in always if 0 <= int(t) < V})
+    scores = counts.clone().double()
+    scores[always] = float("inf")
+    # ties (e.g. unseen tokens) broken by id, deterministically
+    order = sorted(range(V), key=lambda i: (-scores[i].item(), i))[:size]
+    return torch.tensor(sorted(order), dtype=torch.long)
+
+
 def draft_vocab(target, train: TeacherData, size: int) -> torch.Tensor | None:
     """The ``size`` most frequent tokens of the training data, plus special and EOS ids
     (None: the full vocabulary)."""
@@ -173,38 +145,6 @@ def draft_vocab(target, train: TeacherData, size: int) -> torch.Tensor | None:
     return select_vocab(train.token_counts(target.vocab_size), size, always)
 
 
-def _make_student(cfg: DictConfig, target, train: TeacherData) -> Student:
-    s = cfg.student
-    if s.init == "pretrained":
-        student, _ = student_from_pretrained(s.path, target.model)
-        if s.lora.enabled:
-            from peft import LoraConfig, get_peft_model
-
-            lora = LoraConfig(r=int(s.lora.r), lora_alpha=int(s.lora.alpha), lora_dropout=float(s.lora.dropout),
-                              target_modules=list(s.lora.target_modules), bias="none")
-            student.lm = get_peft_model(student.lm, lora)
-        return student
-    vocab_ids = draft_vocab(target, train, int(s.vocab_size))
-    copy_layers = list(s.copy_layers) if s.copy_layers is not None else None
-    return student_from_target(target.model, int(s.layers), copy_layers, vocab_ids,
-                               random_layers=s.init == "random", seed=int(cfg.train.seed))
-
-
-def _trainable(student: Student, cfg: DictConfig) -> list[torch.nn.Parameter]:
-    base = student.base()
-    for p in student.lm.parameters():
-        p.requires_grad_(False)
-    if cfg.student.lora.enabled:
-        params = [p for n, p in student.lm.named_parameters() if "lora_" in n]
-    else:
-        params = [p for n, p in base.named_parameters() if "embed_tokens" not in n]
-        if not cfg.student.train_head:
-            params = [p for n, p in base.named_parameters() if "embed_tokens" not in n and "lm_head" not in n]
-    for p in params:
-        p.requires_grad_(True)
-    return params
-
-
 def _lr(step: int, cfg: DictConfig) -> float:
     t = cfg.train
     warm = int(t.warmup)
@@ -214,7 +154,7 @@ def _lr(step: int, cfg: DictConfig) -> float:
     return float(t.lr) * (float(t.min_lr_ratio) + (1 - float(t.min_lr_ratio)) * 0.5 * (1 + math.cos(math.pi * progress)))
 
 
-def _save_checkpoint(path: Path, student: Student, opt, step: int, gen: torch.Generator, history: list) -> None:
+def _save_checkpoint(path: Path, student, opt, step: int, gen: torch.Generator, history: list) -> None:
     state = {
         "step": step,
         "model": {k: v for k, v in student.lm.state_dict().items()},
@@ -228,7 +168,7 @@ def _save_checkpoint(path: Path, student: Student, opt, step: int, gen: torch.Ge
     os.replace(tmp, path)
 
 
-def _load_checkpoint(path: Path, student: Student, opt, gen: torch.Generator) -> tuple[int, list]:
+def _load_checkpoint(path: Path, student, opt, gen: torch.Generator) -> tuple[int, list]:
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:
@@ -247,12 +187,6 @@ def _load_checkpoint(path: Path, student: Student, opt, gen: torch.Generator) ->
                           "delete it or set train.resume=false.") from None
     gen.set_state(state["generator"])
     return int(state["step"]), json.loads(state.get("history", "[]"))
-
-
-def distill(cfg: DictConfig, target=None) -> Path:
-    """Run the pipeline of ``cfg`` (conf/train_distill.yaml); return the artefact dir.
-    ``target``: an already loaded `Target` (tests pass a tiny one)."""
-    return train_module(cfg, DRAFT, target)
 
 
 def train_module(cfg: DictConfig, recipe, target=None) -> Path:
