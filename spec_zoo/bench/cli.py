@@ -16,9 +16,10 @@ from spec_zoo.bench.methods import build_method, resolve_methods
 from spec_zoo.bench.records import check_schema, read_records
 from spec_zoo.bench.runner import run_benchmark, run_context
 from spec_zoo.bench.summary import Summary, summarize, summarize_file
-from spec_zoo.cli import _quiet_transformers
+from spec_zoo.cli import _quiet_transformers, checked_command_line
 from spec_zoo.errors import ConfigError
 from spec_zoo.sampling import SamplingParams
+from spec_zoo.schema import validate
 
 
 def write_summary(summary: Summary, out_dir) -> Path:
@@ -33,10 +34,11 @@ def write_summary(summary: Summary, out_dir) -> Path:
 
 def bench(cfg: DictConfig) -> Summary:
     """Run (or, with ``summarize=PATH``, only summarize) the benchmark described by ``cfg``."""
+    validate(cfg, "bench")
     if cfg.summarize:
         results = Path(cfg.summarize)
         if not results.is_file():
-            raise ConfigError(f"summarize={cfg.summarize} is not a file; pass the path of a results.jsonl.")
+            raise ConfigError(f"summarize: {cfg.summarize} is not a file; pass the path of a results.jsonl.")
         summary = summarize_file(results)
         write_summary(summary, results.parent)
         return summary
@@ -46,8 +48,9 @@ def bench(cfg: DictConfig) -> Summary:
 
     data, gen = cfg.dataset, cfg.generation
     questions = load_dataset(data)
-    if cfg.repeats < 1:
-        raise ConfigError(f"repeats={cfg.repeats}; it must be a positive integer.")
+    if empty := next((q for q in questions if any(not t.strip() for t in q.turns)), None):
+        raise ConfigError(f"dataset: question {empty.question_id} has an empty prompt; fill it in or remove "
+                          "that line (spec-zoo refuses empty prompts too).")
     sampling = SamplingParams(gen.temperature, gen.top_k, gen.top_p)
     method_params = OmegaConf.to_container(cfg.method_params, resolve=True) if cfg.get("method_params") else None
     specs, notes = resolve_methods(OmegaConf.to_container(cfg.methods) if cfg.methods is not None else None,
@@ -74,7 +77,8 @@ def bench(cfg: DictConfig) -> Summary:
     target = load_target(**cfg.model)
     plain = SpeculativeDecoder(target, sampling=sampling)  # encodes prompts; its EOS set serves every method
     eos = sorted(plain._eos_ids())
-    methods = [build_method(s, target, sampling, h, cfg.seed, gen.stop_strings, eos) for s, h in zip(specs, hashes)]
+    methods = [build_method(s, target, sampling, h, cfg.seed, list(gen.stop_strings), eos)
+               for s, h in zip(specs, hashes)]
     records = run_benchmark(
         methods, questions, prompt_encoder(plain, gen.chat), results_path,
         target=target, context=run_context(cfg.model.name, data.name, sampling.temperature, target.device),
@@ -146,7 +150,14 @@ def _hydra_main(cfg: DictConfig) -> None:
 
 def main() -> None:
     """Console script: ``--dry-run`` is accepted as ``dry_run=true`` (print the plan, run nothing)."""
+    from spec_zoo.registry import register_plugins
+
     sys.argv = ["dry_run=true" if a in ("--dry-run", "--plan") else a for a in sys.argv]
+    try:
+        register_plugins()  # installed drafters/verifiers can be benchmarked by name
+    except ConfigError as err:
+        print(f"spec-zoo-bench: error: {err}", file=sys.stderr)
+        sys.exit(2)
     _hydra_main()
 
 

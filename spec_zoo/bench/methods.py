@@ -33,6 +33,7 @@ from spec_zoo.api import CONF_DIR, build_component
 from spec_zoo.bench.records import BASELINE
 from spec_zoo.decoder import SpeculativeDecoder
 from spec_zoo.errors import ConfigError
+from spec_zoo.registry import ENTRY_POINT_GROUPS, entry_points, register_plugins, shipped_options
 from spec_zoo.sampling import SamplingParams
 from spec_zoo.target import Target
 
@@ -43,8 +44,13 @@ _HF_DRAFTERS = {"prompt_lookup_num_tokens": "prompt_lookup", "assistant_early_ex
 
 
 def options(group: str) -> list[str]:
-    """Option names of a config group (the YAML files in ``conf/<group>/``)."""
-    return sorted(p.stem for p in (Path(CONF_DIR) / group).glob("*.yaml"))
+    """Option names of a config group: the YAML files in ``conf/<group>/``, plus installed
+    plugins for drafters and verifiers (`spec_zoo.registry`)."""
+    names = shipped_options(group)
+    if group in ENTRY_POINT_GROUPS:
+        register_plugins()
+        names = sorted(names + list(entry_points(group)))
+    return names
 
 
 def _compose_option(group: str, name: str) -> DictConfig:
