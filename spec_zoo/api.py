@@ -3,7 +3,11 @@ the Python API `generate`, so ``drafter="ngram"`` means exactly ``spec-zoo draft
 
 from __future__ import annotations
 
+import contextlib
+import difflib
+import functools
 import importlib.resources
+import inspect
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -14,8 +18,10 @@ from omegaconf import DictConfig, OmegaConf
 from spec_zoo.decoder import Output, SpeculativeDecoder
 from spec_zoo.errors import ConfigError
 from spec_zoo.interfaces import Drafter, Verifier
+from spec_zoo.registry import register_plugins
 from spec_zoo.models import check_model_config, load_target
 from spec_zoo.sampling import SamplingParams
+from spec_zoo.schema import compose, constructor_params, fail, group_options, locate, validate
 from spec_zoo.target import Target
 
 CONF_DIR = str(importlib.resources.files("spec_zoo.conf"))
@@ -24,19 +30,73 @@ GENERATION_KEYS = ("top_k", "top_p", "stop_strings", "chat")
 
 def build_component(node: DictConfig, key: str):
     """``hydra.utils.instantiate`` with config mistakes turned into a `ConfigError`
-    naming ``key`` (Hydra wraps whatever the constructor raised)."""
+    naming ``key`` (Hydra wraps whatever the constructor raised). Keys and types were
+    checked against the constructor already (`spec_zoo.schema`); what is left is a file
+    that cannot be read."""
     try:
         return instantiate(node)
     except InstantiationException as e:
         cause = e.__cause__
         if isinstance(cause, ConfigError):
             raise cause from None
+        where = next((f"{key}.{k}" for k in ("path", "head", "adapter") if isinstance(node.get(k), str)), None)
+        if where and isinstance(cause, (OSError, ValueError, KeyError)):
+            raise ConfigError(f"{where}: {node.get(where.split('.')[-1])} could not be loaded ({_first_line(cause)}); "
+                              "point it at a complete, uncorrupted model directory.") from None
         if isinstance(cause, (ImportError, TypeError)):
-            raise ConfigError(
-                f"{key}._target_={node.get('_target_')!r} could not be built ({cause}); check that the "
-                f"class is importable and that the {key}.* keys match its constructor arguments."
-            ) from None
+            raise ConfigError(f"{key}._target_: {node.get('_target_')} could not be built ({_first_line(cause)}); "
+                              f"check the {key}.* keys against its constructor.") from None
         raise
+
+
+def _first_line(err: BaseException) -> str:
+    text = str(err).strip().splitlines()
+    return f"{type(err).__name__}: {text[0]}" if text else type(err).__name__
+
+
+def check_model_dir(path: str, key: str = "model.path") -> None:
+    """A local model dir must hold a readable config.json and safetensors weights: checked
+    before loading, so an empty or half-copied dir gives one line instead of a traceback."""
+    import json
+
+    folder = Path(path).expanduser()
+    try:
+        config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ConfigError(f"{key}: {path} has no config.json; point it at a Hugging Face model dir "
+                          "(config.json + *.safetensors).") from None
+    except (OSError, ValueError) as err:
+        raise ConfigError(f"{key}: {path}/config.json is not valid JSON ({_first_line(err)}); "
+                          "re-download or re-save the model.") from None
+    if not isinstance(config, dict) or "model_type" not in config:
+        raise ConfigError(f"{key}: {path}/config.json has no model_type; it is not a Hugging Face model config.")
+    weights = sorted(folder.glob("*.safetensors"))
+    if not weights:
+        raise ConfigError(f"{key}: {path} has no *.safetensors weights; save the model with "
+                          "save_pretrained(..., safe_serialization=True).")
+    from safetensors import safe_open
+
+    for file in weights:
+        try:
+            with safe_open(str(file), "pt") as f:
+                f.keys()
+        except Exception as err:  # safetensors raises its own error type for any corruption
+            raise ConfigError(f"{key}: {file.name} in {path} is not a readable safetensors file "
+                              f"({_first_line(err)}); re-download or re-save the model.") from None
+
+
+def load_checked_target(model_cfg) -> Target:
+    """`load_target` with the dir checked first and a failed load named after ``model.path``."""
+    path = model_cfg.get("path")
+    if path is not None:
+        check_model_dir(str(path))
+    try:
+        return load_target(**model_cfg)
+    except (OSError, ValueError, KeyError) as err:
+        if isinstance(err, ConfigError) or path is None:
+            raise
+        raise ConfigError(f"model.path: {path} could not be loaded ({_first_line(err)}); "
+                          "point it at a complete Hugging Face model dir.") from None
 
 
 def build_decoder(
@@ -45,33 +105,51 @@ def build_decoder(
     drafter: Drafter | None = None,
     verifier: Verifier | None = None,
 ) -> SpeculativeDecoder:
-    """Cheap checks first (missing keys, model section, sampling, verifier, prompt), then
-    build the drafter (a draft model may load here), and load the target last, so a bad
-    value fails in milliseconds instead of after a model load."""
+    """Cheap checks first (missing keys, types and ranges, model section, sampling, verifier,
+    prompt), then build the drafter (a draft model may load here), and load the target last,
+    so a bad value fails in milliseconds instead of after a model load."""
     if missing := sorted(OmegaConf.missing_keys(cfg)):
-        raise ConfigError(f"{', '.join(missing)} must be set, e.g. on the command line as {missing[0]}=VALUE.")
+        raise ConfigError(f"{missing[0]}: must be set; give it on the command line, e.g. {missing[0]}=VALUE.")
+    validate(cfg, "config")
     if target is None:
         check_model_config(cfg.model)
     gen = cfg.generation
-    sampling = SamplingParams(temperature=float(gen.temperature), top_k=int(gen.top_k), top_p=float(gen.top_p))
-    if int(gen.max_new_tokens) <= 0:
-        raise ConfigError(f"generation.max_new_tokens={gen.max_new_tokens}; it must be a positive integer.")
+    sampling = SamplingParams(temperature=float(gen.temperature), top_k=gen.top_k, top_p=float(gen.top_p))
     verifier = verifier or build_component(cfg.verifier, "verifier")
     verifier.check(sampling)
     prompt = cfg.prompt
-    if prompt is None or (isinstance(prompt, str) and not prompt.strip()) or len(prompt) == 0:
-        raise ConfigError("prompt is empty; pass some text, e.g. prompt='Tell me about bees'.")
+    if (isinstance(prompt, str) and not prompt.strip()) or len(prompt) == 0:
+        raise ConfigError("prompt: it is empty; pass some text, e.g. prompt='Tell me about bees'.")
     if drafter is None:
         draft_path = cfg.drafter.get("path")
         if isinstance(draft_path, str) and not Path(draft_path).expanduser().is_dir():
             raise ConfigError(
-                f"drafter.path={draft_path!r} is not a directory; build the default draft once with "
+                f"drafter.path: {draft_path!r} is not a directory; build the default draft once with "
                 "`spec-zoo-make-draft`, or set drafter.path=DIR to a model sharing the target's tokenizer."
             )
         drafter = build_component(cfg.drafter, "drafter")
     if target is None:
-        target = load_target(**cfg.model)
-    return SpeculativeDecoder(target, drafter, verifier, sampling, seed=int(cfg.seed))
+        target = load_checked_target(cfg.model)
+    return SpeculativeDecoder(target, drafter, verifier, sampling, seed=cfg.seed)
+
+
+def label(cfg: DictConfig, decoder: SpeculativeDecoder, drafter_choice: str | None) -> str:
+    """``drafter=<option> verifier=<name>`` as the user chose them: the option name
+    (``small_model_tree``, not the class's ``small_model``) unless ``drafter._target_``
+    points elsewhere, then the class's ``name``; an automatic verifier says so."""
+    drafter = decoder.drafter.name
+    if drafter_choice and option_target(drafter_choice) == cfg.drafter.get("_target_"):
+        drafter = drafter_choice
+    verifier = decoder.verifier.name
+    if getattr(decoder.verifier, "auto", False):
+        verifier += f" (auto: temperature {decoder.sampling.temperature:g})"
+    return f"drafter={drafter} verifier={verifier}"
+
+
+@functools.lru_cache(maxsize=None)
+def option_target(choice: str) -> str | None:
+    """The ``_target_`` a shipped drafter option builds."""
+    return compose_config([f"drafter={choice}"]).drafter.get("_target_")
 
 
 def run(
@@ -80,16 +158,14 @@ def run(
     """Generate ``cfg.prompt`` with ``decoder`` under ``cfg.generation``."""
     gen = cfg.generation
     prompt = cfg.prompt
-    ids = decoder.encode(prompt, chat=bool(gen.chat)) if isinstance(prompt, str) else list(prompt)
-    return decoder.generate(ids, int(gen.max_new_tokens), list(gen.stop_strings), on_text=on_text)
+    ids = decoder.encode(prompt if isinstance(prompt, str) else list(prompt), chat=gen.chat)
+    return decoder.generate(ids, gen.max_new_tokens, gen.stop_strings, on_text=on_text)
 
 
 def compose_config(overrides: Sequence[str] = ()) -> DictConfig:
     """The config ``spec-zoo <overrides>`` would run with."""
-    from hydra import compose, initialize_config_dir
-
-    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
-        return compose("config", overrides=list(overrides))
+    register_plugins()
+    return compose("config", list(overrides))
 
 
 def generate(
@@ -106,36 +182,79 @@ def generate(
     """Speculative generation in one call.
 
     drafter:   a config name (``"none"``, ``"ngram"``, ``"small_model"``, ...) or a `Drafter`.
-    verifier:  a config name, a `Verifier`, or None: greedy at temperature 0, else rejection.
+    verifier:  a config name, a `Verifier`, or None (``"auto"``): greedy at temperature 0, else rejection.
     model:     a config name, a local model dir, or a loaded `Target` (reused, no reload).
     overrides: extra Hydra overrides, as on the command line (``["drafter.max_draft=8"]``).
     kw:        ``top_k``, ``top_p``, ``stop_strings``, ``chat`` (generation keys), ``seed``,
                and any other key as an argument of the named drafter (``num_draft=8``).
     """
-    choices = []
-    if isinstance(drafter, str):
-        choices.append(f"drafter={drafter}")
-    if verifier is None:
-        verifier = "greedy" if temperature == 0 else "rejection"
-    if isinstance(verifier, str):
-        choices.append(f"verifier={verifier}")
+    choices = [_choice("drafter", drafter, Drafter), _choice("verifier", "auto" if verifier is None else verifier, Verifier)]
     model_dir = None
     if isinstance(model, str):
         model_dir = model if Path(model).expanduser().is_dir() else None
         choices.append("model=local" if model_dir else f"model={model}")
-    cfg = compose_config(choices + list(overrides))
+    elif not isinstance(model, Target):
+        raise fail("model", f"{model!r} is not a model name, a model dir or a Target", "e.g. model='smollm2-135m'")
+    if isinstance(overrides, str):
+        raise fail("overrides", "a single string, not a list", f"pass a list, e.g. overrides=[{overrides!r}]")
+    cfg = compose_config([c for c in choices if c] + list(overrides))
     values = {"prompt": prompt, "generation.max_new_tokens": max_new_tokens, "generation.temperature": temperature}
     if model_dir:
         values["model.path"] = model_dir
+    drafter_keys = _drafter_keys(cfg, drafter)
     for key, value in kw.items():
-        full = key if key == "seed" else f"generation.{key}" if key in GENERATION_KEYS else f"drafter.{key}"
-        values[full] = value
+        if key == "seed" or key in GENERATION_KEYS:
+            values[key if key == "seed" else f"generation.{key}"] = value
+        elif key in drafter_keys:
+            values[f"drafter.{key}"] = value
+        else:
+            known = [*inspect.signature(generate).parameters, "seed", *GENERATION_KEYS, *drafter_keys]
+            close = difflib.get_close_matches(key, [k for k in known if k != "kw"], n=1)
+            raise fail(key, "not an argument of spec_zoo.generate, a generation key or a key of "
+                       f"drafter={drafter if isinstance(drafter, str) else type(drafter).__name__}",
+                       f"did you mean {close[0]}?" if close else f"the drafter's keys are: {', '.join(drafter_keys)}")
     for key, value in values.items():
         OmegaConf.update(cfg, key, value, force_add=key.startswith("drafter."))
-    decoder = build_decoder(
-        cfg,
-        target=model if isinstance(model, Target) else None,
-        drafter=None if isinstance(drafter, str) else drafter,
-        verifier=None if isinstance(verifier, str) else verifier,
-    )
+    with quiet_loading():
+        decoder = build_decoder(
+            cfg,
+            target=model if isinstance(model, Target) else None,
+            drafter=None if isinstance(drafter, str) else drafter,
+            verifier=None if isinstance(verifier, str) or verifier is None else verifier,
+        )
     return run(cfg, decoder, on_text)
+
+
+def _choice(group: str, value, cls: type) -> str | None:
+    """The override selecting ``value`` of ``group`` (an option name), None for an instance."""
+    if isinstance(value, cls):
+        return None
+    options = group_options(group)
+    if not isinstance(value, str) or value not in options:
+        raise fail(group, f"{value!r} is not an option", f"choose one of {', '.join(options)}, or pass a {cls.__name__}")
+    return f"{group}={value}"
+
+
+def _drafter_keys(cfg: DictConfig, drafter) -> list[str]:
+    """Keyword arguments `generate` may route to the named drafter's constructor."""
+    if not isinstance(drafter, str):
+        return []
+    params = constructor_params(locate("drafter", cfg.drafter.get("_target_")))
+    return sorted(params) if params is not None else sorted(cfg.drafter.keys())
+
+
+@contextlib.contextmanager
+def quiet_loading():
+    """No transformers progress bars or load reports while models load (they would mix with
+    a caller's output); the caller's logging settings come back afterwards."""
+    from transformers.utils import logging
+
+    verbosity, bars = logging.get_verbosity(), logging.is_progress_bar_enabled()
+    logging.set_verbosity_error()
+    logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        logging.set_verbosity(verbosity)
+        if bars:
+            logging.enable_progress_bar()

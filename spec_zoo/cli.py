@@ -8,8 +8,9 @@ import sys
 import hydra
 from omegaconf import DictConfig
 
-from spec_zoo.api import CONF_DIR, build_decoder, run
+from spec_zoo.api import CONF_DIR, build_decoder, label, run
 from spec_zoo.errors import ConfigError
+from spec_zoo.schema import check_command_line
 
 
 def _quiet_transformers() -> None:
@@ -26,9 +27,11 @@ def _fail(error: ConfigError) -> None:
 
 
 @hydra.main(config_path=CONF_DIR, config_name="config", version_base="1.3")
-def main(cfg: DictConfig) -> None:
+def _hydra_main(cfg: DictConfig) -> None:
     """Generate ``prompt`` with the configured target, drafter and verifier, stream the
     text, then print one summary line (tau, alpha, speed)."""
+    from hydra.core.hydra_config import HydraConfig
+
     _quiet_transformers()
     try:
         decoder = build_decoder(cfg)
@@ -36,7 +39,31 @@ def main(cfg: DictConfig) -> None:
     except ConfigError as e:
         _fail(e)
     print()
-    print(f"drafter={decoder.drafter.name} verifier={decoder.verifier.name} | {out.stats.summary()}")
+    print(f"{label(cfg, decoder, HydraConfig.get().runtime.choices.get('drafter'))} | {out.stats.summary()}")
+
+
+def checked_command_line(config_name: str, prog: str = "error") -> None:
+    """Validate ``sys.argv`` for ``config_name`` before Hydra runs it; one line and exit 2 if bad."""
+    try:
+        check_command_line(config_name, sys.argv[1:])
+    except ConfigError as e:
+        print(f"{prog}: {e}", file=sys.stderr)
+        sys.exit(2)
+
+
+def main() -> None:
+    """``spec-zoo [group=option ...] [key=value ...]``; ``spec-zoo list``: what can be chosen."""
+    from spec_zoo.registry import format_options, options, register_plugins
+
+    try:
+        register_plugins()  # installed drafters/verifiers become options before Hydra composes
+        if sys.argv[1:] == ["list"]:
+            print(format_options(options()))
+            return
+    except ConfigError as e:
+        _fail(e)
+    checked_command_line("config")
+    _hydra_main()
 
 
 def make_draft(argv: list[str] | None = None) -> None:
@@ -48,6 +75,8 @@ def make_draft(argv: list[str] | None = None) -> None:
     parser.add_argument("--layers", type=int, default=4, help="layers to keep (default: 4)")
     parser.add_argument("--out", help="output dir (default: <cache>/smollm2-135m-trunc<N>)")
     args = parser.parse_args(argv)
+    if args.layers < 1:  # before the model loads (the upper bound needs the target)
+        _fail(ConfigError(f"--layers={args.layers}; keep at least 1 layer, e.g. --layers 4."))
     _quiet_transformers()
     out = args.out or cache_root() / f"smollm2-135m-trunc{args.layers}"
     try:

@@ -6,6 +6,8 @@ autoregressive decoding, which is how ``drafter=none`` gives the baseline.
 
 from __future__ import annotations
 
+import operator
+import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -13,6 +15,7 @@ from dataclasses import dataclass
 import torch
 
 from spec_zoo.draft import Draft
+from spec_zoo.draft_length import clock_steers
 from spec_zoo.errors import ConfigError
 from spec_zoo.interfaces import DecodeState, Drafter, Verifier
 from spec_zoo.sampling import SamplingParams
@@ -29,6 +32,21 @@ class Output:
     prompt_ids: list[int]
 
 
+def auto_verifier(temperature: float) -> Verifier:
+    """``verifier=auto``, the default: greedy matching at temperature 0, exact speculative
+    sampling (rejection) above. The one place that choice is made, for the CLI, the API and
+    the benchmark; the verifier is marked ``auto`` so summaries can say it was chosen."""
+    from spec_zoo.verifiers.greedy import GreedyVerifier
+    from spec_zoo.verifiers.rejection import RejectionVerifier
+
+    verifier = GreedyVerifier() if temperature == 0 else RejectionVerifier()
+    verifier.auto = True
+    return verifier
+
+
+auto_verifier.lossless = True  # both choices are (what `spec-zoo list` reports)
+
+
 class SpeculativeDecoder:
     """Composes a target, a drafter and a verifier under sampling parameters."""
 
@@ -40,14 +58,11 @@ class SpeculativeDecoder:
         sampling: SamplingParams | None = None,
         seed: int = 0,
     ):
-        from drafters.none import NoDrafter
-        from verifiers.greedy import GreedyVerifier
-        from verifiers.rejection import RejectionVerifier
+        from spec_zoo.drafters.none import NoDrafter
 
         self.target = target
         self.sampling = sampling or SamplingParams()
-        if verifier is None:
-            verifier = GreedyVerifier() if self.sampling.greedy else RejectionVerifier()
+        verifier = verifier or auto_verifier(self.sampling.temperature)
         verifier.check(self.sampling)
         self.drafter = drafter or NoDrafter()
         self.verifier = verifier
@@ -60,15 +75,27 @@ class SpeculativeDecoder:
         tokenizer has one and ``chat`` is set (instruct models expect it)."""
         if isinstance(prompt, str):
             if not prompt.strip():
-                raise ConfigError("prompt is empty; pass some text, e.g. prompt='Tell me about bees'.")
+                raise ConfigError("prompt: it is empty; pass some text, e.g. prompt='Tell me about bees'.")
             tok = self._tokenizer()
             if chat and getattr(tok, "chat_template", None):
+                _warn_chat_markers(prompt, tok)
                 messages = [{"role": "user", "content": prompt}]
                 return self.encode_chat(messages)
             return tok(prompt, add_special_tokens=True)["input_ids"]
-        ids = [int(t) for t in prompt]
+        try:
+            ids = [operator.index(t) for t in prompt if not isinstance(t, bool)]
+        except TypeError:
+            ids = None
+        if ids is None or len(ids) != len(prompt):
+            raise ConfigError(f"prompt: {list(prompt)[:8]!r} is not text or token ids; pass a string or a list of ints.")
         if not ids:
-            raise ConfigError("prompt is empty; pass at least one token id.")
+            raise ConfigError("prompt: it is empty; pass at least one token id.")
+        vocab = self.target.vocab_size
+        if bad := [t for t in ids if not 0 <= t < vocab]:
+            raise ConfigError(
+                f"prompt: token id {bad[0]} is outside the target's vocabulary (0..{vocab - 1}); "
+                "pass ids from the target's tokenizer, or text."
+            )
         return ids
 
     def encode_chat(self, messages: list[dict]) -> list[int]:
@@ -100,8 +127,11 @@ class SpeculativeDecoder:
         seed: int | None = None,
     ) -> Iterator[list[int]]:
         """Yield the tokens committed by each step; the generator's return value is the `Output`."""
-        if max_new_tokens <= 0:
-            raise ConfigError(f"generation.max_new_tokens={max_new_tokens}; it must be a positive integer.")
+        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens <= 0:
+            raise ConfigError(
+                f"generation.max_new_tokens: {max_new_tokens!r} is not a positive integer; pass e.g. 64."
+            )
+        stop_strings = stop_string_list(stop_strings)
         prompt_ids = self.encode(prompt)
         limit = self.target.max_length
         if limit is not None and len(prompt_ids) >= limit:
@@ -125,7 +155,8 @@ class SpeculativeDecoder:
         while True:
             state.max_depth = max_new_tokens - len(generated) - 1
             t0 = time.perf_counter()
-            draft = self.drafter.propose(state) if state.max_depth > 0 else Draft.empty()
+            with clock_steers(self.sampling.greedy):  # sampled output must not depend on timings
+                draft = self.drafter.propose(state) if state.max_depth > 0 else Draft.empty()
             draft = draft.truncated(state.max_depth)
             t1 = time.perf_counter()
             scores = self.target.score(tokens, draft, hidden=self.drafter.needs_target_hidden)
@@ -205,6 +236,33 @@ class SpeculativeDecoder:
             pieces.clear()
         printer.flush()
         yield from pieces
+
+
+def stop_string_list(stop_strings: str | Sequence[str] | None) -> tuple[str, ...]:
+    """Stop strings as a tuple: one plain string is one stop string (not its characters);
+    an empty one would match before any text, so it is refused."""
+    if stop_strings is None:
+        return ()
+    items = (stop_strings,) if isinstance(stop_strings, str) else tuple(stop_strings)
+    for s in items:
+        if not isinstance(s, str) or not s:
+            raise ConfigError(
+                f"generation.stop_strings: {s!r} is not a non-empty string; give text to stop at, "
+                "e.g. generation.stop_strings=['\\n\\n'] (or [] for none)."
+            )
+    return items
+
+
+def _warn_chat_markers(prompt: str, tokenizer) -> None:
+    """Special tokens typed into a chat prompt become real turn markers once templated:
+    say so, since the model then sees a conversation the user may not have meant."""
+    markers = [t for t in getattr(tokenizer, "all_special_tokens", []) if len(t) > 1 and t in prompt]
+    if markers:
+        print(
+            f"warning: prompt contains the special token(s) {', '.join(markers)}; with generation.chat=true "
+            "they act as chat turn markers. Set generation.chat=false to pass the text as is.",
+            file=sys.stderr,
+        )
 
 
 class _TextStreamer:

@@ -16,9 +16,18 @@ decayed least-squares fit of step time against draft length,
 t(k) = t0 (1 + jump [k > 0] + c k), replaces the configured ``token_cost`` (c, with no
 jump) once the steps seen vary enough in length to identify it. The ratio maximised is
 then (1 + a + ... + a^k) / (1 + jump [k > 0] + c k).
+
+Timings steer the length only where they cannot change the text: in greedy decoding, whose
+output is the target's argmax whatever was drafted. When sampling, the draft length decides
+which random draws go where, so a clock-driven length would make a seeded run give a
+different text each time; there the decoder turns the fit off (`clock_steers`) and the
+configured ``token_cost``, in target forwards, is used as is: same seed, same output.
 """
 
 from __future__ import annotations
+
+import contextvars
+from contextlib import contextmanager
 
 import torch
 
@@ -28,6 +37,18 @@ PRIOR_ACCEPT, PRIOR_WEIGHT = 0.6, 1.0  # mild prior, so one early rejection does
 DECAY = 0.9  # weight of past evidence per new observed token (memory of ~10 tokens)
 TIME_DECAY = 0.97  # weight of past step timings per step (memory of ~30 steps)
 MIN_STEPS = 8  # timed steps before a fit is trusted
+_CLOCK_STEERS = contextvars.ContextVar("spec_zoo_clock_steers", default=True)
+
+
+@contextmanager
+def clock_steers(allowed: bool):
+    """While ``allowed`` is False, `DraftLength.costs` ignores the timing fit (the decoder
+    sets this around ``propose`` when sampling, so seeded runs are reproducible)."""
+    token = _CLOCK_STEERS.set(allowed)
+    try:
+        yield
+    finally:
+        _CLOCK_STEERS.reset(token)
 
 
 class DraftLength:
@@ -66,9 +87,9 @@ class DraftLength:
 
     def costs(self) -> tuple[float, float]:
         """(jump, per-token cost) of drafting, in target forwards: fitted when the timed
-        steps identify them, else (0, configured ``token_cost``)."""
+        steps identify them and timings may steer (greedy runs), else (0, ``token_cost``)."""
         prior = (0.0, self.prior_cost)
-        if not self.learn_cost or self._xtx[0, 0] < MIN_STEPS:
+        if not self.learn_cost or not _CLOCK_STEERS.get() or self._xtx[0, 0] < MIN_STEPS:
             return prior
         fit = _solve(self._xtx, self._xty)  # jump and slope
         if fit is None:  # only two distinct lengths seen: no jump term

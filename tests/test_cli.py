@@ -47,7 +47,7 @@ def test_cli_runs_and_user_drafter_plugs_in_losslessly():
 
 
 def test_cli_config_error_exits_2_without_traceback():
-    result = spec_zoo_cli("generation.temperature=0.5")
+    result = spec_zoo_cli("verifier=greedy", "generation.temperature=0.5")
     assert result.returncode == 2
     assert result.stderr.startswith("error: verifier=greedy only works at generation.temperature=0")
     assert "Traceback" not in result.stderr

@@ -1,0 +1,180 @@
+"""Everyday use that once gave silently wrong results: stop strings, seeded sampling with
+adaptive drafters, loosely spelled values, the verifier chosen by temperature."""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+import spec_zoo
+from spec_zoo import SamplingParams, SpeculativeDecoder, Target
+from spec_zoo.api import build_decoder, compose_config, label
+from spec_zoo.decoder import stop_string_list
+from spec_zoo.errors import ConfigError
+from spec_zoo.schema import validate
+from tests.drafts import drafter_lineup
+from tests.tiny import one_thread, tiny_llama  # noqa: F401 (autouse fixture)
+
+
+def composed(*overrides, **values):
+    cfg = compose_config(list(overrides))
+    for key, value in values.items():
+        OmegaConf.update(cfg, key, value)
+    return validate(cfg, "config")
+
+
+# -- stop strings --------------------------------------------------------------------------------
+
+
+def test_a_plain_stop_string_is_one_string_not_its_characters():
+    assert stop_string_list("cherry") == ("cherry",)
+    assert stop_string_list(["a b", "c"]) == ("a b", "c")
+    assert composed("generation.stop_strings=cherry").generation.stop_strings == ["cherry"]
+
+
+@pytest.mark.parametrize("bad", [[""], "", ["ok", ""], [3]])
+def test_an_empty_or_non_text_stop_string_is_refused(bad):
+    with pytest.raises(ConfigError, match="generation.stop_strings: .* is not a non-empty string"):
+        composed(**{"generation.stop_strings": bad})
+
+
+@pytest.mark.real_model
+def test_stop_string_through_the_api(smollm2_target):
+    out = spec_zoo.generate("Repeat exactly: apple banana cherry.", model=smollm2_target, stop_strings="cherry",
+                            max_new_tokens=24)
+    assert out.finish_reason == "stop_string"
+    assert "apple banana cherry" in out.text.lower()
+
+
+# -- seeded sampling is reproducible with every drafter -----------------------------------------------
+
+
+def jittery_clock(seed: int):
+    """A perf_counter whose steps vary from run to run, as a loaded machine's do."""
+    rng, now = random.Random(seed), [0.0]
+
+    def tick():
+        now[0] += rng.uniform(0.001, 0.05)
+        return now[0]
+
+    return tick
+
+
+@pytest.mark.parametrize("name", list(drafter_lineup(tiny_llama(0), sampled=True)))
+def test_seeded_sampling_gives_the_same_text_whatever_the_timings(name, monkeypatch):
+    model = tiny_llama(0, sharpness=3.0)
+    factory = drafter_lineup(model, sampled=True)[name]
+    runs = []
+    for run in range(5):
+        monkeypatch.setattr(time, "perf_counter", jittery_clock(run))
+        decoder = SpeculativeDecoder(Target(model), factory(), sampling=SamplingParams(temperature=0.8))
+        runs.append(decoder.generate([5, 9, 13, 5, 9, 13, 22], max_new_tokens=40, eos_token_ids=[], seed=7).ids)
+    assert all(r == runs[0] for r in runs), f"{name}: {runs}"
+
+
+@pytest.mark.real_model
+@pytest.mark.parametrize("drafter", ["eagle", "distilled"])
+def test_shipped_drafters_sample_reproducibly_on_the_real_target(smollm2_target, drafter):
+    texts = {spec_zoo.generate("Tell a short story about a cat.", drafter=drafter, model=smollm2_target,
+                               temperature=0.8, seed=7, max_new_tokens=24).text for _ in range(5)}
+    assert len(texts) == 1
+
+
+# -- loosely spelled values mean what they say -----------------------------------------------------
+
+
+@pytest.mark.parametrize("word, meaning", [("no", False), ("off", False), ("false", False), ("yes", True),
+                                           ("on", True), ("True", True)])
+def test_yes_no_on_off_are_booleans(word, meaning):
+    cfg = composed(f"generation.chat={word}", "drafter=ngram", f"drafter.adaptive={word}")
+    assert cfg.generation.chat is meaning and cfg.drafter.adaptive is meaning
+
+
+def test_api_chat_false_string_is_false(tiny_llama):
+    seen = {}
+
+    class Recorder(SpeculativeDecoder):
+        def encode(self, prompt, chat=True):
+            if isinstance(prompt, str):
+                seen["chat"] = chat
+            return [5, 6]
+
+    cfg = composed(prompt="hi", **{"generation.chat": "false", "generation.max_new_tokens": 2})
+    decoder = Recorder(Target(tiny_llama()))
+    spec_zoo.api.run(cfg, decoder)
+    assert seen["chat"] is False
+
+
+@pytest.mark.parametrize("key, value", [("generation.max_new_tokens", 2.7), ("generation.max_new_tokens", True),
+                                        ("generation.chat", "maybe"), ("drafter.adaptive", "sometimes")])
+def test_no_silent_rounding_or_truthiness(key, value):
+    with pytest.raises(ConfigError, match=f"^{key}: "):
+        composed("drafter=ngram", **{key: value})
+
+
+def test_api_max_new_tokens_true_is_refused(no_model_load):
+    with pytest.raises(ConfigError, match="generation.max_new_tokens: True is not an integer"):
+        spec_zoo.generate("hi", max_new_tokens=True)
+
+
+def test_bench_refuses_an_empty_prompt_in_a_jsonl(tmp_path, monkeypatch):
+    from spec_zoo.bench.cli import bench
+    from tests.test_bench import bench_config
+
+    monkeypatch.setattr("spec_zoo.models.load_target", lambda **_: pytest.fail("target loaded"))
+    data = tmp_path / "p.jsonl"
+    data.write_text(json.dumps({"prompt": "fine"}) + "\n" + json.dumps({"prompt": "  "}) + "\n")
+    with pytest.raises(ConfigError, match="dataset: question 2 has an empty prompt"):
+        bench(bench_config("dataset=jsonl", f"dataset.path={data}", f"out={tmp_path / 'out'}"))
+
+
+class ChatTokenizer:
+    """Just enough of a chat tokenizer to see what `encode` does with typed markers."""
+
+    chat_template = "{{ messages }}"
+    all_special_tokens = ["<|im_start|>", "<|im_end|>", "<"]
+    eos_token_id = None
+
+    def apply_chat_template(self, messages, add_generation_prompt, tokenize):
+        return [1, 2, 3]
+
+
+@pytest.mark.parametrize("prompt, warned", [("Hi <|im_end|><|im_start|>system", True), ("a < b", False)])
+def test_chat_markers_typed_into_a_prompt_are_flagged(tiny_llama, capsys, prompt, warned):
+    decoder = SpeculativeDecoder(Target(tiny_llama(), ChatTokenizer()))
+    assert decoder.encode(prompt) == [1, 2, 3]
+    err = capsys.readouterr().err
+    assert ("warning: prompt contains the special token(s) <|im_start|>, <|im_end|>" in err) is warned
+
+
+def test_token_ids_outside_the_vocabulary_are_refused(tiny_llama):
+    decoder = SpeculativeDecoder(Target(tiny_llama()))
+    with pytest.raises(ConfigError, match=r"prompt: token id 1000000 is outside the target's vocabulary \(0..63\)"):
+        decoder.generate([1000000], max_new_tokens=2)
+
+
+# -- one default verifier --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("temperature, verifier", [(0.0, "greedy"), (0.7, "rejection")])
+def test_verifier_auto_follows_the_temperature(tiny_llama, temperature, verifier):
+    cfg = compose_config([f"generation.temperature={temperature}"])
+    assert cfg.verifier._target_ == "spec_zoo.decoder.auto_verifier"  # the default
+    decoder = build_decoder(cfg, target=Target(tiny_llama()))
+    assert decoder.verifier.name == verifier
+    assert label(cfg, decoder, "none") == f"drafter=none verifier={verifier} (auto: temperature {temperature:g})"
+    plain = SpeculativeDecoder(Target(tiny_llama()), sampling=SamplingParams(temperature))  # the bench's path
+    assert plain.verifier.name == verifier and plain.verifier.auto
+
+
+@pytest.mark.real_model
+def test_cli_samples_at_a_temperature_with_the_exact_verifier():
+    from tests.test_cli import spec_zoo_cli, text_and_summary
+
+    text, summary = text_and_summary(spec_zoo_cli("generation.temperature=0.7", "generation.max_new_tokens=4"))
+    assert summary.startswith("drafter=none verifier=rejection (auto: temperature 0.7) | 4 tokens")
