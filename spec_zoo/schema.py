@@ -106,6 +106,16 @@ TYPES: dict[str, tuple[tuple[type, ...], bool]] = {
     "adapter.init_layer": ((int,), True),
 }
 
+@functools.lru_cache(maxsize=None)
+def choices() -> dict[str, tuple]:
+    """Keys that take one of a few words, from the modules that define the words."""
+    from spec_zoo.models import DEVICES, DTYPES
+    from spec_zoo.train.losses import LOSSES
+
+    return {"model.dtype": tuple(DTYPES), "model.device": DEVICES, "target.dtype": tuple(DTYPES),
+            "output.dtype": tuple(DTYPES), "loss": LOSSES}
+
+
 COMPONENT_GROUPS = ("drafter", "verifier")  # keys = the constructor's parameters
 
 
@@ -132,6 +142,8 @@ def check_value(key: str, value, types, nullable: bool = False, example=None):
     )
     if not ok:
         raise fail(key, f"{value!r} is not {_names(types)}", _fix(key, types, example))
+    if key in choices() and value not in choices()[key]:
+        raise fail(key, f"{value!r} is not supported", f"use one of: {', '.join(choices()[key])}")
     limit = LIMITS.get(key)
     if limit and isinstance(value, (int, float)) and not isinstance(value, bool) and (why := limit.problem(value)):
         raise fail(key, f"{value!r} {why}", f"e.g. {key}={limit.example or _suggest(limit)}")

@@ -3,7 +3,13 @@ key and says how to fix it."""
 
 from __future__ import annotations
 
+import re
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
+import torch
 from hydra.errors import MissingConfigException
 from omegaconf import OmegaConf
 
@@ -112,9 +118,170 @@ def test_model_path_not_given(no_model_load):
 
 @pytest.mark.parametrize("key, value, allowed", [("dtype", "int8", "bfloat16"), ("device", "tpu", "auto")])
 def test_bad_dtype_or_device_lists_allowed_values(no_model_load, key, value, allowed):
-    message = rejects(f"model.{key}={value}", match=f"model.{key}='{value}'")
+    message = rejects(f"model.{key}={value}", match=f"model.{key}: '{value}' is not supported")
     assert allowed in message
 
 
 def test_user_target_that_cannot_be_imported(no_model_load):
     rejects("drafter._target_=no_such_pkg.Drafter", match="drafter._target_")
+
+
+# -- one line, the key, exit 2: a table of bad values through every console script ----------------------
+
+MODEL_DIRS = {  # name -> files of a broken local model dir
+    "EMPTY": {},
+    "GARBAGE": {"config.json": "{not json"},
+    "NOWEIGHTS": {"config.json": '{"model_type": "llama"}'},
+    "CORRUPT": {"config.json": '{"model_type": "llama"}', "model.safetensors": "garbage"},
+}
+
+TABLE = [  # (console script, arguments, the key the one-line error must name)
+    ("spec-zoo", ["generation.max_new_tokens=abc"], "generation.max_new_tokens"),
+    ("spec-zoo", ["generation.max_new_tokens=2.7"], "generation.max_new_tokens"),
+    ("spec-zoo", ["generation.max_new_tokens=null"], "generation.max_new_tokens"),
+    ("spec-zoo", ["generation.max_new_tokens=0"], "generation.max_new_tokens"),
+    ("spec-zoo", ["generation.temperature=hot"], "generation.temperature"),
+    ("spec-zoo", ["generation.temperature=-1"], "generation.temperature"),
+    ("spec-zoo", ["generation.top_p=1.5"], "generation.top_p"),
+    ("spec-zoo", ["generation.top_k=-2"], "generation.top_k"),
+    ("spec-zoo", ["generation.chat=maybe"], "generation.chat"),
+    ("spec-zoo", ["generation.stop_strings=['']"], "generation.stop_strings"),
+    ("spec-zoo", ["seed=abc"], "seed"),
+    ("spec-zoo", ["prompt="], "prompt"),
+    ("spec-zoo", ["prompt=a, b"], "prompt"),
+    ("spec-zoo", ["nokey=1"], "nokey"),
+    ("spec-zoo", ["drafter=123"], "drafter"),
+    ("spec-zoo", ["drafter=nope"], "drafter"),
+    ("spec-zoo", ["verifier=nope"], "verifier"),
+    ("spec-zoo", ["drafter.num_drafts=3"], "drafter.num_drafts"),
+    ("spec-zoo", ["drafter=ngram", "drafter.num_drafts=3"], "drafter.num_drafts"),
+    ("spec-zoo", ["drafter=ngram", "drafter.num_draft=four"], "drafter.num_draft"),
+    ("spec-zoo", ["drafter=ngram", "drafter.adaptive=sometimes"], "drafter.adaptive"),
+    ("spec-zoo", ["drafter=ngram", "drafter.token_cost=cheap"], "drafter.token_cost"),
+    ("spec-zoo", ["drafter=eagle", "drafter.max_draft=1.5"], "drafter.max_draft"),
+    ("spec-zoo", ["drafter=early_exit", "drafter.exit_layer=x"], "drafter.exit_layer"),
+    ("spec-zoo", ["drafter=small_model_tree", "drafter.tree_width=two"], "drafter.tree_width"),
+    ("spec-zoo", ["drafter=distilled", "drafter.untrained=maybe"], "drafter.untrained"),
+    ("spec-zoo", ["drafter._target_=no_such_pkg.Drafter"], "drafter._target_"),
+    ("spec-zoo", ["model.dtype=int8"], "model.dtype"),
+    ("spec-zoo", ["model=local"], "model.path"),
+    *[("spec-zoo", ["model=local", f"model.path={d}"], "model.path") for d in MODEL_DIRS],
+    ("spec-zoo-bench", ["warmup_tokens=-3"], "warmup_tokens"),
+    ("spec-zoo-bench", ["repeats=two"], "repeats"),
+    ("spec-zoo-bench", ["out=FILE"], "out"),
+    ("spec-zoo-bench", ["dataset.per_category=0"], "dataset.per_category"),
+    ("spec-zoo-bench", ["progress=maybe"], "progress"),
+    ("spec-zoo-bench", ["summarize=/no/such/results.jsonl"], "summarize"),
+    ("spec-zoo-bench", ["generation.max_new_tokens=abc"], "generation.max_new_tokens"),
+    ("spec-zoo-train", ["distill", "train.steps=0"], "train.steps"),
+    ("spec-zoo-train", ["distill", "train.lr=fast"], "train.lr"),
+    ("spec-zoo-train", ["distill", "data.heldout=1.5"], "data.heldout"),
+    ("spec-zoo-train", ["distill", "train.stepz=3"], "train.stepz"),
+    ("spec-zoo-train", ["distill", "loss=mse"], "loss"),
+    ("spec-zoo-train", ["eagle", "head.mlp=maybe"], "head.mlp"),
+    ("spec-zoo-train", ["early_exit", "adapter.exit_layer=0"], "adapter.exit_layer"),
+    ("spec-zoo-report", ["--seed", "abc", "x"], "--seed"),
+    ("spec-zoo-report", ["/no/such/dir"], "paths"),
+]
+
+
+def console_main(script: str):
+    from spec_zoo.bench.cli import main as bench
+    from spec_zoo.cli import main as spec_zoo
+    from spec_zoo.report.cli import main as report
+    from spec_zoo.train.cli import main as train
+
+    return {"spec-zoo": spec_zoo, "spec-zoo-bench": bench, "spec-zoo-train": train,
+            "spec-zoo-report": lambda: sys.exit(report(sys.argv[1:]))}[script]
+
+
+def concrete(args: list[str], tmp_path) -> list[str]:
+    """Fill in the placeholders: broken model dirs, an existing file."""
+    for name, files in MODEL_DIRS.items():
+        (tmp_path / name).mkdir(exist_ok=True)
+        for file, text in files.items():
+            (tmp_path / name / file).write_text(text)
+    (tmp_path / "FILE").write_text("x")
+    return [a.replace("=FILE", f"={tmp_path / 'FILE'}").replace(
+        *next(((f"={n}", f"={tmp_path / n}") for n in MODEL_DIRS if a.endswith(f"={n}")), ("", ""))) for a in args]
+
+
+def one_line_error(stderr: str, key: str) -> None:
+    lines = stderr.strip().splitlines()
+    assert len(lines) == 1, stderr
+    assert re.match(rf"^(spec-zoo-\w+: )?error: .*{re.escape(key)}: \S", lines[0]), lines[0]
+    assert "Traceback" not in stderr
+
+
+def test_the_table_is_large_enough():
+    assert len(TABLE) >= 30 and {s for s, _, _ in TABLE} == {"spec-zoo", "spec-zoo-bench", "spec-zoo-train",
+                                                            "spec-zoo-report"}
+
+
+@pytest.mark.parametrize("script, args, key", TABLE, ids=[f"{s}:{' '.join(a)}" for s, a, _ in TABLE])
+def test_bad_value_gives_one_line_naming_the_key_and_exit_2(script, args, key, tmp_path, monkeypatch, capsys):
+    refuse = lambda **_: pytest.fail("a model was loaded before the bad input was rejected")  # noqa: E731
+    monkeypatch.setattr("spec_zoo.api.load_target", refuse)
+    monkeypatch.setattr("spec_zoo.models.load_target", refuse)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "argv", [script, *concrete(args, tmp_path)])
+    with pytest.raises(SystemExit) as done:
+        console_main(script)()
+    assert done.value.code == 2
+    one_line_error(capsys.readouterr().err, key)
+
+
+@pytest.mark.parametrize("script, args, key", [
+    ("spec-zoo", ["drafter=ngram", "drafter.num_draft=four"], "drafter.num_draft"),
+    ("spec-zoo-bench", ["warmup_tokens=-3"], "warmup_tokens"),
+    ("spec-zoo-train", ["distill", "train.steps=0"], "train.steps"),
+    ("spec-zoo-report", ["--seed", "abc", "x"], "--seed"),
+])
+def test_console_scripts_fail_in_one_line(script, args, key, tmp_path):
+    exe = str(Path(sys.executable).with_name(script))
+    result = subprocess.run([exe, *args], capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    assert result.returncode == 2
+    one_line_error(result.stderr, key)
+    assert not (tmp_path / "outputs").exists()
+
+
+@pytest.mark.parametrize("kwargs, key", [
+    ({"seed": "abc"}, "seed"),
+    ({"max_new_tokens": None}, "generation.max_new_tokens"),
+    ({"max_new_tokens": 2.7}, "generation.max_new_tokens"),
+    ({"max_new_token": 5}, "max_new_token"),
+    ({"drafter": 123}, "drafter"),
+    ({"drafter": "ngram", "num_drafts": 3}, "num_drafts"),
+    ({"drafter": "ngram", "num_draft": "four"}, "drafter.num_draft"),
+    ({"verifier": "nope"}, "verifier"),
+    ({"chat": "maybe"}, "generation.chat"),
+    ({"stop_strings": [""]}, "generation.stop_strings"),
+])
+def test_api_bad_arguments_name_the_key(no_model_load, kwargs, key):
+    import spec_zoo
+
+    with pytest.raises(ConfigError, match=rf"^{re.escape(key)}: "):
+        spec_zoo.generate("hi", **kwargs)
+
+
+def test_api_keyword_typo_suggests_the_argument(no_model_load):
+    import spec_zoo
+
+    with pytest.raises(ConfigError, match="did you mean max_new_tokens"):
+        spec_zoo.generate("hi", drafter="ngram", max_new_token=5)
+
+
+def test_head_with_out_of_range_vocab_ids_is_refused(tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    from spec_zoo.artefacts import describe_target
+    from spec_zoo.draft_head import load_head, save_head
+    from spec_zoo.drafters.eagle.head import EagleHead
+    from tests.tiny import tiny_llama
+
+    model = tiny_llama()
+    save_head(EagleHead(model, 1, vocab_ids=torch.arange(8)), tmp_path, describe_target(model, None), {})
+    tensors = load_file(str(tmp_path / EagleHead.WEIGHTS))
+    save_file({**tensors, "vocab_ids": torch.tensor([0, 1, 2, 3, 4, 5, 6, 1_000_000])}, str(tmp_path / EagleHead.WEIGHTS))
+    with pytest.raises(ConfigError, match=r"drafter.head: .* vocab_ids outside the target's vocabulary \(0..63\)"):
+        load_head(EagleHead, tmp_path, model, "drafter.head", "spec-zoo-train eagle")

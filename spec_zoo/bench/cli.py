@@ -149,7 +149,9 @@ def _hydra_main(cfg: DictConfig) -> None:
 
 
 def main() -> None:
-    """Console script: ``--dry-run`` is accepted as ``dry_run=true`` (print the plan, run nothing)."""
+    """Console script: ``--dry-run`` is accepted as ``dry_run=true`` (print the plan, run nothing).
+    The command line is validated first (one line, exit 2); ``summarize=`` alone writes next to
+    the results file, so Hydra gets the current dir as its run dir (no empty outputs/bench/)."""
     from spec_zoo.registry import register_plugins
 
     sys.argv = ["dry_run=true" if a in ("--dry-run", "--plan") else a for a in sys.argv]
@@ -158,6 +160,14 @@ def main() -> None:
     except ConfigError as err:
         print(f"spec-zoo-bench: error: {err}", file=sys.stderr)
         sys.exit(2)
+    checked_command_line("bench", "spec-zoo-bench: error")
+    given = dict(a.lstrip("+").split("=", 1) for a in sys.argv[1:] if "=" in a and not a.startswith("-"))
+    if given.get("out") and Path(given["out"]).exists() and not Path(given["out"]).is_dir():
+        print(f"spec-zoo-bench: error: out: {given['out']} is a file; give a directory (results.jsonl and "
+              "summary.md go in it).", file=sys.stderr)
+        sys.exit(2)
+    if given.get("summarize") not in (None, "null") and "out" not in given:
+        sys.argv.append("hydra.run.dir=.")
     _hydra_main()
 
 

@@ -32,9 +32,9 @@ def find_results(paths: Sequence) -> list[Path]:
         elif p.is_dir():
             found += sorted(p.rglob("results.jsonl"))
         else:
-            raise ConfigError(f"{p} does not exist; pass results.jsonl files or directories holding them.")
+            raise ConfigError(f"paths: {p} does not exist; pass results.jsonl files or directories holding them.")
     if not found:
-        raise ConfigError(f"no results.jsonl under {', '.join(map(str, paths))}; run spec-zoo-bench first "
+        raise ConfigError(f"paths: no results.jsonl under {', '.join(map(str, paths))}; run spec-zoo-bench first "
                           "(its out= directory holds results.jsonl).")
     return found
 
@@ -51,7 +51,8 @@ def load_results(paths: Sequence) -> list[dict]:
                 seen.add(key)
                 records.append({**r, "_source": str(file)})
     if not records:
-        raise ConfigError(f"the results files under {', '.join(map(str, paths))} hold no records yet.")
+        raise ConfigError(f"paths: the results files under {', '.join(map(str, paths))} hold no records yet; "
+                          "let spec-zoo-bench finish at least one question.")
     return records
 
 

@@ -9,8 +9,16 @@ import sys
 from spec_zoo.errors import ConfigError
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a bad argument is one line (``error: <argument>: <problem>; <fix>``), exit 2."""
+
+    def error(self, message: str):
+        print(f"{self.prog}: error: {message}; see {self.prog} --help", file=sys.stderr)
+        sys.exit(2)
+
+
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="spec-zoo-report",
         description="Turn spec-zoo-bench results (files, or directories searched for results.jsonl) into a "
                     "markdown report with tables and PNG figures. See docs/ablations.md.")

@@ -14,11 +14,14 @@ from omegaconf import DictConfig
 from spec_zoo.api import CONF_DIR
 from spec_zoo.errors import ConfigError
 
-def _run(train, cfg: DictConfig) -> None:
+
+def _run(train, cfg: DictConfig, config_name: str) -> None:
     from spec_zoo.cli import _quiet_transformers
+    from spec_zoo.schema import validate
 
     _quiet_transformers()
     try:
+        validate(cfg, config_name)  # types and ranges before the teacher loads
         print(train(cfg))
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
@@ -29,33 +32,37 @@ def _run(train, cfg: DictConfig) -> None:
 def _distill(cfg: DictConfig) -> None:
     from spec_zoo.drafters.distilled.train import distill
 
-    _run(distill, cfg)
+    _run(distill, cfg, "train_distill")
 
 
 @hydra.main(config_path=CONF_DIR, config_name="train_early_exit", version_base="1.3")
 def _early_exit(cfg: DictConfig) -> None:
     from spec_zoo.drafters.early_exit.train import train_exit_adapter
 
-    _run(train_exit_adapter, cfg)
+    _run(train_exit_adapter, cfg, "train_early_exit")
 
 
 @hydra.main(config_path=CONF_DIR, config_name="train_eagle", version_base="1.3")
 def _eagle(cfg: DictConfig) -> None:
     from spec_zoo.drafters.eagle.train import train_eagle
 
-    _run(train_eagle, cfg)
+    _run(train_eagle, cfg, "train_eagle")
 
 
 COMMANDS = {"distill": _distill, "early_exit": _early_exit, "eagle": _eagle}
 
 
 def main() -> None:
+    """``spec-zoo-train <command> [key=value ...]``; the command line is checked first (one line, exit 2)."""
     if len(sys.argv) < 2 or sys.argv[1] not in COMMANDS:
         print(f"usage: spec-zoo-train {{{','.join(COMMANDS)}}} [key=value ...]  (--help after the command "
               "lists the config)", file=sys.stderr)
         sys.exit(2)
+    from spec_zoo.cli import checked_command_line
+
     command = sys.argv.pop(1)
     sys.argv[0] = f"spec-zoo-train {command}"
+    checked_command_line(f"train_{command}")
     COMMANDS[command]()
 
 
