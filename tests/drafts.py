@@ -7,13 +7,13 @@ import copy
 
 import torch
 
-from drafters.eagle import EagleDrafter
-from drafters.early_exit import EarlyExitDrafter
-from drafters.ngram import NgramDrafter
-from drafters.none import NoDrafter
-from drafters.small_model import SmallModelDrafter
-from spec_zoo.eagle import EagleHead
-from spec_zoo.exit_adapter import ExitAdapter
+from spec_zoo.drafters.eagle.drafter import EagleDrafter
+from spec_zoo.drafters.early_exit.drafter import EarlyExitDrafter
+from spec_zoo.drafters.ngram import NgramDrafter
+from spec_zoo.drafters.none import NoDrafter
+from spec_zoo.drafters.small_model import SmallModelDrafter
+from spec_zoo.drafters.eagle.head import EagleHead
+from spec_zoo.drafters.early_exit.adapter import ExitAdapter
 
 
 def noisy_copy(model, noise: float, seed: int = 123):
@@ -64,4 +64,37 @@ def drafter_lineup(target_model, sampled: bool = False) -> dict:
             1, num_draft=3, adaptive=False, sample=sample, adapter=exit_adapter(target_model), reuse_kv=False),
         "eagle_k3": lambda: EagleDrafter(eagle_head(target_model), num_draft=3, adaptive=False, sample=sample),
         "eagle_adaptive": lambda: EagleDrafter(eagle_head(target_model), num_draft=2, max_draft=6, sample=sample),
+    }
+
+
+# -- composed drafters (drafters/cascade.py, drafters/merge.py), built from the entries above;
+#    appended as a wrapper so the shared identity and sampling tests cover them too
+_single_lineup = drafter_lineup
+
+
+def drafter_lineup(target_model, sampled: bool = False) -> dict:  # noqa: F811 (extends the line-up above)
+    """Name -> factory, the single drafters plus cascades and merges of them."""
+    from spec_zoo.drafters.cascade import CascadeDrafter
+    from spec_zoo.drafters.merge import MergeDrafter
+
+    single = _single_lineup(target_model, sampled)
+
+    def composed(cls, *names):
+        return lambda: cls([single[name]() for name in names])
+
+    return {
+        **single,
+        # n-gram first; the small draft when the lookup finds nothing or has been rejected lately
+        "cascade_ngram_small": composed(CascadeDrafter, "ngram_k4_adaptive", "small_chain_k3"),
+        # EAGLE is asked only some steps: it must still receive every target feature
+        "cascade_ngram_eagle": composed(CascadeDrafter, "ngram_k4_adaptive", "eagle_k3"),
+        # early exit with KV reuse asked only some steps: its shallow KV must rewind with the target
+        "cascade_ngram_early_exit": composed(CascadeDrafter, "ngram_k4_adaptive", "early_exit_k3"),
+        "merge_ngram_small": composed(MergeDrafter, "ngram_k4_adaptive", "small_chain_k3"),
+        # a tree + a feature chain + a lookup chain in one tree
+        "merge_tree_eagle_ngram": composed(MergeDrafter, "small_tree_2x3", "eagle_k3", "ngram_k6_n2"),
+        # two drafts that often coincide: sampled ones must stay separate subtrees
+        "merge_sampled_twins": composed(MergeDrafter, "small_chain_k3", "small_chain_self"),
+        # early exit (KV reuse) merged with a lookup: its partial forward is dropped when both propose
+        "merge_early_exit_ngram": composed(MergeDrafter, "early_exit_k3", "ngram_k4_adaptive"),
     }

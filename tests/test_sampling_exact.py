@@ -51,7 +51,7 @@ CASES = [
     ("merge_sampled_twins", "t1"),
 ]
 DETERMINISTIC_DRAFTERS = ["small_chain_k3", "small_tree_3x2_self", "early_exit_adapter", "eagle_k3",
-                          "cascade_ngram_small", "merge_tree_eagle_ngram"]
+                          "merge_tree_eagle_ngram"]
 
 
 def test_target_distribution_is_not_trivial(model):

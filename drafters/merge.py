@@ -1,0 +1,90 @@
+"""``drafter=merge``: the union of several drafters' proposals, scored as one tree.
+
+Every member drafts every step; their chains (or trees) become one tree, so the target
+checks all the guesses in one forward and the verifier keeps the longest that holds.
+E.g. ``drafter.members=[ngram,eagle]``: the lookup's copy and the head's guess side by side.
+
+How q is defined, so exact sampling stays exact (`spec_zoo.verifiers.rejection` tries a
+node's children in order against the residual of p, and needs each child drawn
+independently from its own q row, or deterministic):
+
+- **Deterministic members** (``probs=None``: ngram, greedy drafting) are merged into a
+  trie: drafts sharing a prefix share its nodes, and a token proposed twice at the same
+  place is one node. q is one-hot per node. Exact: a deterministic duplicate of a sibling
+  already tried would always be rejected (the residual has no mass on it) and leave the
+  residual unchanged, so dropping it changes nothing; the children of a shared node are
+  deterministic given its context.
+- **Sampled members** (``probs`` rows: drafting from q at temperature > 0) are *not*
+  merged: each member's draft is attached under the root as its own subtree, keeping its
+  q rows, even where its tokens repeat another member's. Merging a sampled token into an
+  equal sibling would drop an independent draw from its q, and the recursive rejection
+  would no longer reproduce p. Siblings from different members have different q rows;
+  the verifier's rule is exact for each sibling drawn from its own q independently of
+  the others (the residual after each rejection is the target of the next try).
+- A tree mixing both stores one-hot rows for the deterministic nodes.
+
+Verified by the chi-square tests (tests/test_sampling_exact.py) for sampled, greedy and
+mixed member sets.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from spec_zoo.draft import ROOT, Draft
+from spec_zoo.drafters.cascade import ComposedDrafter
+from spec_zoo.interfaces import DecodeState
+
+
+def merge_drafts(drafts: list[Draft]) -> Draft:
+    """One tree holding every draft (see the module docstring for q)."""
+    nodes: dict[tuple[int, int], int] = {}  # (parent, token) -> node of the deterministic trie
+    tokens: list[int] = []
+    parents: list[int] = []
+    rows: list[torch.Tensor | int] = []  # a q row, or the token of a one-hot row
+    for draft in drafts:
+        merge = draft.probs is None
+        index: list[int] = []  # this draft's node -> merged node
+        for i, (token, parent) in enumerate(zip(draft.tokens.tolist(), draft.parents)):
+            parent = ROOT if parent == ROOT else index[parent]
+            if merge and (parent, token) in nodes:
+                index.append(nodes[(parent, token)])
+                continue
+            index.append(len(tokens))
+            if merge:
+                nodes[(parent, token)] = len(tokens)
+            tokens.append(token)
+            parents.append(parent)
+            rows.append(token if merge else draft.probs[i])
+    sampled = [r for r in rows if isinstance(r, torch.Tensor)]
+    if not sampled:
+        return Draft(torch.tensor(tokens, dtype=torch.long), parents)
+    like = sampled[0]
+    probs = torch.stack([r if isinstance(r, torch.Tensor) else _one_hot(r, like) for r in rows])
+    return Draft(torch.tensor(tokens, dtype=torch.long), parents, probs)
+
+
+def _one_hot(token: int, like: torch.Tensor) -> torch.Tensor:
+    q = torch.zeros_like(like)
+    q[token] = 1.0
+    return q
+
+
+class MergeDrafter(ComposedDrafter):
+    """members: drafter option names (``[ngram, eagle]``), dicts with ``_target_``, or `Drafter`s;
+    params:  per-member overrides, keyed by member name (``{ngram: {num_draft: 8}}``; a name
+             listed twice is keyed ``name_<position>`` the second time).
+
+    A step costs every member's draft; the tree is scored with tree attention. When only
+    one member proposes, its draft is used as is (an early-exit chain then still resumes
+    at its exit layer in the target; a merged tree makes the target run all its layers).
+    """
+
+    name = "merge"
+
+    def propose(self, state: DecodeState) -> Draft:
+        self._collect(state)
+        proposing = [d for d in (self._ask(i, state) for i in range(len(self.members))) if len(d)]
+        if len(proposing) <= 1:  # as is: a lone early-exit chain still resumes at its exit layer
+            return proposing[0] if proposing else Draft.empty()
+        return merge_drafts(proposing)

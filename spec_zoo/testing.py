@@ -1,0 +1,191 @@
+"""Losslessness checks for drafters and verifiers, for spec-zoo's own tests and yours.
+
+A drafter is lossless under an exact verifier when (1) at temperature 0 the output is
+token for token the target's plain greedy decoding, and (2) at temperature > 0 the
+generated tokens follow the target's sampling distribution. Both are checked on tiny
+random Llama models, built here, in seconds on a CPU::
+
+    from spec_zoo.testing import assert_greedy_identity, assert_sampling_exact
+
+    def test_my_drafter_is_lossless():
+        assert_greedy_identity(lambda model: MyDrafter())
+        assert_sampling_exact(lambda model: MyDrafter())
+
+A factory receives the target model (a ``transformers`` Llama), so a drafter that needs
+one (a draft model, a head) can be built from it. The chi-square check needs scipy
+(``pip install scipy``, part of spec-zoo's ``dev`` extra).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import torch
+
+from spec_zoo.decoder import SpeculativeDecoder
+from spec_zoo.interfaces import Drafter, Verifier
+from spec_zoo.sampling import SamplingParams, logits_to_probs
+from spec_zoo.target import Target
+
+DrafterFactory = Callable[[torch.nn.Module], Drafter]
+
+# the sampling check: the exact joint distribution of LENGTH tokens over a VOCAB-token model
+VOCAB, LENGTH, SAMPLES = 8, 3, 2000
+PROMPT = [2, 3, 4, 2, 3, 4, 2, 3]  # repetitive, so prompt-lookup drafters propose
+P_MIN = 1e-3  # a correct rule fails with this probability per check
+SETTINGS = {
+    "t1": SamplingParams(temperature=1.0),
+    "t0.7_topk5_topp0.9": SamplingParams(temperature=0.7, top_k=5, top_p=0.9),
+}
+
+
+def tiny_llama(seed: int = 0, vocab: int = 64, layers: int = 2, sharpness: float = 1.0, dtype=torch.float64, **config):
+    """A random Llama; ``sharpness`` scales the LM head so next-token distributions are
+    peaked (random init alone gives nearly uniform ones, which hide broken rules);
+    ``config`` overrides any LlamaConfig field (e.g. max_position_embeddings=16)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    fields = dict(
+        vocab_size=vocab,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        tie_word_embeddings=False,
+        bos_token_id=0,
+        eos_token_id=1,
+        pad_token_id=0,
+    )
+    fields.update(config)
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        model = LlamaForCausalLM(LlamaConfig(**fields)).to(dtype).eval()
+    with torch.no_grad():
+        model.lm_head.weight.mul_(sharpness)
+    return model
+
+
+def hf_greedy(model, prompt: list[int], max_new_tokens: int, eos: int | None = None) -> list[int]:
+    """Reference: transformers' own greedy decoding."""
+    out = model.generate(
+        torch.tensor([prompt]),
+        max_new_tokens=max_new_tokens,
+        do_sample=False,
+        eos_token_id=eos,
+        pad_token_id=0,
+    )
+    return out[0, len(prompt) :].tolist()
+
+
+def repetitive_prompt(seed: int, vocab: int = 64) -> list[int]:
+    """A motif repeated three times plus a random tail, so prompt lookup finds matches."""
+    gen = torch.Generator().manual_seed(seed)
+    motif = torch.randint(2, vocab, (5,), generator=gen).tolist()
+    return motif * 3 + torch.randint(2, vocab, (4,), generator=gen).tolist()
+
+
+def _verifiers() -> list[Verifier]:
+    from spec_zoo.verifiers.greedy import GreedyVerifier
+    from spec_zoo.verifiers.rejection import RejectionVerifier
+
+    return [GreedyVerifier(), RejectionVerifier()]
+
+
+def assert_greedy_identity(
+    drafter_factory: DrafterFactory,
+    seeds: Sequence[int] = (0, 1, 2),
+    max_new_tokens: int = 40,
+    verifiers: Sequence[Verifier] | None = None,
+) -> None:
+    """At temperature 0, decoding with the drafter must reproduce transformers' greedy
+    decoding token for token, on one float64 tiny model per seed (no near-ties), with
+    each verifier (default: greedy and rejection). Raises AssertionError at the first
+    differing token."""
+    for seed in seeds:
+        model = tiny_llama(seed, sharpness=3.0)
+        prompt = repetitive_prompt(seed)
+        reference = hf_greedy(model, prompt, max_new_tokens)
+        for verifier in verifiers or _verifiers():
+            decoder = SpeculativeDecoder(Target(model), drafter_factory(model), verifier, SamplingParams())
+            ids = decoder.generate(prompt, max_new_tokens=max_new_tokens, eos_token_ids=[]).ids
+            if ids != reference:
+                at = next((i for i, (a, b) in enumerate(zip(ids, reference)) if a != b), min(len(ids), len(reference)))
+                raise AssertionError(
+                    f"seed {seed}, verifier={verifier.name}: output differs from plain greedy decoding at "
+                    f"token {at} (got {ids[at:at + 5]}..., expected {reference[at:at + 5]}...)")
+
+
+def sampling_model(seed: int = 21):
+    """The model of the sampling check: VOCAB tokens, peaked distributions."""
+    return tiny_llama(seed, vocab=VOCAB, sharpness=6.0)
+
+
+def exact_distribution(model, sampling: SamplingParams) -> torch.Tensor:
+    """P(x1, x2, x3 | PROMPT) under the target, as a flat [VOCAB**3] vector."""
+    with torch.no_grad():
+        p1 = logits_to_probs(model(torch.tensor([PROMPT])).logits[0, -1], sampling)
+        pairs = torch.cartesian_prod(torch.arange(VOCAB), torch.arange(VOCAB))
+        ids = torch.cat([torch.tensor(PROMPT).expand(len(pairs), -1), pairs], 1)
+        logits = model(ids).logits
+        p2 = logits_to_probs(logits[::VOCAB, -2], sampling)  # after x1 (same for every x2)
+        p3 = logits_to_probs(logits[:, -1], sampling)  # after (x1, x2)
+    joint = p1[:, None, None] * p2[:, :, None] * p3.reshape(VOCAB, VOCAB, VOCAB)
+    return joint.reshape(-1)
+
+
+def sample_counts(decoder: SpeculativeDecoder, samples: int = SAMPLES) -> torch.Tensor:
+    """How often each of the VOCAB**3 continuations of PROMPT is generated, one seed per sample."""
+    counts = torch.zeros(VOCAB**LENGTH)
+    for seed in range(samples):
+        ids = decoder.generate(PROMPT, max_new_tokens=LENGTH, eos_token_ids=[], seed=seed).ids
+        counts[(ids[0] * VOCAB + ids[1]) * VOCAB + ids[2]] += 1
+    return counts
+
+
+def goodness_of_fit(counts: torch.Tensor, probs: torch.Tensor) -> float:
+    """Chi-square p-value, pooling cells expected below 5 into one (when there are any)."""
+    try:
+        from scipy.stats import chisquare
+    except ImportError:
+        raise ImportError("spec_zoo.testing's sampling check needs scipy: pip install scipy "
+                          "(or spec-zoo's dev extra: pip install 'spec-zoo[dev]').") from None
+    expected = probs.double() * counts.sum()
+    big = expected >= 5
+    obs, exp = counts[big].double(), expected[big]
+    if not big.all():
+        obs = torch.cat([obs, counts[~big].sum().reshape(1).double()])
+        exp = torch.cat([exp, expected[~big].sum().reshape(1)])
+    return float(chisquare(obs.numpy(), exp.numpy() * obs.sum().item() / exp.sum().item()).pvalue)
+
+
+def sampling_pvalue(model, drafter: Drafter, sampling: SamplingParams, verifier: Verifier | None = None,
+                    samples: int = SAMPLES) -> tuple[float, SpeculativeDecoder]:
+    """(chi-square p-value of ``samples`` generations against the exact distribution, the decoder)."""
+    from spec_zoo.verifiers.rejection import RejectionVerifier
+
+    decoder = SpeculativeDecoder(Target(model), drafter, verifier or RejectionVerifier(), sampling)
+    counts = sample_counts(decoder, samples)
+    return goodness_of_fit(counts, exact_distribution(model, sampling)), decoder
+
+
+def assert_sampling_exact(
+    drafter_factory: DrafterFactory,
+    sampling: SamplingParams = SETTINGS["t1"],
+    verifier: Verifier | None = None,
+    samples: int = SAMPLES,
+    p_min: float = P_MIN,
+) -> float:
+    """At temperature > 0, the first LENGTH tokens generated with the drafter (default
+    verifier: rejection) must follow the target's exact joint distribution: a chi-square
+    test over ``samples`` seeded runs, failing when p < ``p_min`` (a correct drafter
+    fails with probability ``p_min``; the same test catches an accept-everything rule and
+    a rule that skips the residual). Returns the p-value."""
+    model = sampling_model()
+    pvalue, _ = sampling_pvalue(model, drafter_factory(model), sampling, verifier, samples)
+    if pvalue < p_min:
+        raise AssertionError(f"sampled tokens do not follow the target's distribution (chi-square p={pvalue:.2g} "
+                             f"< {p_min}, {samples} samples at {sampling}): the drafter's Draft.probs are "
+                             "not the distributions its tokens were drawn from, or drafts depend on the verifier")
+    return pvalue
