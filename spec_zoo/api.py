@@ -99,6 +99,26 @@ def load_checked_target(model_cfg) -> Target:
                           "point it at a complete Hugging Face model dir.") from None
 
 
+def read_prompt(cfg: DictConfig) -> str | list[int]:
+    """The prompt to run: the text of ``prompt_file`` when set (it replaces ``prompt``), else
+    ``prompt``; ``prompt=-`` is read from stdin once (both here, so ``cfg.prompt`` then holds it)."""
+    import sys
+
+    if cfg.get("prompt_file") is not None:
+        path = Path(cfg.prompt_file).expanduser()
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as err:
+            raise fail("prompt_file", f"cannot read {cfg.prompt_file} ({_first_line(err)})",
+                       "give a readable UTF-8 text file") from None
+        if not text.strip():
+            raise fail("prompt_file", f"{cfg.prompt_file} is empty", "put the prompt text in it")
+        cfg.prompt = text
+    elif cfg.prompt == "-":
+        cfg.prompt = sys.stdin.read()
+    return cfg.prompt
+
+
 def build_decoder(
     cfg: DictConfig,
     target: Target | None = None,
@@ -117,7 +137,7 @@ def build_decoder(
     sampling = SamplingParams(temperature=float(gen.temperature), top_k=gen.top_k, top_p=float(gen.top_p))
     verifier = verifier or build_component(cfg.verifier, "verifier")
     verifier.check(sampling)
-    prompt = cfg.prompt
+    prompt = read_prompt(cfg)
     if (isinstance(prompt, str) and not prompt.strip()) or len(prompt) == 0:
         raise ConfigError("prompt: it is empty; pass some text, e.g. prompt='Tell me about bees'.")
     if drafter is None:

@@ -60,10 +60,57 @@ def main() -> None:
         if sys.argv[1:] == ["list"]:
             print(format_options(options()))
             return
+        if sys.argv[1:2] == ["show"]:
+            print("\n".join(show_option(a) for a in sys.argv[2:] or ["drafter=none"]))
+            return
     except ConfigError as e:
         _fail(e)
+    if sys.argv[1:] in (["--help"], ["-h"]):
+        print(usage())
+        return
     checked_command_line("config")
     _hydra_main()
+
+
+GROUPS = ("drafter", "verifier", "model", "generation")  # the groups `spec-zoo` composes
+
+
+def usage() -> str:
+    """``spec-zoo --help``: the groups spec-zoo takes, with their options (Hydra's own help
+    would list every folder of the config dir, bench presets included)."""
+    from spec_zoo.schema import group_options
+
+    lines = ["spec-zoo [group=option ...] [key=value ...]: speculative decoding of one prompt.", "",
+             "Config groups (spec-zoo show group=option prints an option's keys with their comments):"]
+    lines += [f"  {g:<11} {', '.join(group_options(g))}" for g in GROUPS]
+    lines += ["", "Top-level keys: prompt (prompt=- reads stdin; quote commas: \"prompt='a, b'\"), prompt_file, seed.",
+              "Also: spec-zoo list (every drafter, verifier, bench method), spec-zoo --cfg job (the composed config),",
+              "spec-zoo --hydra-help (Hydra's flags: multirun, config dirs). Every key: docs/configs.md."]
+    return "\n".join(lines)
+
+
+def show_option(choice: str) -> str:
+    """The YAML of ``group=option`` as shipped, comments included, parents first (an option
+    that extends another shows both); an installed plugin shows its keys and defaults."""
+    from pathlib import Path
+
+    from omegaconf import OmegaConf
+
+    from spec_zoo.api import compose_config
+    from spec_zoo.schema import fail, group_options
+
+    group, _, name = choice.partition("=")
+    if group not in GROUPS:
+        raise fail("show", f"{choice!r} is not group=option", f"e.g. spec-zoo show drafter=eagle ({', '.join(GROUPS)})")
+    if name not in group_options(group):
+        raise fail(group, f"{name!r} is not an option", f"choose one of {', '.join(group_options(group))}")
+    path = Path(CONF_DIR) / group / f"{name}.yaml"
+    if not path.is_file():  # an installed plugin (ConfigStore)
+        node = compose_config([f"{group}={name}"])[group]
+        return f"# --- {group}={name} (installed plugin)\n{OmegaConf.to_yaml(node)}"
+    parents = [p for p in OmegaConf.load(path).get("defaults", []) if isinstance(p, str) and p != "_self_"]
+    return "\n".join([*(show_option(f"{group}={p}") for p in parents),
+                      f"# --- conf/{group}/{name}.yaml\n{path.read_text(encoding='utf-8').rstrip()}"])
 
 
 def make_draft(argv: list[str] | None = None) -> None:

@@ -85,6 +85,7 @@ LIMITS: dict[str, Limit] = {
 # Types of keys whose shipped default (null, or a list) does not tell: (types, null allowed).
 TYPES: dict[str, tuple[tuple[type, ...], bool]] = {
     "prompt": ((str, list), False),
+    "prompt_file": ((str,), True),
     "seed": ((int,), False),
     "model.path": ((str,), True),
     "generation.stop_strings": ((list, str), True),

@@ -164,7 +164,7 @@ def test_token_ids_outside_the_vocabulary_are_refused(tiny_llama):
 @pytest.mark.parametrize("temperature, verifier", [(0.0, "greedy"), (0.7, "rejection")])
 def test_verifier_auto_follows_the_temperature(tiny_llama, temperature, verifier):
     cfg = compose_config([f"generation.temperature={temperature}"])
-    assert cfg.verifier._target_ == "spec_zoo.decoder.auto_verifier"  # the default
+    assert cfg.verifier._target_ == "spec_zoo.verifiers.auto.auto_verifier"  # the default
     decoder = build_decoder(cfg, target=Target(tiny_llama()))
     assert decoder.verifier.name == verifier
     assert label(cfg, decoder, "none") == f"drafter=none verifier={verifier} (auto: temperature {temperature:g})"
@@ -178,3 +178,33 @@ def test_cli_samples_at_a_temperature_with_the_exact_verifier():
 
     text, summary = text_and_summary(spec_zoo_cli("generation.temperature=0.7", "generation.max_new_tokens=4"))
     assert summary.startswith("drafter=none verifier=rejection (auto: temperature 0.7) | 4 tokens")
+
+
+# -- prompts from a file or stdin ------------------------------------------------------------------
+
+
+def test_prompt_file_replaces_the_prompt(tiny_llama, tmp_path):
+    (tmp_path / "p.txt").write_text("def add(a, b):\n    return a + b, 'x, y'\n", encoding="utf-8")
+    cfg = compose_config([f"prompt_file={tmp_path / 'p.txt'}"])
+    build_decoder(cfg, target=Target(tiny_llama()))
+    assert cfg.prompt == (tmp_path / "p.txt").read_text(encoding="utf-8")
+
+
+def test_prompt_dash_reads_stdin(tiny_llama, monkeypatch):
+    import io
+
+    monkeypatch.setattr("sys.stdin", io.StringIO("from stdin, with a comma"))
+    cfg = compose_config(["prompt=-"])
+    build_decoder(cfg, target=Target(tiny_llama()))
+    assert cfg.prompt == "from stdin, with a comma"
+
+
+@pytest.mark.parametrize("content, problem", [(None, "cannot read"), ("  \n", "is empty"), (b"\xff\xfe\xfa", "cannot read")])
+def test_bad_prompt_files_are_named(no_model_load, tmp_path, content, problem):
+    path = tmp_path / "p.txt"
+    if isinstance(content, bytes):
+        path.write_bytes(content)
+    elif content is not None:
+        path.write_text(content)
+    with pytest.raises(ConfigError, match=f"^prompt_file: .*{problem}"):
+        build_decoder(compose_config([f"prompt_file={path}"]))
