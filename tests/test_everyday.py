@@ -208,3 +208,40 @@ def test_bad_prompt_files_are_named(no_model_load, tmp_path, content, problem):
         path.write_text(content)
     with pytest.raises(ConfigError, match=f"^prompt_file: .*{problem}"):
         build_decoder(compose_config([f"prompt_file={path}"]))
+
+
+# -- labels name the option the user chose ---------------------------------------------------------
+
+
+@pytest.mark.parametrize("option", __import__("spec_zoo.registry", fromlist=["x"]).shipped_options("drafter"))
+def test_summary_line_names_every_shipped_drafter_option(option):
+    from types import SimpleNamespace
+
+    from spec_zoo.schema import locate
+
+    cfg = compose_config([f"drafter={option}"])
+    drafter = locate("drafter", cfg.drafter._target_)  # the class: its `name` is what the line used to show
+    decoder = SimpleNamespace(drafter=drafter, verifier=SimpleNamespace(name="greedy"), sampling=SamplingParams())
+    assert label(cfg, decoder, option) == f"drafter={option} verifier=greedy"
+
+
+def test_summary_line_names_a_custom_drafter_by_its_name():
+    from types import SimpleNamespace
+
+    from tests.plugin_drafter import RepeatDrafter
+
+    cfg = compose_config(["drafter._target_=tests.plugin_drafter.RepeatDrafter"])
+    decoder = SimpleNamespace(drafter=RepeatDrafter(), verifier=SimpleNamespace(name="greedy"), sampling=SamplingParams())
+    assert label(cfg, decoder, "none") == "drafter=repeat verifier=greedy"
+
+
+def test_bench_records_name_the_option_or_the_custom_class():
+    from spec_zoo.bench.cli import name_custom_drafters
+    from spec_zoo.bench.methods import resolve_methods
+
+    methods = {"small_model_tree": None, "distilled_tree": None, "early_exit_adapter": None,
+               "mine": {"drafter": {"_target_": "tests.plugin_drafter.RepeatDrafter"}}}
+    specs, _ = resolve_methods(methods, [], compose_config([]))
+    labels = {s.name: s.drafter_label for s in name_custom_drafters(specs)}
+    assert labels == {"ar": "none", "small_model_tree": "small_model_tree", "distilled_tree": "distilled_tree",
+                      "early_exit_adapter": "early_exit_adapter", "mine": "repeat"}

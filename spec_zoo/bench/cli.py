@@ -19,7 +19,7 @@ from spec_zoo.bench.summary import Summary, summarize, summarize_file
 from spec_zoo.cli import _quiet_transformers, checked_command_line
 from spec_zoo.errors import ConfigError
 from spec_zoo.sampling import SamplingParams
-from spec_zoo.schema import validate
+from spec_zoo.schema import locate, validate
 
 
 def write_summary(summary: Summary, out_dir) -> Path:
@@ -55,7 +55,7 @@ def bench(cfg: DictConfig) -> Summary:
     method_params = OmegaConf.to_container(cfg.method_params, resolve=True) if cfg.get("method_params") else None
     specs, notes = resolve_methods(OmegaConf.to_container(cfg.methods) if cfg.methods is not None else None,
                                    list(cfg.default_methods), cfg, method_params)
-    specs = compatible(specs, sampling, cfg.get("skip_incompatible", False), notes)
+    specs = name_custom_drafters(compatible(specs, sampling, cfg.get("skip_incompatible", False), notes))
     check_model_config(cfg.model)
     out = output_dir(cfg)
     results_path = out / "results.jsonl"
@@ -88,6 +88,15 @@ def bench(cfg: DictConfig) -> Summary:
     summary = summarize(records)
     write_summary(summary, out)
     return summary
+
+
+def name_custom_drafters(specs):
+    """Records name a drafter as the user chose it: the option name (``small_model_tree``), or,
+    for an inline ``_target_``, the class's ``name`` (as the spec-zoo summary line does)."""
+    for spec in specs:
+        if spec.engine == "spec_zoo" and spec.drafter and spec.drafter_label == spec.drafter.get("_target_"):
+            spec.drafter_label = getattr(locate("drafter", spec.drafter_label), "name", spec.drafter_label)
+    return specs
 
 
 def compatible(specs, sampling: SamplingParams, skip: bool, notes: list[str]):
