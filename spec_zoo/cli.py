@@ -115,7 +115,8 @@ def show_option(choice: str) -> str:
 
 def make_draft(argv: list[str] | None = None) -> None:
     """``spec-zoo-make-draft``: save the default target cut to its first N layers, the
-    default draft of ``drafter=small_model`` until a trained draft exists."""
+    untrained default draft of ``drafter=small_model`` (made on first use anyway; this makes
+    it ahead of time, or with another N). The trained draft ships as ``drafter=distilled``."""
     from spec_zoo.models import cache_root, load_target, make_truncated_draft
 
     parser = argparse.ArgumentParser(prog="spec-zoo-make-draft", description=make_draft.__doc__)
