@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-from omegaconf import OmegaConf
 
 from spec_zoo import Draft, Drafter, SamplingParams, SpeculativeDecoder, Target
 from spec_zoo.api import build_decoder, compose_config

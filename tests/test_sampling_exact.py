@@ -10,7 +10,7 @@ token) must fail the same test, so the test has the power to catch real bugs.
 import pytest
 import torch
 
-from spec_zoo import Draft, SamplingParams, SpeculativeDecoder, Target, Verdict, Verifier, logits_to_probs
+from spec_zoo import Draft, SpeculativeDecoder, Target, Verdict, Verifier, logits_to_probs
 from spec_zoo.testing import (  # noqa: F401 (the harness lives in spec_zoo.testing; other tests import it from here)
     P_MIN,
     PROMPT,

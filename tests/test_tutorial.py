@@ -7,7 +7,6 @@ import re
 import shlex
 import shutil
 import subprocess
-import tomllib
 from pathlib import Path
 
 import pytest
@@ -53,6 +52,7 @@ def test_shell_commands_exist(argv):
 def test_config_snippets_parse_as_shown():
     option = yaml.safe_load(blocks("yaml")[0])
     assert option == {"_target_": "my_drafters.bigram.BigramDrafter", "num_draft": 6}
+    tomllib = pytest.importorskip("tomllib")  # Python >= 3.11
     entry = tomllib.loads(blocks("toml")[0])["project"]["entry-points"]["spec_zoo.drafters"]
     assert entry == {"bigram": "my_drafters.bigram:BigramDrafter"}
 
