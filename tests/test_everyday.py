@@ -245,3 +245,42 @@ def test_bench_records_name_the_option_or_the_custom_class():
     labels = {s.name: s.drafter_label for s in name_custom_drafters(specs)}
     assert labels == {"ar": "none", "small_model_tree": "small_model_tree", "distilled_tree": "distilled_tree",
                       "early_exit_adapter": "early_exit_adapter", "mine": "repeat"}
+
+
+# -- report figures say what data they show ------------------------------------------------------
+
+
+def test_report_names_the_sample_and_warns_when_it_is_small(tmp_path):
+    from spec_zoo.report.build import build_report, run_context
+    from tests.test_report import fixture_records, write
+
+    records = fixture_records()
+    write(tmp_path / "run" / "results.jsonl", records)
+    text = build_report([tmp_path / "run"], tmp_path / "out").read_text()
+    assert "> warning: small sample: 4 prompts (< 30)" in text
+    context = run_context(records)
+    assert context.subtitle == "n=4 prompts, target tiny, T=0.0, 1 thread(s)"
+    for name in ("speedup_by_category", "tau_vs_speedup", "acceptance_by_position", "predicted_vs_measured"):
+        assert (tmp_path / "out" / "figures" / f"{name}.png").stat().st_size > 0
+
+
+def test_figure_axes_frame_the_data_not_zero():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from spec_zoo.report.build import _around
+
+    fig, ax = plt.subplots()
+    _around(ax, [1.12, 1.31])
+    low, high = ax.get_ylim()
+    plt.close(fig)
+    assert 0.9 < low < 1.0 and 1.31 < high < 1.4  # the baseline 1.0 is kept in view, 0 is not
+
+
+def test_acceptance_counts_per_position():
+    from spec_zoo.report.build import _records_reaching
+
+    records = [{"method": "m", "accept_per_position": p} for p in ([0.9, 0.5, 0.2], [0.8], [0.7, 0.4], None)]
+    assert _records_reaching(records, lambda r: r["method"], "m", 3) == [3, 2, 1]

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from spec_zoo.bench.records import BASELINE, check_schema, read_records
@@ -105,6 +106,9 @@ def build_report(paths: Sequence, out_dir, title: str = "Benchmark report", seed
     first = records[0]
     lines = [f"# {title}", ""] + ([note, ""] if note else [])
     lines += [f"> warning: {w}" for w in summary.warnings]
+    context = run_context(records)
+    if context.small:
+        lines += [f"> warning: {context.small}", ""]
     lines += [
         f"{len(records)} records from {len(sources)} results file(s); target `{first.get('model')}`, "
         f"dataset `{first.get('dataset')}`, machine `{first.get('machine') or first.get('platform')}`, "
@@ -119,7 +123,7 @@ def build_report(paths: Sequence, out_dir, title: str = "Benchmark report", seed
         "that different kernel shapes break differently, not a broken method.",
         "",
     ]
-    plots = _plots(summary, records, label, fig_dir) if figures else {}
+    plots = _plots(summary, records, label, fig_dir, context) if figures else {}
     overall = _overall_table(summary)
     lines += ["## Overall", ""] + overall
     if "speedup" in plots:
@@ -136,7 +140,9 @@ def build_report(paths: Sequence, out_dir, title: str = "Benchmark report", seed
         lines += _rank_table(summary)
     if "position" in plots:
         lines += ["## Acceptance by draft position", "",
-                  "Of the steps whose draft reached position j, the share that accepted it (mean over records).", "",
+                  "Of the steps whose draft reached position j, the share that accepted it (mean over records; "
+                  "the number next to each point is how many records reached that position: a rate from few "
+                  "records is noise).", "",
                   f"![acceptance by position]({_rel(plots['position'], md_path)})", ""]
         lines += _position_table(summary)
     if "draft_length" in plots:
@@ -219,7 +225,49 @@ def _rank_table(summary: Summary) -> list[str]:
     return lines + ["", "The rankings differ." if differ else "Here both rank the methods alike.", ""]
 
 
-def _plots(summary: Summary, records, label, fig_dir: Path) -> dict[str, Path]:
+SMALL_SAMPLE = 30  # prompts below which a figure says its CIs are wide
+
+
+@dataclass
+class RunContext:
+    """What every figure's title says about the data behind it."""
+
+    subtitle: str  # n prompts, target, temperature, threads
+    small: str | None  # the small-sample warning, or None
+
+
+def run_context(records) -> RunContext:
+    def values(key):
+        found = sorted({str(r.get(key)) for r in records if r.get(key) is not None})
+        return "/".join(found) if found else "?"
+
+    prompts = len({(r.get("question_id"), r.get("turn"), r.get("_source")) for r in records})
+    subtitle = (f"n={prompts} prompts, target {values('model')}, T={values('temperature')}, "
+                f"{values('threads')} thread(s)")
+    small = (f"small sample: {prompts} prompts (< {SMALL_SAMPLE}); confidence intervals are wide and "
+             "rankings may not hold" if prompts < SMALL_SAMPLE else None)
+    return RunContext(subtitle, small)
+
+
+def _titled(ax, title: str, context: RunContext) -> None:
+    """Title with the data's context line, and the small-sample warning in red on the plot."""
+    ax.set_title(f"{title}\n{context.subtitle}", fontsize=9)
+    if context.small:
+        ax.text(0.01, 0.99, "small sample: CIs are wide", transform=ax.transAxes, color="red", fontsize=8,
+                va="top", ha="left")
+
+
+def _around(ax, values, axis: str = "y", include=(1.0,), pad: float = 0.08) -> None:
+    """Axis limits around the data (and the reference values), not from 0."""
+    vals = [v for v in [*values, *include] if v is not None]
+    if not vals:
+        return
+    lo, hi = min(vals), max(vals)
+    margin = max(hi - lo, 0.05) * pad
+    (ax.set_ylim if axis == "y" else ax.set_xlim)(lo - margin, hi + margin)
+
+
+def _plots(summary: Summary, records, label, fig_dir: Path, context: RunContext | None = None) -> dict[str, Path]:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -227,6 +275,7 @@ def _plots(summary: Summary, records, label, fig_dir: Path) -> dict[str, Path]:
     import numpy as np
 
     fig_dir.mkdir(parents=True, exist_ok=True)
+    context = context or run_context(records)
     out = {}
     methods = [m for m in summary.methods if m != BASELINE]
     cats = summary.categories
@@ -236,15 +285,20 @@ def _plots(summary: Summary, records, label, fig_dir: Path) -> dict[str, Path]:
         fig, ax = plt.subplots(figsize=(max(6, 1.2 * len(cats) * max(1, len(methods)) ** 0.5 + 3), 4.5))
         width = 0.8 / len(methods)
         x = np.arange(len(cats))
+        seen = []
         for i, m in enumerate(methods):
-            vals = [summary.get(m, c, "speedup") or 0 for c in cats]
+            vals = [summary.get(m, c, "speedup") or 1.0 for c in cats]
             cis = [summary.get(m, c, "speedup_ci") for c in cats]
             err = np.clip(np.array([[v - ci[0], ci[1] - v] if ci else [0, 0] for v, ci in zip(vals, cis)]).T, 0, None)
-            ax.bar(x + (i - (len(methods) - 1) / 2) * width, vals, width, yerr=err, capsize=2, label=m)
-        ax.axhline(1.0, color="k", lw=0.8, ls="--")
+            # bars grow from the baseline (1.0), so faster and slower read as up and down
+            ax.bar(x + (i - (len(methods) - 1) / 2) * width, np.array(vals) - 1.0, width, bottom=1.0, yerr=err,
+                   capsize=2, label=m, error_kw={"lw": 0.8})
+            seen += vals + [ci[j] for ci in cis if ci for j in (0, 1)]
+        ax.axhline(1.0, color="k", lw=0.8, ls="--", label=f"baseline ({BASELINE}) = 1")
+        _around(ax, seen)
         ax.set_xticks(x, cats, rotation=20, ha="right")
-        ax.set_ylabel(f"speedup over {BASELINE}")
-        ax.set_title("Speedup by category (95% bootstrap CI)")
+        ax.set_ylabel(f"speedup over {BASELINE} (error bars: 95% bootstrap CI)")
+        _titled(ax, "Speedup by category", context)
         ax.legend(fontsize=7, ncol=2)
         fig.tight_layout()
         out["speedup"] = _save(fig, fig_dir / "speedup_by_category.png")
@@ -260,14 +314,18 @@ def _plots(summary: Summary, records, label, fig_dir: Path) -> dict[str, Path]:
             if ci:
                 ax.plot([tau, tau], ci, color="gray", lw=0.8)
             ax.annotate(m, (tau, sp), fontsize=7, xytext=(3, 3), textcoords="offset points")
-        ax.axhline(1.0, color="k", lw=0.8, ls="--")
+        cis = [c for m, _, _ in pts if (c := summary.get(m, OVERALL, "speedup_ci"))]
+        ax.plot([], [], color="gray", lw=0.8, label="95% bootstrap CI of the speedup")
+        ax.axhline(1.0, color="k", lw=0.8, ls="--", label=f"baseline ({BASELINE}) = 1")
         taus = [p[1] for p in pts]
         ax.plot([min(taus), max(taus)], [min(taus), max(taus)], color="gray", lw=0.8, ls=":",
                 label="speedup = tau (free drafting and verifying)")
+        _around(ax, [p[2] for p in pts] + [v for c in cis for v in c] + taus)
+        _around(ax, taus, axis="x", include=(1.0,))
         ax.legend(fontsize=7)
         ax.set_xlabel("tau (tokens per target forward)")
         ax.set_ylabel(f"speedup over {BASELINE}")
-        ax.set_title("tau vs measured speedup (overall)")
+        _titled(ax, "tau vs measured speedup (overall)", context)
         fig.tight_layout()
         out["tau"] = _save(fig, fig_dir / "tau_vs_speedup.png")
 
@@ -277,11 +335,16 @@ def _plots(summary: Summary, records, label, fig_dir: Path) -> dict[str, Path]:
     if curves:
         fig, ax = plt.subplots(figsize=(6, 4.5))
         for m, c in curves:
-            ax.plot(range(1, len(c) + 1), c, marker="o", ms=3, label=m)
-        ax.set_xlabel("draft position")
+            line, = ax.plot(range(1, len(c) + 1), c, marker="o", ms=3, label=m)
+            reached = _records_reaching(records, label, m, len(c))
+            for j, (rate, n) in enumerate(zip(c, reached)):
+                ax.annotate(str(n), (j + 1, rate), fontsize=7, color=line.get_color(), xytext=(2, 3),
+                            textcoords="offset points")
+        ax.set_xticks(range(1, max(len(c) for _, c in curves) + 1))
+        ax.set_xlabel("draft position (numbers: records that reached it)")
         ax.set_ylabel("acceptance rate")
-        ax.set_ylim(0, 1.02)
-        ax.set_title("Acceptance by position (overall)")
+        _around(ax, [v for _, c in curves for v in c], include=())
+        _titled(ax, "Acceptance by position (overall)", context)
         ax.legend(fontsize=7)
         fig.tight_layout()
         out["position"] = _save(fig, fig_dir / "acceptance_by_position.png")
@@ -299,10 +362,11 @@ def _plots(summary: Summary, records, label, fig_dir: Path) -> dict[str, Path]:
             xy = sorted((k, summary.get(row, OVERALL, "speedup")) for row, k in rows.items())
             xy = [(k, v) for k, v in xy if v is not None]
             ax.plot([k for k, _ in xy], [v for _, v in xy], marker="o", label=drafter)
-        ax.axhline(1.0, color="k", lw=0.8, ls="--")
+        ax.axhline(1.0, color="k", lw=0.8, ls="--", label=f"baseline ({BASELINE}) = 1")
+        _around(ax, [summary.get(row, OVERALL, "speedup") for rows in series.values() for row in rows])
         ax.set_xlabel("draft length (num_draft)")
         ax.set_ylabel(f"speedup over {BASELINE}")
-        ax.set_title("Speedup vs draft length")
+        _titled(ax, "Speedup vs draft length", context)
         ax.legend(fontsize=7)
         fig.tight_layout()
         out["draft_length"] = _save(fig, fig_dir / "speedup_vs_draft_length.png")
@@ -312,17 +376,29 @@ def _plots(summary: Summary, records, label, fig_dir: Path) -> dict[str, Path]:
     pm = [p for p in pm if p[1] is not None and p[2] is not None]
     if pm:
         fig, ax = plt.subplots(figsize=(5, 5))
-        hi = max(max(p[1], p[2]) for p in pm) * 1.1
-        ax.plot([0, hi], [0, hi], color="k", lw=0.8, ls="--")
+        vals = [v for p in pm for v in p[1:]] + [1.0]
+        lo, hi = min(vals), max(vals)
+        margin = max(hi - lo, 0.05) * 0.08
+        ax.plot([lo - margin, hi + margin], [lo - margin, hi + margin], color="k", lw=0.8, ls="--",
+                label="measured = predicted")
         for m, pred, meas in pm:
             ax.scatter(pred, meas)
             ax.annotate(m, (pred, meas), fontsize=7, xytext=(3, 3), textcoords="offset points")
+        ax.set_xlim(lo - margin, hi + margin)
+        ax.set_ylim(lo - margin, hi + margin)
         ax.set_xlabel("predicted speedup (cost model)")
         ax.set_ylabel("measured speedup")
-        ax.set_title("Predicted vs measured")
+        ax.legend(fontsize=7)
+        _titled(ax, "Predicted vs measured", context)
         fig.tight_layout()
         out["predicted"] = _save(fig, fig_dir / "predicted_vs_measured.png")
     return out
+
+
+def _records_reaching(records, label, row: str, depth: int) -> list[int]:
+    """For each draft position up to ``depth``: how many of ``row``'s records drafted that far."""
+    lengths = [len(r.get("accept_per_position") or []) for r in records if label(r) == row]
+    return [sum(n > j for n in lengths) for j in range(depth)]
 
 
 def _save(fig, path: Path) -> Path:
