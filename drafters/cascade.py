@@ -47,7 +47,7 @@ def resolve_members(members, params, owner: type, ancestry: tuple[type, ...] = (
     Names are composed from ``conf/drafter/``; a member that is itself a composed drafter
     is resolved recursively, so a cycle (a cascade inside itself, a merge inside a cascade
     inside a merge) is a `ConfigError` before any model loads."""
-    from spec_zoo.bench.methods import _compose_option, options
+    from spec_zoo.registry import compose_option, option_names
 
     members, params = _plain(members), _plain(params) or {}
     ancestry = (*ancestry, owner)
@@ -68,10 +68,10 @@ def resolve_members(members, params, owner: type, ancestry: tuple[type, ...] = (
                                   "list that drafter's own members instead.")
             label, entry = member.name, member
         elif isinstance(member, str):
-            if member not in options("drafter"):
+            if member not in option_names("drafter"):
                 raise ConfigError(f"{where} is unknown; members are options of conf/drafter/: "
-                                  f"{', '.join(options('drafter'))} (or a dict with _target_).")
-            label, entry = member, _plain(_compose_option("drafter", member))
+                                  f"{', '.join(option_names('drafter'))} (or a dict with _target_).")
+            label, entry = member, _plain(compose_option("drafter", member))
         elif isinstance(member, Mapping) and "_target_" in member:
             label, entry = str(member["_target_"]).rsplit(".", 1)[-1], dict(member)
         else:

@@ -9,16 +9,17 @@ from __future__ import annotations
 
 import torch
 
+from spec_zoo.chain import ChainDrafter
 from spec_zoo.draft import ROOT, Draft
 from spec_zoo.draft_length import DraftLength
 from spec_zoo.errors import ConfigError
-from spec_zoo.interfaces import DecodeState, Drafter, Verdict
+from spec_zoo.interfaces import DecodeState, Verdict
+from spec_zoo.sampling import check_sample_mode, drafts_sampled, logits_to_probs, sample
 from spec_zoo.stats import StepStats
-from spec_zoo.sampling import check_sample_mode, draft_token, drafts_sampled, logits_to_probs, sample
 from spec_zoo.target import Target
 
 
-class SmallModelDrafter(Drafter):
+class SmallModelDrafter(ChainDrafter):
     """Chain drafting (``tree_depth=0``) or top-k / sampled tree drafting.
 
     path:       a local HF model directory (safetensors), an already loaded model, or None:
@@ -98,14 +99,13 @@ class SmallModelDrafter(Drafter):
     def propose(self, state: DecodeState) -> Draft:
         if self.tree_depth:
             return self._propose_tree(state)
-        sampled = drafts_sampled(self.sample_mode, state.sampling)
-        tokens, qs = list(state.tokens), []
-        for _ in range(min(self.length.choose(), state.max_depth)):
-            token, q = draft_token(self._next_logits(tokens), sampled, state.sampling, state.generator)
+        tokens = list(state.tokens)
+
+        def advance(token: int, more: bool) -> torch.Tensor:
             tokens.append(token)
-            qs += [q] if q is not None else []
-        drafted = tokens[len(state.tokens) :]
-        return Draft.chain(drafted, torch.stack(qs) if qs else None)
+            return self._next_logits(tokens)
+
+        return self.draft_chain(state, self._next_logits(tokens), min(self.length.choose(), state.max_depth), advance)
 
     def _propose_tree(self, state: DecodeState) -> Draft:
         """Expand level by level; each level scores the tree so far in one draft forward."""
@@ -133,5 +133,5 @@ class SmallModelDrafter(Drafter):
         return Draft(torch.tensor(tokens, dtype=torch.long), parents, torch.stack(rows) if rows else None)
 
     def on_commit(self, draft: Draft, verdict: Verdict, step: StepStats) -> None:
-        if not self.tree_depth:
-            self.length.update(len(draft), len(verdict.path), seconds=step.draft_s + step.verify_s)
+        if not self.tree_depth:  # the length rule models chains
+            super().on_commit(draft, verdict, step)

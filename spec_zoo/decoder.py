@@ -18,6 +18,7 @@ from spec_zoo.draft import Draft
 from spec_zoo.draft_length import clock_steers
 from spec_zoo.errors import ConfigError
 from spec_zoo.interfaces import DecodeState, Drafter, Verifier
+from spec_zoo.registry import build_option
 from spec_zoo.sampling import SamplingParams
 from spec_zoo.stats import RunStats, StepStats
 from spec_zoo.target import Target
@@ -32,21 +33,6 @@ class Output:
     prompt_ids: list[int]
 
 
-def auto_verifier(temperature: float) -> Verifier:
-    """``verifier=auto``, the default: greedy matching at temperature 0, exact speculative
-    sampling (rejection) above. The one place that choice is made, for the CLI, the API and
-    the benchmark; the verifier is marked ``auto`` so summaries can say it was chosen."""
-    from spec_zoo.verifiers.greedy import GreedyVerifier
-    from spec_zoo.verifiers.rejection import RejectionVerifier
-
-    verifier = GreedyVerifier() if temperature == 0 else RejectionVerifier()
-    verifier.auto = True
-    return verifier
-
-
-auto_verifier.lossless = True  # both choices are (what `spec-zoo list` reports)
-
-
 class SpeculativeDecoder:
     """Composes a target, a drafter and a verifier under sampling parameters."""
 
@@ -58,13 +44,13 @@ class SpeculativeDecoder:
         sampling: SamplingParams | None = None,
         seed: int = 0,
     ):
-        from spec_zoo.drafters.none import NoDrafter
-
         self.target = target
         self.sampling = sampling or SamplingParams()
-        verifier = verifier or auto_verifier(self.sampling.temperature)
+        # the defaults are the shipped options drafter=none and verifier=auto, built by name:
+        # the core imports no drafter or verifier
+        verifier = verifier or build_option("verifier", "auto", temperature=self.sampling.temperature)
         verifier.check(self.sampling)
-        self.drafter = drafter or NoDrafter()
+        self.drafter = drafter or build_option("drafter", "none")
         self.verifier = verifier
         self.seed = seed
         self.drafter.attach(target)

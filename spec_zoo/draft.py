@@ -11,8 +11,6 @@ from dataclasses import dataclass, field
 
 import torch
 
-from spec_zoo.layers import LayerStates
-
 ROOT = -1  # parent index of a node that follows the last committed token directly
 
 
@@ -26,16 +24,11 @@ class Draft:
     probs:   FloatTensor [n, V] or None. Row i is the draft distribution q that node i
              was drawn from: the distribution at its parent's context, so siblings
              share one row. None marks a deterministic drafter (q is one-hot).
-    prefix:  chains only: work a self-speculative drafter already did for the target
-             (hidden states entering layer E of the committed tokens not yet in the
-             target's cache, then of every node; their shallow KV is in the target's
-             cache), so scoring resumes at layer E. None: the target runs all layers.
     """
 
     tokens: torch.Tensor
     parents: list[int]
     probs: torch.Tensor | None = None
-    prefix: LayerStates | None = None
     depths: list[int] = field(init=False, repr=False)
 
     def __post_init__(self):
@@ -51,8 +44,6 @@ class Draft:
             if not ROOT <= p < i:
                 raise ValueError(f"Draft node {i} has parent {p}: parents must be -1 or an earlier node")
             self.depths.append(0 if p == ROOT else self.depths[p] + 1)
-        if self.prefix is not None and not self.is_chain:
-            raise ValueError("Draft.prefix (resumed scoring) is only defined for chains")
 
     # -- constructors -------------------------------------------------------------
     @classmethod
@@ -61,9 +52,9 @@ class Draft:
         return cls(torch.empty(0, dtype=torch.long), [])
 
     @classmethod
-    def chain(cls, tokens, probs: torch.Tensor | None = None, prefix: LayerStates | None = None) -> "Draft":
+    def chain(cls, tokens, probs: torch.Tensor | None = None) -> "Draft":
         tokens = torch.as_tensor(tokens, dtype=torch.long).reshape(-1)
-        return cls(tokens, list(range(-1, tokens.numel() - 1)), probs, prefix)
+        return cls(tokens, list(range(-1, tokens.numel() - 1)), probs)
 
     # -- derived structure ----------------------------------------------------------
     def __len__(self) -> int:
@@ -111,8 +102,4 @@ class Draft:
         remap = {old: new for new, old in enumerate(keep)}
         parents = [ROOT if self.parents[i] == ROOT else remap[self.parents[i]] for i in keep]
         probs = None if self.probs is None else self.probs[keep]
-        prefix = None
-        if self.prefix is not None:  # a chain: drop the states of the cut nodes
-            rows = self.prefix.hidden.shape[0] - len(self) + len(keep)
-            prefix = LayerStates(self.prefix.layer, self.prefix.hidden[:rows])
-        return Draft(self.tokens[keep], parents, probs, prefix)
+        return Draft(self.tokens[keep], parents, probs)

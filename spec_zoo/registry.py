@@ -107,6 +107,42 @@ def register_plugins() -> None:
             store.store(group=group, name=name, node=plugin_node(load_plugin(group, ep)))
 
 
+def option_names(group: str) -> list[str]:
+    """Option names of a config group: ``conf/<group>/*.yaml`` plus, for drafters and
+    verifiers, the installed plugins."""
+    names = shipped_options(group)
+    if group in ENTRY_POINT_GROUPS:
+        register_plugins()
+        names = sorted(names + list(entry_points(group)))
+    return names
+
+
+def compose_option(group: str, name: str):
+    """One option of a config group, composed by Hydra (so its defaults list is honoured):
+    how bench methods and composed drafters read the options they name."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    if name not in option_names(group):
+        raise ConfigError(f"{group}={name!r} is unknown; available: {', '.join(option_names(group))}.")
+    if GlobalHydra.instance().is_initialized():  # inside a @hydra.main (spec-zoo-bench)
+        return compose(overrides=[f"+{group}={name}"])[group]
+    with initialize_config_dir(config_dir=str(_conf_dir()), version_base="1.3"):
+        return compose(overrides=[f"+{group}={name}"])[group]
+
+
+def build_option(group: str, name: str, **values):
+    """Instantiate the shipped option ``conf/<group>/<name>.yaml`` with ``values`` for its
+    keys: how the core gets its defaults (drafter=none, verifier=auto) without importing a
+    method."""
+    from hydra.utils import instantiate
+    from omegaconf import OmegaConf
+
+    node = OmegaConf.load(_conf_dir() / group / f"{name}.yaml")
+    node.merge_with(values)
+    return instantiate(node)
+
+
 def _yaml_about(path: Path) -> str:
     """The first sentence of a YAML option's header comment: what it does, in one line."""
     words = []

@@ -10,10 +10,12 @@ new committed tokens and its own ancestors) and per-node position ids.
 The same class drives draft models (see ``drafters/small_model.py``): a draft model is
 just another causal LM whose cache must follow the committed sequence.
 
-A self-speculative drafter (``drafters/early_exit.py``) runs the target's first E layers
-itself and hands their output over in ``Draft.prefix``; scoring then resumes at layer E
-(KV reuse). Its shallow layers may hold more KV than the deep ones meanwhile, so every
-crop here is to an absolute length, which keeps all layers consistent on rejection.
+A self-speculative drafter (``drafters/early_exit/``) asks the target for a partial
+forward, ``forward_layers(tokens, E)``: layers 0..E-1 only, their KV written into this
+cache by the target itself, the states entering layer E kept here. The next ``score``
+whose new positions are those tokens resumes at layer E (KV reuse); anything else drops
+them. The shallow layers may hold more KV than the deep ones meanwhile, so every crop here
+is to an absolute length, which keeps all layers consistent on rejection.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ import torch
 from transformers import DynamicCache
 
 from spec_zoo.draft import Draft
-from spec_zoo.layers import DecoderStack, causal_mask
+from spec_zoo.layers import DecoderStack, LayerStates, causal_mask
 
 
 def shared_prefix(a: list[int], b: list[int], bound: int) -> int:
@@ -42,6 +44,17 @@ def crop_cache(cache, length: int) -> None:
         extra = layer.get_seq_length() - length
         if extra > 0:
             layer.crop(-extra)
+
+
+def follow(fed: list[int], committed: list[int], bound: int, *caches) -> int:
+    """Keep, in ``fed`` (the tokens whose KV the ``caches`` hold, in order) and in every cache,
+    only the longest prefix that is still committed, at most ``bound`` tokens; return its
+    length. After a rejection this drops the KV of the rejected draft tokens and nothing else."""
+    keep = shared_prefix(fed, committed, bound)
+    for cache in caches:
+        crop_cache(cache, keep)
+    del fed[keep:]
+    return keep
 
 
 @dataclass
@@ -69,7 +82,7 @@ class Target:
         self.vocab_size = model.get_output_embeddings().weight.shape[0]
         self.max_length = getattr(model.config, "max_position_embeddings", None)
         self.forwards = 0
-        self._stack: DecoderStack | None = None  # layer access, built at the first resumed scoring
+        self._stack: DecoderStack | None = None  # layer access, built at the first partial forward
         self.reset()
 
     @property
@@ -86,25 +99,46 @@ class Target:
         self.cached: list[int] = []  # token ids whose KV the cache holds, in order
         self._pending: Draft | None = None  # last scored draft, whose nodes sit in the cache
         self._base = 0  # committed tokens in the cache when _pending was scored
+        self._partial: LayerStates | None = None  # states entering layer E of _partial_tokens
+        self._partial_tokens: list[int] = []  # after `cached`, KV only in layers < E
 
     def rewind(self, committed: list[int], limit: int | None = None) -> int:
         """Crop every layer's cache to the longest cached prefix of ``committed`` (at most
         ``limit`` tokens, and never the last committed token, whose logits are needed);
         return its length."""
         bound = len(committed) - 1 if limit is None else min(limit, len(committed) - 1)
-        keep = shared_prefix(self.cached, committed, bound)
-        crop_cache(self.cache, keep)
-        self.cached = self.cached[:keep]
-        self._pending = None
+        keep = follow(self.cached, committed, bound, self.cache)
+        self._pending, self._partial, self._partial_tokens = None, None, []
         return keep
+
+    @torch.no_grad()
+    def forward_layers(self, tokens: list[int], end: int) -> torch.Tensor:
+        """Run ``tokens`` through layers 0..end-1 after the cached and earlier partial tokens,
+        writing their KV into this cache; return their states entering layer ``end``
+        ([len(tokens), H]). A following `score` whose new committed tokens and draft nodes are
+        these tokens resumes at layer ``end`` instead of running them again (KV reuse)."""
+        if self._partial is not None and self._partial.layer != end:
+            raise RuntimeError(f"forward_layers(end={end}) after a partial forward to layer {self._partial.layer}")
+        if self._stack is None:
+            self._stack = DecoderStack(self.model)
+        past, m = len(self.cached) + len(self._partial_tokens), len(tokens)
+        hidden = self._stack.embed(torch.tensor([tokens], device=self.device))
+        positions = torch.arange(past, past + m, device=self.device)[None]
+        mask = causal_mask(past, m, hidden.dtype, self.device)
+        hidden = self._stack.run(hidden, 0, end, positions, self.cache, mask)[0]
+        rows = hidden if self._partial is None else torch.cat([self._partial.hidden, hidden])
+        self._partial, self._partial_tokens = LayerStates(end, rows), self._partial_tokens + list(tokens)
+        return hidden
 
     @torch.no_grad()
     def score(self, committed: list[int], draft: Draft, hidden: bool = False) -> Scores:
         """Logits after the last committed token and after every draft node, in one forward."""
         if not committed:
             raise ValueError("score() needs at least one committed token (an empty prompt?)")
-        if draft.prefix is not None:
-            return self._resume(committed, draft, hidden)
+        if self._partial is not None and draft.is_chain:
+            expected = committed[len(self.cached) :] + draft.tokens.tolist()
+            if committed[: len(self.cached)] == self.cached and self._partial_tokens[: len(expected)] == expected:
+                return self._resume(committed, draft, len(expected), hidden)
         new = committed[self.rewind(committed) :]
         m, n, past = len(new), len(draft), len(self.cached)
         ids = torch.tensor([new + draft.tokens.tolist()], device=self.device)
@@ -127,21 +161,17 @@ class Target:
         states = out.hidden_states[-1][0] if hidden else None
         return Scores(out.logits[0], states, m)
 
-    def _resume(self, committed: list[int], draft: Draft, hidden: bool) -> Scores:
-        """Score a chain from layer ``draft.prefix.layer`` on: the layers below already ran
-        (in the drafter) and their KV is in this cache."""
-        states, n = draft.prefix, len(draft)
-        q = states.hidden.shape[0]
-        past = len(committed) + n - q
-        if q <= n or past != len(self.cached) or self.cached != committed[:past]:
-            raise RuntimeError(f"Draft.prefix covers {q} positions, which do not follow the {len(self.cached)} "
-                               f"cached tokens of a {len(committed)}-token committed sequence")
-        if self._stack is None:
-            self._stack = DecoderStack(self.model)
+    def _resume(self, committed: list[int], draft: Draft, q: int, hidden: bool) -> Scores:
+        """Score a chain from the partial forward's layer on: the first ``q`` partial tokens
+        are the new committed tokens and the nodes; their lower layers already ran."""
+        layer, states = self._partial.layer, self._partial.hidden[:q]
+        past, n = len(self.cached), len(draft)
+        crop_cache(self.cache, past + q)  # shallow KV of nodes cut from the draft, if any
+        self._partial, self._partial_tokens = None, []
         stack = self._stack
         positions = torch.arange(past, past + q, device=self.device)[None]
         mask = causal_mask(past, q, self.dtype, self.device)
-        out = stack.run(states.hidden[None], states.layer, stack.num_layers, positions, self.cache, mask)
+        out = stack.run(states[None], layer, stack.num_layers, positions, self.cache, mask)
         normed = stack.inner.norm(out[0])
         logits = self.model.lm_head(normed[q - n - 1 :])
         self.forwards += 1

@@ -12,7 +12,7 @@ import json
 import pytest
 import torch
 
-import drafters.eagle as eagle_module
+import spec_zoo.drafters.eagle.drafter as eagle_module
 from spec_zoo.drafters.eagle.drafter import EagleDrafter
 from spec_zoo import SamplingParams, SpeculativeDecoder, Target
 from spec_zoo.api import generate

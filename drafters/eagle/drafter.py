@@ -20,20 +20,20 @@ from pathlib import Path
 import torch
 from transformers import DynamicCache
 
+from spec_zoo.chain import ChainDrafter
 from spec_zoo.draft import Draft
 from spec_zoo.draft_length import DraftLength
 from spec_zoo.drafters.eagle.head import EagleHead, load_eagle
 from spec_zoo.errors import ConfigError
-from spec_zoo.interfaces import DecodeState, Drafter, Verdict
+from spec_zoo.interfaces import DecodeState
 from spec_zoo.layers import DecoderStack, causal_mask
-from spec_zoo.sampling import check_sample_mode, draft_token, drafts_sampled, to_full_vocab
-from spec_zoo.stats import StepStats
-from spec_zoo.target import Target, crop_cache, shared_prefix
+from spec_zoo.sampling import check_sample_mode, to_full_vocab
+from spec_zoo.target import Target, follow
 
 SHIPPED = Path(__file__).parent / "artefacts" / "smollm2-135m-eagle"
 
 
-class EagleDrafter(Drafter):
+class EagleDrafter(ChainDrafter):
     """head:       an EAGLE-head dir (`spec-zoo-train eagle`), None (the one shipped for
                 SmolLM2-135M), or an `EagleHead`; it must be trained for this target.
     num_draft, adaptive, max_draft, token_cost, learn_cost: the chain length, fixed or chosen
@@ -102,22 +102,14 @@ class EagleDrafter(Drafter):
                                f"sequence has {n} before its last token; was begin() called for this sequence?")
         features = torch.cat(self._features)
         self._features = [features]
-        keep = shared_prefix(self._fed, tokens, min(self._exact, n))
-        crop_cache(self.cache, keep)
-        self._fed = self._fed[:keep]
+        keep = follow(self._fed, tokens, min(self._exact, n), self.cache)
         before = features[keep - 1 : n] if keep else torch.cat([features[:1] * 0, features[:n]])
         out = self._run(tokens[keep:], before)[-1:]
         self._exact = n + 1
-        drafted, qs = [], []
-        sampled = drafts_sampled(self.sample_mode, state.sampling)
-        for i in range(k):
-            logits = self._logits(out[-1])
-            token, q = draft_token(logits, sampled, state.sampling, state.generator)
-            qs += [q] if q is not None else []
-            drafted.append(token)
-            if i + 1 < k:  # the next position reads the head's own guess of this feature
-                out = self._run([token], self.head.feature(out[-1:]))
-        return Draft.chain(drafted, torch.stack(qs) if qs else None)
 
-    def on_commit(self, draft: Draft, verdict: Verdict, step: StepStats) -> None:
-        self.length.update(len(draft), len(verdict.path), seconds=step.draft_s + step.verify_s)
+        def advance(token: int, more: bool) -> torch.Tensor:  # the next position reads the head's guessed feature
+            nonlocal out
+            out = self._run([token], self.head.feature(out[-1:]))
+            return self._logits(out[-1])
+
+        return self.draft_chain(state, self._logits(out[-1]), k, advance)

@@ -4,13 +4,12 @@ The target drafts for itself: its own first E layers, then an exit head, propose
 one at a time. The exit head is the target's final norm + LM head on layer E (untrained),
 or a trained `spec_zoo.drafters.early_exit.adapter.ExitAdapter`. No second model, no weight copy.
 
-KV reuse (``reuse_kv``, LayerSkip's "shared compute"): the draft pass writes the KV of
-layers 0..E-1 straight into the target's cache and hands the target the states entering
-layer E of the new committed tokens and of every draft token (``Draft.prefix``); the
-target verifies from layer E on, so the shallow layers never run twice. On rejection the
-target crops every layer to the accepted length, so the shallow and deep caches rewind
-together. With ``reuse_kv=false`` the draft keeps its own shallow cache and the target
-verifies with all its layers: the same tokens, more compute.
+KV reuse (``reuse_kv``, LayerSkip's "shared compute"): the draft pass is the target's own
+partial forward (`Target.forward_layers`: layers 0..E-1, KV in the target's cache, written
+by the target), so verification resumes from layer E and the shallow layers never run
+twice. On rejection the target crops every layer to the accepted length, so the shallow
+and deep caches rewind together. With ``reuse_kv=false`` the draft keeps its own shallow
+cache and the target verifies with all its layers: the same tokens, more compute.
 """
 
 from __future__ import annotations
@@ -20,15 +19,15 @@ from pathlib import Path
 import torch
 from transformers import DynamicCache
 
+from spec_zoo.chain import ChainDrafter
 from spec_zoo.draft import Draft
 from spec_zoo.draft_length import DraftLength
-from spec_zoo.errors import ConfigError
 from spec_zoo.drafters.early_exit.adapter import ExitAdapter, check_exit_layer, load_adapter
-from spec_zoo.interfaces import DecodeState, Drafter, Verdict
-from spec_zoo.layers import DecoderStack, LayerStates, causal_mask
-from spec_zoo.sampling import check_sample_mode, draft_token, drafts_sampled, to_full_vocab
-from spec_zoo.stats import StepStats
-from spec_zoo.target import Target, crop_cache, shared_prefix
+from spec_zoo.errors import ConfigError
+from spec_zoo.interfaces import DecodeState
+from spec_zoo.layers import DecoderStack, causal_mask
+from spec_zoo.sampling import check_sample_mode, to_full_vocab
+from spec_zoo.target import Target, follow, shared_prefix
 
 ARTEFACTS = Path(__file__).parent / "artefacts"
 
@@ -44,7 +43,7 @@ def shipped_adapter(exit_layer: int) -> Path:
     return path
 
 
-class EarlyExitDrafter(Drafter):
+class EarlyExitDrafter(ChainDrafter):
     """Chain drafting from the target's layer ``exit_layer`` (E, in 1..L-1).
 
     num_draft, adaptive, max_draft, token_cost, learn_cost: the draft length, fixed or
@@ -114,25 +113,24 @@ class EarlyExitDrafter(Drafter):
     def _rewind(self, tokens: list[int]) -> int:
         """Crop the shallow and adapter caches to what is still committed; return its length."""
         keep = shared_prefix(self._fed, tokens, len(tokens) - 1)
-        if self.reuse_kv:  # the shallow KV lives in the target's cache: crop all its layers
-            keep = self.target.rewind(tokens, limit=keep)
-        else:
-            crop_cache(self._shallow, keep)
-        crop_cache(self._adapted, keep)
-        self._fed = self._fed[:keep]
-        return keep
+        if self.reuse_kv:  # the shallow KV lives in the target's cache: the target crops it
+            return follow(self._fed, tokens, self.target.rewind(tokens, limit=keep), self._adapted)
+        return follow(self._fed, tokens, keep, self._shallow, self._adapted)
 
     def _advance(self, new: list[int], need_logits: bool = True):
-        """Run ``new`` tokens through layers 0..E-1 (and the adapter); return their states
-        entering layer E ([m, H]) and the exit logits after the last one (or None)."""
+        """Run ``new`` tokens through layers 0..E-1 (and the adapter); return the exit logits
+        after the last one (or None)."""
         past, m = len(self._fed), len(new)
-        model = self.target.model
-        hidden = self.stack.embed(torch.tensor([new], device=model.device))
-        positions = torch.arange(past, past + m, device=model.device)[None]
-        rotary = self.stack.rotary(hidden, positions)
-        mask = causal_mask(past, m, hidden.dtype, hidden.device)
-        cache = self.target.cache if self.reuse_kv else self._shallow
-        hidden = self.stack.run(hidden, 0, self.exit_layer, positions, cache, mask, rotary)
+        device = self.target.device
+        positions = torch.arange(past, past + m, device=device)[None]
+        mask = causal_mask(past, m, self.target.dtype, device)
+        if self.reuse_kv:  # the target runs its own shallow layers into its own cache
+            hidden = self.target.forward_layers(new, self.exit_layer)[None]
+            rotary = self.stack.rotary(hidden, positions) if self.adapter is not None else None
+        else:
+            hidden = self.stack.embed(torch.tensor([new], device=device))
+            rotary = self.stack.rotary(hidden, positions)
+            hidden = self.stack.run(hidden, 0, self.exit_layer, positions, self._shallow, mask, rotary)
         self._fed += new
         if self.adapter is not None:
             adapted = self.adapter(hidden, rotary, self._adapted, mask)
@@ -142,7 +140,7 @@ class EarlyExitDrafter(Drafter):
                                        self.target.vocab_size)
         else:
             logits = self.stack.logits(hidden[0, -1]) if need_logits else None
-        return hidden[0], logits
+        return logits
 
     @torch.no_grad()
     def propose(self, state: DecodeState) -> Draft:
@@ -153,20 +151,8 @@ class EarlyExitDrafter(Drafter):
         if k == 0 and not self.reuse_kv:  # a plain target step; the shallow cache catches up later
             return Draft.empty()
         keep = self._rewind(tokens)
-        states, logits = self._advance(tokens[keep:], need_logits=k > 0)
-        rows, drafted, qs = [states], [], []
-        sampled = drafts_sampled(self.sample_mode, state.sampling)
-        for i in range(k):
-            if self.stop_below and float(logits.softmax(-1).max()) < self.stop_below:
-                break
-            token, q = draft_token(logits, sampled, state.sampling, state.generator)
-            qs += [q] if q is not None else []
-            drafted.append(token)
-            if self.reuse_kv or i + 1 < k:  # the target resumes from every node's layer-E state
-                states, logits = self._advance([token], need_logits=i + 1 < k)
-                rows.append(states)
-        prefix = LayerStates(self.exit_layer, torch.cat(rows)) if self.reuse_kv else None
-        return Draft.chain(drafted, torch.stack(qs) if qs else None, prefix)
-
-    def on_commit(self, draft: Draft, verdict: Verdict, step: StepStats) -> None:
-        self.length.update(len(draft), len(verdict.path), seconds=step.draft_s + step.verify_s)
+        logits = self._advance(tokens[keep:], need_logits=k > 0)
+        stop = (lambda lg: float(lg.softmax(-1).max()) < self.stop_below) if self.stop_below else None
+        # with KV reuse the target resumes from every node's layer-E state: feed the last one too
+        return self.draft_chain(state, logits, k, lambda token, more: self._advance([token], need_logits=more),
+                                stop, advance_last=self.reuse_kv)

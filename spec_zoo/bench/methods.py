@@ -29,11 +29,11 @@ from pathlib import Path
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from spec_zoo.api import CONF_DIR, build_component
+from spec_zoo.api import build_component
 from spec_zoo.bench.records import BASELINE
 from spec_zoo.decoder import SpeculativeDecoder
 from spec_zoo.errors import ConfigError
-from spec_zoo.registry import ENTRY_POINT_GROUPS, entry_points, register_plugins, shipped_options
+from spec_zoo.registry import compose_option, option_names
 from spec_zoo.sampling import SamplingParams
 from spec_zoo.target import Target
 
@@ -41,29 +41,6 @@ ENGINES = ("spec_zoo", "transformers")
 _SPEC_KEYS = {"engine", "drafter", "verifier", "assistant", "params"}
 # generate() kwarg -> drafter label of a transformers method without an assistant model
 _HF_DRAFTERS = {"prompt_lookup_num_tokens": "prompt_lookup", "assistant_early_exit": "early_exit"}
-
-
-def options(group: str) -> list[str]:
-    """Option names of a config group: the YAML files in ``conf/<group>/``, plus installed
-    plugins for drafters and verifiers (`spec_zoo.registry`)."""
-    names = shipped_options(group)
-    if group in ENTRY_POINT_GROUPS:
-        register_plugins()
-        names = sorted(names + list(entry_points(group)))
-    return names
-
-
-def _compose_option(group: str, name: str) -> DictConfig:
-    """One option of a config group, composed by Hydra (so its defaults list is honoured)."""
-    from hydra import compose, initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
-
-    if name not in options(group):
-        raise ConfigError(f"{group}={name!r} is unknown; available: {', '.join(options(group))}.")
-    if GlobalHydra.instance().is_initialized():  # inside spec-zoo-bench's @hydra.main
-        return compose(overrides=[f"+{group}={name}"])[group]
-    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
-        return compose(overrides=[f"+{group}={name}"])[group]
 
 
 @dataclass
@@ -115,7 +92,7 @@ def _resolve_option(group: str, value, method: str, root: DictConfig | None) -> 
         return None, None
     if isinstance(value, str):
         try:
-            node, label = _compose_option(group, value), value
+            node, label = compose_option(group, value), value
         except ConfigError as err:
             raise ConfigError(f"method {method}: {err}") from err
     elif isinstance(value, Mapping) and "_target_" in value:
@@ -123,7 +100,7 @@ def _resolve_option(group: str, value, method: str, root: DictConfig | None) -> 
     else:
         raise ConfigError(
             f"method {method}: {group}={value!r}; give an option of conf/{group}/ "
-            f"({', '.join(options(group))}) or a dict with _target_."
+            f"({', '.join(option_names(group))}) or a dict with _target_."
         )
     return _resolved(group, node, root), label
 
@@ -177,13 +154,13 @@ def resolve_methods(
     chosen = methods if explicit else default_methods
     entries = dict(chosen) if isinstance(chosen, Mapping) else {n: None for n in chosen}
     entries = {BASELINE: entries.pop(BASELINE, None), **entries}
-    available = options("method")
+    available = option_names("method")
     specs, notes = [], []
     for name, override in entries.items():
         if name not in available and not override:
             raise ConfigError(f"method {name!r} is unknown; available: {', '.join(available)} "
                               "(or define it inline: methods={name: {drafter: ..., verifier: ...}}).")
-        base = OmegaConf.to_container(_compose_option("method", name)) if name in available else {}
+        base = OmegaConf.to_container(compose_option("method", name)) if name in available else {}
         entry = _resolved("method", OmegaConf.merge(base, override or {}), root)
         if method_params and name != BASELINE and entry.get("engine", "spec_zoo") == "spec_zoo":
             entry["params"] = {**(entry.get("params") or {}), **method_params}

@@ -1,0 +1,57 @@
+"""What every model-based chain drafter shares (small_model, early_exit, eagle): the
+token-by-token drafting loop and the step bookkeeping of an adaptive draft length (their
+caches follow the committed tokens with `spec_zoo.target.follow`). One copy, so a fix
+reaches all of them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from spec_zoo.draft import Draft
+from spec_zoo.draft_length import DraftLength
+from spec_zoo.interfaces import DecodeState, Drafter, Verdict
+from spec_zoo.sampling import draft_token, drafts_sampled
+from spec_zoo.stats import StepStats
+
+
+class ChainDrafter(Drafter):
+    """A drafter that proposes a chain token by token with an adaptive (or fixed) length.
+
+    Subclasses set ``self.length`` (a `DraftLength`) and ``self.sample_mode``; they draft with
+    `draft_chain` and inherit the step bookkeeping of ``on_commit``.
+    """
+
+    length: DraftLength
+    sample_mode: str | bool = "auto"
+
+    def draft_chain(
+        self,
+        state: DecodeState,
+        logits: torch.Tensor,
+        k: int,
+        advance: Callable[[int, bool], torch.Tensor | None],
+        stop: Callable[[torch.Tensor], bool] | None = None,
+        advance_last: bool = False,
+    ) -> Draft:
+        """Up to ``k`` tokens: pick one from ``logits`` (sampled, with its q recorded, or the
+        argmax), then ``advance(token, more)`` feeds it and returns the logits after it (only
+        needed when ``more`` tokens follow). ``stop(logits)`` ends the chain early;
+        ``advance_last`` also feeds the last token (for a drafter whose work on it the target
+        reuses)."""
+        sampled = drafts_sampled(self.sample_mode, state.sampling)
+        drafted, qs = [], []
+        for i in range(k):
+            if stop is not None and stop(logits):
+                break
+            token, q = draft_token(logits, sampled, state.sampling, state.generator)
+            qs += [q] if q is not None else []
+            drafted.append(token)
+            if advance_last or i + 1 < k:
+                logits = advance(token, i + 1 < k)
+        return Draft.chain(drafted, torch.stack(qs) if qs else None)
+
+    def on_commit(self, draft: Draft, verdict: Verdict, step: StepStats) -> None:
+        self.length.update(len(draft), len(verdict.path), seconds=step.draft_s + step.verify_s)
