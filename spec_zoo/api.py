@@ -18,8 +18,8 @@ from omegaconf import DictConfig, OmegaConf
 from spec_zoo.decoder import Output, SpeculativeDecoder
 from spec_zoo.errors import ConfigError
 from spec_zoo.interfaces import Drafter, Verifier
-from spec_zoo.registry import register_plugins
 from spec_zoo.models import check_model_config, load_target
+from spec_zoo.registry import register_plugins
 from spec_zoo.sampling import SamplingParams
 from spec_zoo.schema import compose, constructor_params, fail, group_options, locate, validate
 from spec_zoo.target import Target

@@ -347,7 +347,8 @@ HYDRA_FLAGS = {"-h", "--help", "--hydra-help", "-c", "--cfg", "-i", "--info", "-
 
 def compose(config_name: str, overrides: list[str]) -> DictConfig:
     """Hydra's compose of ``config_name`` (the shipped config dir) with ``overrides``."""
-    from hydra import compose as hydra_compose, initialize_config_dir
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 
     from spec_zoo.api import CONF_DIR

@@ -8,12 +8,12 @@ import copy
 import torch
 
 from spec_zoo.drafters.eagle.drafter import EagleDrafter
+from spec_zoo.drafters.eagle.head import EagleHead
+from spec_zoo.drafters.early_exit.adapter import ExitAdapter
 from spec_zoo.drafters.early_exit.drafter import EarlyExitDrafter
 from spec_zoo.drafters.ngram import NgramDrafter
 from spec_zoo.drafters.none import NoDrafter
 from spec_zoo.drafters.small_model import SmallModelDrafter
-from spec_zoo.drafters.eagle.head import EagleHead
-from spec_zoo.drafters.early_exit.adapter import ExitAdapter
 
 
 def noisy_copy(model, noise: float, seed: int = 123):

@@ -12,19 +12,19 @@ import torch
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from spec_zoo.drafters.distilled.drafter import DistilledDrafter
 from spec_zoo import Draft, SpeculativeDecoder, Target
 from spec_zoo.api import CONF_DIR
-from spec_zoo.bench.methods import resolve_methods
-from spec_zoo.errors import ConfigError
-from spec_zoo.drafters.distilled.train import distill
-from spec_zoo.train.losses import divergence
 from spec_zoo.artefacts import describe_target
+from spec_zoo.bench.methods import resolve_methods
+from spec_zoo.drafters.distilled.drafter import DistilledDrafter
 from spec_zoo.drafters.distilled.student import save_artefact, student_from_target
-from tests.test_sampling_exact import P_MIN, SETTINGS, VOCAB, _check
-from tests.tiny import hf_greedy, one_thread, tiny_llama  # noqa: F401 (autouse fixture)
+from spec_zoo.drafters.distilled.train import distill
+from spec_zoo.errors import ConfigError
+from spec_zoo.train.losses import divergence
 from spec_zoo.verifiers.greedy import GreedyVerifier
 from spec_zoo.verifiers.rejection import RejectionVerifier
+from tests.test_sampling_exact import P_MIN, SETTINGS, VOCAB, _check
+from tests.tiny import hf_greedy, one_thread, tiny_llama  # noqa: F401 (autouse fixture)
 
 
 def _teacher(seed: int = 3):

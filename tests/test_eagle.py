@@ -13,12 +13,12 @@ import pytest
 import torch
 
 import spec_zoo.drafters.eagle.drafter as eagle_module
-from spec_zoo.drafters.eagle.drafter import EagleDrafter
 from spec_zoo import SamplingParams, SpeculativeDecoder, Target
 from spec_zoo.api import generate
+from spec_zoo.drafters.eagle.drafter import EagleDrafter
 from spec_zoo.drafters.eagle.head import EagleHead, load_eagle
-from spec_zoo.errors import ConfigError
 from spec_zoo.drafters.eagle.train import train_eagle
+from spec_zoo.errors import ConfigError
 from tests.drafts import eagle_head
 from tests.heads import check_corrupt_files_fail, teacher, train_cfg
 from tests.test_sampling_exact import P_MIN, SETTINGS, _check

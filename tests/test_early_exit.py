@@ -14,12 +14,12 @@ import pytest
 import torch
 from hydra import compose, initialize_config_dir
 
-from spec_zoo.drafters.early_exit.drafter import EarlyExitDrafter, shipped_adapter
 from spec_zoo import SamplingParams, SpeculativeDecoder, Target
 from spec_zoo.api import CONF_DIR
-from spec_zoo.errors import ConfigError
 from spec_zoo.drafters.early_exit.adapter import ExitAdapter, load_adapter
+from spec_zoo.drafters.early_exit.drafter import EarlyExitDrafter, shipped_adapter
 from spec_zoo.drafters.early_exit.train import train_exit_adapter
+from spec_zoo.errors import ConfigError
 from tests.drafts import exit_adapter
 from tests.heads import check_corrupt_files_fail, teacher, train_cfg
 from tests.test_sampling_exact import P_MIN, SETTINGS, _check

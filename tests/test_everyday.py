@@ -8,7 +8,6 @@ import random
 import time
 
 import pytest
-import torch
 from omegaconf import OmegaConf
 
 import spec_zoo

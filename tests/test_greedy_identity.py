@@ -2,14 +2,13 @@
 plain greedy decoding token for token (tiny float64 models, so no near-ties)."""
 
 import pytest
-import torch
 
 from spec_zoo import SamplingParams, SpeculativeDecoder, Target
 from spec_zoo.testing import repetitive_prompt
-from tests.drafts import drafter_lineup
-from tests.tiny import hf_greedy, one_thread, tiny_llama  # noqa: F401 (autouse fixture)
 from spec_zoo.verifiers.greedy import GreedyVerifier
 from spec_zoo.verifiers.rejection import RejectionVerifier
+from tests.drafts import drafter_lineup
+from tests.tiny import hf_greedy, one_thread, tiny_llama  # noqa: F401 (autouse fixture)
 
 SEEDS = [0, 1, 2, 3, 4]
 MAX_NEW = 40

@@ -8,11 +8,11 @@ differing position (the margin is printed and bounded).
 
 import pytest
 
-from spec_zoo.drafters.ngram import NgramDrafter
-from spec_zoo.drafters.small_model import SmallModelDrafter
 from spec_zoo import SpeculativeDecoder
 from spec_zoo.bench.dataset import load_questions
 from spec_zoo.bench.runner import first_difference, top2_margin
+from spec_zoo.drafters.ngram import NgramDrafter
+from spec_zoo.drafters.small_model import SmallModelDrafter
 from spec_zoo.models import make_truncated_draft
 from tests.tiny import hf_greedy
 

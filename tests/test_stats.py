@@ -8,7 +8,13 @@ import numpy as np
 import pytest
 
 from spec_zoo.bench.stats import (
-    Pair, bootstrap_ci, median_speedup, per_repeat_speedups, pooled_speedup, specbench_speedup, speedup_stats,
+    Pair,
+    bootstrap_ci,
+    median_speedup,
+    per_repeat_speedups,
+    pooled_speedup,
+    specbench_speedup,
+    speedup_stats,
 )
 from spec_zoo.bench.summary import OVERALL, summarize
 

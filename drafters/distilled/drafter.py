@@ -19,8 +19,8 @@ from pathlib import Path
 
 import torch
 
-from spec_zoo.drafters.small_model import SmallModelDrafter
 from spec_zoo.draft import Draft
+from spec_zoo.drafters.small_model import SmallModelDrafter
 from spec_zoo.errors import ConfigError
 from spec_zoo.sampling import to_full_vocab
 from spec_zoo.target import Target

@@ -24,9 +24,8 @@ from pathlib import Path
 
 import torch
 
-from spec_zoo.artefacts import check_target
+from spec_zoo.artefacts import check_target, write_artefact
 from spec_zoo.artefacts import read_record as read_json_record
-from spec_zoo.artefacts import write_artefact
 from spec_zoo.errors import ConfigError
 
 RECORD = "distill.json"

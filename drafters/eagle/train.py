@@ -19,8 +19,8 @@ from omegaconf import DictConfig
 from spec_zoo.drafters.eagle.head import EagleHead
 from spec_zoo.errors import ConfigError
 from spec_zoo.layers import causal_mask
-from spec_zoo.train.loop import train_module
 from spec_zoo.train.heads import HeadRecipe, HeadStudent
+from spec_zoo.train.loop import train_module
 
 
 class EagleStudent(HeadStudent):

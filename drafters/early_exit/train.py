@@ -15,11 +15,11 @@ from pathlib import Path
 import torch
 from omegaconf import DictConfig
 
-from spec_zoo.errors import ConfigError
 from spec_zoo.drafters.early_exit.adapter import ExitAdapter, check_exit_layer
+from spec_zoo.errors import ConfigError
 from spec_zoo.layers import DecoderStack, causal_mask
-from spec_zoo.train.loop import train_module
 from spec_zoo.train.heads import HeadRecipe, HeadStudent
+from spec_zoo.train.loop import train_module
 
 
 class ExitStudent(HeadStudent):

@@ -20,7 +20,13 @@ import spec_zoo
 from spec_zoo.bench.dataset import Question
 from spec_zoo.bench.methods import Method
 from spec_zoo.bench.records import (
-    BASELINE, FIELDS, SCHEMA_VERSION, RecordWriter, check_schema, read_records, record_key,
+    BASELINE,
+    FIELDS,
+    SCHEMA_VERSION,
+    RecordWriter,
+    check_schema,
+    read_records,
+    record_key,
 )
 from spec_zoo.target import Target
 

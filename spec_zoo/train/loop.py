@@ -26,6 +26,7 @@ from pathlib import Path
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from spec_zoo.artefacts import describe_target
 from spec_zoo.errors import ConfigError
 from spec_zoo.train.data import (
     PACKAGED_PROMPTS,
@@ -39,7 +40,6 @@ from spec_zoo.train.data import (
     teacher_data,
 )
 from spec_zoo.train.losses import LOSSES, agreement, divergence
-from spec_zoo.artefacts import describe_target
 
 
 def check_config(cfg: DictConfig, recipe) -> None:
