@@ -81,6 +81,7 @@ class MergeDrafter(ComposedDrafter):
     """
 
     name = "merge"
+    drafts_trees = True  # two members proposing make a tree
 
     def propose(self, state: DecodeState) -> Draft:
         self._collect(state)

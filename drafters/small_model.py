@@ -71,6 +71,10 @@ class SmallModelDrafter(ChainDrafter):
             self.source = str(path)
         self.runner = Target(model, tokenizer)
 
+    @property
+    def drafts_trees(self) -> bool:
+        return self.tree_depth > 0
+
     def attach(self, target: Target) -> None:
         mine, theirs = self.runner.vocab_size, target.vocab_size
         same_tokenizer = True

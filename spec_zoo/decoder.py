@@ -51,6 +51,7 @@ class SpeculativeDecoder:
         verifier = verifier or build_option("verifier", "auto", temperature=self.sampling.temperature)
         verifier.check(self.sampling)
         self.drafter = drafter or build_option("drafter", "none")
+        verifier.check_drafter(self.drafter)
         self.verifier = verifier
         self.seed = seed
         self.drafter.attach(target)

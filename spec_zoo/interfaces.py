@@ -72,6 +72,8 @@ class Drafter(ABC):
     name: str = "drafter"
     #: set True to receive ``state.target_hidden`` (Medusa/EAGLE-like heads, early exit)
     needs_target_hidden: bool = False
+    #: True when drafts may branch (chain-only verifiers refuse such a drafter up front)
+    drafts_trees: bool = False
 
     def attach(self, target: "Target") -> None:
         """Called once when a decoder is built: check compatibility with the target
@@ -101,6 +103,10 @@ class Verifier(ABC):
 
     def check(self, sampling: SamplingParams) -> None:
         """Raise `ConfigError` when this verifier cannot honour ``sampling``."""
+
+    def check_drafter(self, drafter: "Drafter") -> None:
+        """Raise `ConfigError` when this verifier cannot read what ``drafter`` proposes
+        (e.g. a chain-only rule and a tree drafter), before any decoding."""
 
     @abstractmethod
     def verify(

@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 
-from spec_zoo import SamplingParams, SpeculativeDecoder, Target, logits_to_probs
+from spec_zoo import Draft, Drafter, SamplingParams, SpeculativeDecoder, Target, logits_to_probs
 from spec_zoo.api import build_component, compose_config
 from spec_zoo.errors import ConfigError
 from spec_zoo.testing import assert_greedy_identity
@@ -203,10 +203,16 @@ def test_tokenwise_residual_breaks_exactness():
 def test_trees_are_refused():
     model = tiny_llama(0)
     lineup = drafter_lineup(model)
-    with pytest.raises(ConfigError, match=r"verifier=block .*drafter=small_model .*tree_depth=3.*verifier=rejection"):
-        BlockVerifier().check_drafter(lineup["small_tree_2x3"]())  # before decoding
+    for tree_drafter in ("small_tree_2x3", "merge_ngram_small"):
+        with pytest.raises(ConfigError, match=r"verifier=block verifies chains only.*use verifier=rejection"):
+            SpeculativeDecoder(Target(model), lineup[tree_drafter](), BlockVerifier(), SamplingParams())  # up front
     BlockVerifier().check_drafter(lineup["small_chain_k3"]())
-    decoder = SpeculativeDecoder(Target(model), lineup["small_tree_2x3"](), BlockVerifier(), SamplingParams())
+
+    class UndeclaredTrees(Drafter):  # a custom drafter that branches without saying so
+        def propose(self, state):
+            return Draft(torch.tensor([3, 4]), [-1, -1])
+
+    decoder = SpeculativeDecoder(Target(model), UndeclaredTrees(), BlockVerifier(), SamplingParams())
     with pytest.raises(ConfigError, match=r"verifier=block verifies chains only.*use verifier=rejection"):
         decoder.generate([3, 4, 5], max_new_tokens=8, eos_token_ids=[])
 

@@ -8,6 +8,10 @@ import ast
 import re
 from pathlib import Path
 
+import pytest
+
+from spec_zoo import SpeculativeDecoder
+
 ROOT = Path(__file__).resolve().parents[1]
 SOURCES = ("spec_zoo", "drafters", "verifiers")
 # consumers of methods (they sit above them): training, and the test harness for plugin authors
@@ -64,3 +68,38 @@ def test_architecture_module_map_is_complete_and_true():
     missing = [m for m in modules() if m not in listed and m not in markers]
     assert not missing, f"add these modules to docs/architecture.md's module map: {missing}"
     assert not [m for m in listed if not (ROOT / m).is_file()], "the module map lists files that do not exist"
+
+
+def test_every_experiment_preset_and_method_composes():
+    """Every preset and bench method resolves after the move (no model loads)."""
+    from hydra import compose, initialize_config_dir
+
+    from spec_zoo.api import CONF_DIR
+    from spec_zoo.bench.methods import resolve_methods
+    from spec_zoo.registry import option_names
+
+    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+        for preset in option_names("experiment"):
+            cfg = compose("bench", overrides=[f"+experiment={preset}"])
+            specs, _ = resolve_methods(cfg.methods, list(cfg.default_methods), cfg)
+            assert specs, preset
+    specs, notes = resolve_methods(option_names("method"), [])
+    assert len(specs) == len(option_names("method")) and not notes
+
+
+@pytest.mark.real_model
+def test_every_shipped_drafter_option_loads_and_decodes_as_plain_greedy(smollm2_target):
+    """Every conf/drafter option (shipped artefacts included) builds from its YAML on the
+    real target and, under greedy verification, prints plain greedy decoding's tokens."""
+    from spec_zoo.api import build_decoder, compose_config
+    from spec_zoo.registry import option_names
+
+    prompt, plain = None, None
+    for option in option_names("drafter"):
+        cfg = compose_config([f"drafter={option}", "prompt=Write a Python function that reverses a list.",
+                              "generation.max_new_tokens=24"])
+        decoder = build_decoder(cfg, target=smollm2_target)
+        prompt = prompt or decoder.encode(cfg.prompt)
+        ids = decoder.generate(prompt, 24).ids
+        plain = plain or SpeculativeDecoder(smollm2_target).generate(prompt, 24).ids
+        assert ids == plain, option

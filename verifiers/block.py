@@ -51,9 +51,9 @@ class BlockVerifier(Verifier):
     lossless = True
 
     def check_drafter(self, drafter) -> None:
-        """Refuse, before decoding, a drafter configured to propose trees."""
-        if getattr(drafter, "tree_depth", 0):
-            raise ConfigError(TREE_ERROR.format(what=f"drafter={drafter.name} (tree_depth={drafter.tree_depth})"))
+        """Refuse, before decoding, a drafter that proposes trees."""
+        if drafter.drafts_trees:
+            raise ConfigError(TREE_ERROR.format(what=f"drafter={drafter.name}"))
 
     def verify(self, draft: Draft, target_logits: torch.Tensor, sampling, generator) -> Verdict:
         if not draft.is_chain:
