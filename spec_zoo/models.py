@@ -13,7 +13,9 @@ import importlib.util
 import os
 import re
 import shutil
+import sys
 import tempfile
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -116,10 +118,29 @@ def _save_atomically(out_dir: Path, model, tokenizer=None) -> None:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+@contextmanager
+def _one_maker(out_dir: Path):
+    """Let one process at a time make ``out_dir`` (two first runs at once, or parallel test
+    workers, would otherwise both convert and replace each other's copy mid-read)."""
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    with open(out_dir.parent / f".{out_dir.name}.lock", "w") as lock:
+        try:
+            import fcntl
+
+            fcntl.flock(lock, fcntl.LOCK_EX)
+        except ImportError:  # no fcntl (Windows): unlocked, as before
+            pass
+        yield
+
+
 def embedded_model_dir(name: str = "smollm2-135m") -> Path:
     """The safetensors copy of an embedded model, converting the GGUF on first use."""
     out = cache_root() / EMBEDDED[name][2]
-    if not _is_cached(name):
+    if _is_cached(name):
+        return out
+    with _one_maker(out):
+        if _is_cached(name):  # another process made it while this one waited
+            return out
         model, tokenizer = load_gguf(name)
         # a GGUF-loaded model carries a quantizer stub that makes save_pretrained refuse;
         # the weights are already de-quantized, so drop it
@@ -192,11 +213,12 @@ def truncated_draft(layers: int = 4, name: str = "smollm2-135m") -> Path:
     """The embedded target ``name`` cut to its first ``layers`` layers, as a model dir under
     the cache: made on first use (seconds), so no method needs a setup command first."""
     out = cache_root() / f"{name}-trunc{layers}"
-    if not (out / "config.json").is_file():
-        import sys
-
-        print(f"spec-zoo: making the {layers}-layer truncated draft of {name} once -> {out}", file=sys.stderr)
-        target = load_target(name)
-        make_truncated_draft(target.model, layers, out, tokenizer=target.tokenizer)
+    if (out / "config.json").is_file():
+        return out
+    with _one_maker(out):
+        if not (out / "config.json").is_file():
+            print(f"spec-zoo: making the {layers}-layer truncated draft of {name} once -> {out}", file=sys.stderr)
+            target = load_target(name)
+            make_truncated_draft(target.model, layers, out, tokenizer=target.tokenizer)
     return out
 
