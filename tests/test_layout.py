@@ -97,9 +97,9 @@ def test_every_shipped_drafter_option_loads_and_decodes_as_plain_greedy(smollm2_
     prompt, plain = None, None
     for option in option_names("drafter"):
         cfg = compose_config([f"drafter={option}", "prompt=Write a Python function that reverses a list.",
-                              "generation.max_new_tokens=24"])
+                              "generation.max_new_tokens=12"])
         decoder = build_decoder(cfg, target=smollm2_target)
         prompt = prompt or decoder.encode(cfg.prompt)
-        ids = decoder.generate(prompt, 24).ids
-        plain = plain or SpeculativeDecoder(smollm2_target).generate(prompt, 24).ids
+        ids = decoder.generate(prompt, 12).ids
+        plain = plain or SpeculativeDecoder(smollm2_target).generate(prompt, 12).ids
         assert ids == plain, option
