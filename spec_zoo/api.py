@@ -19,9 +19,9 @@ from spec_zoo.decoder import Output, SpeculativeDecoder
 from spec_zoo.errors import ConfigError
 from spec_zoo.interfaces import Drafter, Verifier
 from spec_zoo.models import check_model_config, load_target
-from spec_zoo.registry import register_plugins
+from spec_zoo.registry import option_names, register_plugins
 from spec_zoo.sampling import SamplingParams
-from spec_zoo.schema import compose, constructor_params, fail, group_options, locate, validate
+from spec_zoo.schema import compose, constructor_params, fail, locate, validate
 from spec_zoo.target import Target
 
 CONF_DIR = str(importlib.resources.files("spec_zoo.conf"))
@@ -249,7 +249,7 @@ def _choice(group: str, value, cls: type) -> str | None:
     """The override selecting ``value`` of ``group`` (an option name), None for an instance."""
     if isinstance(value, cls):
         return None
-    options = group_options(group)
+    options = option_names(group)
     if not isinstance(value, str) or value not in options:
         raise fail(group, f"{value!r} is not an option", f"choose one of {', '.join(options)}, or pass a {cls.__name__}")
     return f"{group}={value}"

@@ -78,11 +78,11 @@ GROUPS = ("drafter", "verifier", "model", "generation")  # the groups `spec-zoo`
 def usage() -> str:
     """``spec-zoo --help``: the groups spec-zoo takes, with their options (Hydra's own help
     would list every folder of the config dir, bench presets included)."""
-    from spec_zoo.schema import group_options
+    from spec_zoo.registry import option_names
 
     lines = ["spec-zoo [group=option ...] [key=value ...]: speculative decoding of one prompt.", "",
              "Config groups (spec-zoo show group=option prints an option's keys with their comments):"]
-    lines += [f"  {g:<11} {', '.join(group_options(g))}" for g in GROUPS]
+    lines += [f"  {g:<11} {', '.join(option_names(g))}" for g in GROUPS]
     lines += ["", "Top-level keys: prompt (prompt=- reads stdin; quote commas: \"prompt='a, b'\"), prompt_file, seed.",
               "Also: spec-zoo list (every drafter, verifier, bench method), spec-zoo --cfg job (the composed config),",
               "spec-zoo --hydra-help (Hydra's flags: multirun, config dirs). Every key: docs/configs.md."]
@@ -97,13 +97,14 @@ def show_option(choice: str) -> str:
     from omegaconf import OmegaConf
 
     from spec_zoo.api import compose_config
-    from spec_zoo.schema import fail, group_options
+    from spec_zoo.registry import option_names
+    from spec_zoo.schema import fail
 
     group, _, name = choice.partition("=")
     if group not in GROUPS:
         raise fail("show", f"{choice!r} is not group=option", f"e.g. spec-zoo show drafter=eagle ({', '.join(GROUPS)})")
-    if name not in group_options(group):
-        raise fail(group, f"{name!r} is not an option", f"choose one of {', '.join(group_options(group))}")
+    if name not in option_names(group):
+        raise fail(group, f"{name!r} is not an option", f"choose one of {', '.join(option_names(group))}")
     path = Path(CONF_DIR) / group / f"{name}.yaml"
     if not path.is_file():  # an installed plugin (ConfigStore)
         node = compose_config([f"{group}={name}"])[group]

@@ -120,15 +120,11 @@ def option_names(group: str) -> list[str]:
 def compose_option(group: str, name: str):
     """One option of a config group, composed by Hydra (so its defaults list is honoured):
     how bench methods and composed drafters read the options they name."""
-    from hydra import compose, initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
+    from spec_zoo.schema import compose
 
     if name not in option_names(group):
         raise ConfigError(f"{group}={name!r} is unknown; available: {', '.join(option_names(group))}.")
-    if GlobalHydra.instance().is_initialized():  # inside a @hydra.main (spec-zoo-bench)
-        return compose(overrides=[f"+{group}={name}"])[group]
-    with initialize_config_dir(config_dir=str(_conf_dir()), version_base="1.3"):
-        return compose(overrides=[f"+{group}={name}"])[group]
+    return compose(None, [f"+{group}={name}"])[group]
 
 
 def build_option(group: str, name: str, **values):

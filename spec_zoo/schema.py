@@ -345,8 +345,9 @@ HYDRA_FLAGS = {"-h", "--help", "--hydra-help", "-c", "--cfg", "-i", "--info", "-
                "-sc", "--shell-completion", "--run", "-r", "--version"}
 
 
-def compose(config_name: str, overrides: list[str]) -> DictConfig:
-    """Hydra's compose of ``config_name`` (the shipped config dir) with ``overrides``."""
+def compose(config_name: str | None, overrides: list[str]) -> DictConfig:
+    """Hydra's compose of ``config_name`` (the shipped config dir; None: the overrides alone)
+    with ``overrides``, inside a running @hydra.main app or not."""
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
@@ -386,10 +387,12 @@ def composed(config_name: str, overrides: list[str]) -> DictConfig:
 def _override_error(config_name: str, before: list[str], override: str, err: Exception) -> ConfigError:
     from hydra.errors import MissingConfigException
 
+    from spec_zoo.registry import option_names
+
     key, _, value = override.partition("=")
     key = key.lstrip("+~")
     text = str(err)
-    options = group_options(key) if "." not in key else []
+    options = option_names(key) if "." not in key else []
     if isinstance(err, MissingConfigException) or (options and "Config group override" in text):
         choices = getattr(err, "options", None) or options
         return fail(key, f"{value!r} is not an option", f"choose one of {', '.join(choices)}")
@@ -400,15 +403,6 @@ def _override_error(config_name: str, before: list[str], override: str, err: Exc
         return unknown_key(key, list(node.keys()) if isinstance(node, DictConfig) else [])
     return fail(key or override, f"cannot read {override!r} ({text.splitlines()[0]})",
                 "quote values with commas, spaces or brackets, e.g. \"prompt='a, b'\"")
-
-
-def group_options(group: str) -> list[str]:
-    """Options of a config group: its shipped YAML files and, for drafters and verifiers,
-    the installed plugins."""
-    from spec_zoo.registry import ENTRY_POINT_GROUPS, entry_points, shipped_options
-
-    plugins = entry_points(group) if group in ENTRY_POINT_GROUPS else {}
-    return sorted({*shipped_options(group), *plugins})
 
 
 @functools.lru_cache(maxsize=None)
