@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import re
 import shlex
-import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -15,6 +15,7 @@ import yaml
 from tests.tiny import one_thread  # noqa: F401 (autouse fixture)
 
 TUTORIAL = Path(__file__).parents[1] / "docs" / "tutorial_new_drafter.md"
+BIN = Path(sys.executable).parent  # the venv's scripts, whether or not the venv is on PATH
 
 
 def blocks(lang: str) -> list[str]:
@@ -46,7 +47,7 @@ def test_python_blocks_run_in_order(monkeypatch, tmp_path):
 
 @pytest.mark.parametrize("argv", commands(), ids=lambda argv: " ".join(argv)[:60])
 def test_shell_commands_exist(argv):
-    assert shutil.which(argv[0]), f"{argv[0]} is not an installed command (pip install -e .)"
+    assert (BIN / argv[0]).is_file(), f"{argv[0]} is not an installed command (pip install -e .)"
 
 
 def test_config_snippets_parse_as_shown():
@@ -67,7 +68,7 @@ def test_spec_zoo_commands_compose(tmp_path):
         if argv[0] != "spec-zoo" or "list" in argv or "drafter=bigram" in argv and "--config-dir" not in argv:
             continue
         argv = [a.replace("my_conf", str(tmp_path / "my_conf")) for a in argv]
-        done = subprocess.run([shutil.which("spec-zoo"), *argv[1:], "--cfg", "job"],
+        done = subprocess.run([str(BIN / "spec-zoo"), *argv[1:], "--cfg", "job"],
                               capture_output=True, text=True, timeout=120)
         assert done.returncode == 0, done.stderr
         assert "BigramDrafter" in done.stdout
