@@ -1,7 +1,10 @@
-"""A trained draft head that lives next to the target: one decoder layer + norm + head.
+"""Trained draft heads that live next to the target, and their artefact format.
 
-Shared by the exit adapter (reads layer E's states, `spec_zoo.drafters.early_exit.adapter`) and the
-EAGLE-style feature head (reads the target's last-layer features, `spec_zoo.drafters.eagle.head`):
+`VocabHead` is what every such head shares (the Medusa heads, `spec_zoo.drafters.medusa.heads`,
+use it alone): a head over a reduced *draft vocabulary* and the artefact files. `BlockHead`
+adds one decoder layer + norm; it is shared by the exit adapter (reads layer E's states,
+`spec_zoo.drafters.early_exit.adapter`) and the EAGLE-style feature head (reads the target's
+last-layer features, `spec_zoo.drafters.eagle.head`):
 
 * ``block``: one decoder layer of the target's own class, initialised from one of its
   layers (attention + MLP, or attention only); it has its own KV cache, so it sees the
@@ -31,30 +34,21 @@ from spec_zoo.errors import ConfigError
 from spec_zoo.layers import DecoderStack
 
 
-class BlockHead(torch.nn.Module):
-    """States [B, q, H] -> one decoder layer -> norm -> logits over the draft vocabulary.
+class VocabHead(torch.nn.Module):
+    """A head over the draft vocabulary: the target's LM-head rows of ``vocab_ids``
+    (frozen and not stored, rebuilt at load) or a trained copy (``train_head``, stored).
 
-    init_layer: the target layer the block starts as a copy of.
     vocab_ids:  LongTensor [K] of target token ids (row order of the head), or None (all).
+    Subclasses name their artefact files and implement `describe` and `from_record`.
     """
 
     #: artefact format name, JSON record and weights file names, and what to call it in errors
     FORMAT, RECORD, WEIGHTS, WHAT = "", "", "", ""
     FORMAT_VERSION = 1
 
-    def __init__(self, target_model, init_layer: int, mlp: bool = True, vocab_ids: torch.Tensor | None = None,
-                 train_head: bool = False):
+    def __init__(self, target_model, vocab_ids: torch.Tensor | None = None, train_head: bool = False):
         super().__init__()
-        stack = DecoderStack(target_model)
-        if not 0 <= init_layer < stack.num_layers:
-            raise ConfigError(f"init_layer={init_layer}; the target has layers 0..{stack.num_layers - 1}.")
-        self.init_layer, self.mlp, self.train_head = init_layer, mlp, train_head
-        block = copy.deepcopy(stack.inner.layers[init_layer])
-        block.self_attn.layer_idx = 0  # its own one-layer cache
-        if not mlp:
-            del block.mlp, block.post_attention_layernorm
-        self.block = block
-        self.norm = copy.deepcopy(stack.inner.norm)
+        self.train_head = train_head
         weight = target_model.lm_head.weight.detach()
         if vocab_ids is not None:
             vocab_ids = torch.as_tensor(vocab_ids, dtype=torch.long)
@@ -64,6 +58,36 @@ class BlockHead(torch.nn.Module):
             self.head = torch.nn.Parameter(weight.clone())
         else:  # the target's rows, rebuilt at load: not stored
             self.register_buffer("head", weight.clone(), persistent=False)
+
+    def describe(self) -> dict:
+        return {"train_head": self.train_head, "hidden_size": int(self.head.shape[1]),
+                "draft_vocab_size": int(self.head.shape[0])}
+
+    @classmethod
+    def from_record(cls, target_model, record: dict, vocab_ids: torch.Tensor | None) -> "VocabHead":
+        """An untrained head of the shape ``record`` describes (its weights are loaded next)."""
+        raise NotImplementedError
+
+
+class BlockHead(VocabHead):
+    """States [B, q, H] -> one decoder layer -> norm -> logits over the draft vocabulary.
+
+    init_layer: the target layer the block starts as a copy of.
+    """
+
+    def __init__(self, target_model, init_layer: int, mlp: bool = True, vocab_ids: torch.Tensor | None = None,
+                 train_head: bool = False):
+        super().__init__(target_model, vocab_ids, train_head)
+        stack = DecoderStack(target_model)
+        if not 0 <= init_layer < stack.num_layers:
+            raise ConfigError(f"init_layer={init_layer}; the target has layers 0..{stack.num_layers - 1}.")
+        self.init_layer, self.mlp = init_layer, mlp
+        block = copy.deepcopy(stack.inner.layers[init_layer])
+        block.self_attn.layer_idx = 0  # its own one-layer cache
+        if not mlp:
+            del block.mlp, block.post_attention_layernorm
+        self.block = block
+        self.norm = copy.deepcopy(stack.inner.norm)
         for p in self.parameters():
             p.requires_grad_(True)
 
@@ -82,16 +106,10 @@ class BlockHead(torch.nn.Module):
         return torch.nn.functional.linear(self.norm(adapted), self.head)
 
     def describe(self) -> dict:
-        return {"init_layer": self.init_layer, "mlp": self.mlp, "train_head": self.train_head,
-                "hidden_size": int(self.head.shape[1]), "draft_vocab_size": int(self.head.shape[0])}
-
-    @classmethod
-    def from_record(cls, target_model, record: dict, vocab_ids: torch.Tensor | None) -> "BlockHead":
-        """An untrained head of the shape ``record`` describes (its weights are loaded next)."""
-        raise NotImplementedError
+        return {"init_layer": self.init_layer, "mlp": self.mlp, **super().describe()}
 
 
-def save_head(head: BlockHead, out_dir, target_info: dict, record: dict, dtype=torch.float16) -> Path:
+def save_head(head: VocabHead, out_dir, target_info: dict, record: dict, dtype=torch.float16) -> Path:
     """Write the head's weights + JSON record atomically (temp dir, then rename)."""
     tensors = {k: (v if k == "vocab_ids" else v.to(dtype)).detach().contiguous() for k, v in head.state_dict().items()}
     full = {"format": head.FORMAT, "format_version": head.FORMAT_VERSION, **head.describe(), "target": target_info,
@@ -99,7 +117,7 @@ def save_head(head: BlockHead, out_dir, target_info: dict, record: dict, dtype=t
     return write_artefact(out_dir, head.RECORD, full, lambda tmp: save_file(tensors, str(tmp / head.WEIGHTS)))
 
 
-def read_head_record(cls: type[BlockHead], path, key: str, fix: str) -> dict:
+def read_head_record(cls: type[VocabHead], path, key: str, fix: str) -> dict:
     path = Path(path).expanduser()
     file = path / cls.RECORD
     if not path.is_dir() or not file.is_file():
@@ -107,7 +125,7 @@ def read_head_record(cls: type[BlockHead], path, key: str, fix: str) -> dict:
     return read_record(file, cls.FORMAT, cls.FORMAT_VERSION, cls.WHAT, f"retrain or re-copy the {cls.WHAT}")
 
 
-def load_head(cls: type[BlockHead], path, target_model, key: str, train_command: str) -> BlockHead:
+def load_head(cls: type[VocabHead], path, target_model, key: str, train_command: str) -> VocabHead:
     """The ``cls`` head at ``path``, checked against ``target_model``; frozen, on its device."""
     path = Path(path).expanduser()
     record = read_head_record(cls, path, key, f"train one with `{train_command}`, or set {key}=null")

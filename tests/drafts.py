@@ -11,6 +11,8 @@ from spec_zoo.drafters.eagle.drafter import EagleDrafter
 from spec_zoo.drafters.eagle.head import EagleHead
 from spec_zoo.drafters.early_exit.adapter import ExitAdapter
 from spec_zoo.drafters.early_exit.drafter import EarlyExitDrafter
+from spec_zoo.drafters.medusa.drafter import MedusaDrafter
+from spec_zoo.drafters.medusa.heads import MedusaHeads
 from spec_zoo.drafters.ngram import NgramDrafter
 from spec_zoo.drafters.none import NoDrafter
 from spec_zoo.drafters.small_model import SmallModelDrafter
@@ -41,6 +43,22 @@ def eagle_head(model) -> EagleHead:
                      vocab_ids=torch.arange(vocab - max(1, vocab // 4))).eval()
 
 
+def medusa_heads(model, seed: int = 5) -> MedusaHeads:
+    """Medusa heads over a reduced draft vocabulary (as `exit_adapter`), their blocks random
+    (untrained heads all repeat the target's next token), so the heads disagree."""
+    vocab = model.lm_head.weight.shape[0]
+    heads = MedusaHeads(model, 4, vocab_ids=torch.arange(vocab - max(1, vocab // 4)))
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for block in heads.blocks:
+            w = block.linear.weight
+            w.copy_(torch.randn(w.shape, generator=gen, dtype=w.dtype) / w.shape[1] ** 0.5)
+    return heads.eval()
+
+
+MEDUSA_TREE = [[0], [1], [0, 0], [0, 1], [1, 0], [0, 0, 0], [0, 0, 1], [0, 0, 0, 0]]
+
+
 def drafter_lineup(target_model, sampled: bool = False) -> dict:
     """Name -> factory; factories so each decoder gets a fresh drafter."""
     partial = noisy_copy(target_model, 1.0)
@@ -64,6 +82,9 @@ def drafter_lineup(target_model, sampled: bool = False) -> dict:
             1, num_draft=3, adaptive=False, sample=sample, adapter=exit_adapter(target_model), reuse_kv=False),
         "eagle_k3": lambda: EagleDrafter(eagle_head(target_model), num_draft=3, adaptive=False, sample=sample),
         "eagle_adaptive": lambda: EagleDrafter(eagle_head(target_model), num_draft=2, max_draft=6, sample=sample),
+        "medusa_k3": lambda: MedusaDrafter(medusa_heads(target_model), num_draft=3, sample=sample),
+        "medusa_adaptive": lambda: MedusaDrafter(medusa_heads(target_model), num_draft=2, adaptive=True, sample=sample),
+        "medusa_tree": lambda: MedusaDrafter(medusa_heads(target_model), choices=MEDUSA_TREE),
     }
 
 

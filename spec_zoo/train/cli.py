@@ -1,7 +1,7 @@
 """``spec-zoo-train <command> [key=value ...]``: Hydra entry points for draft training.
 
 Commands: ``distill`` (conf/train_distill.yaml), ``early_exit`` (conf/train_early_exit.yaml),
-``eagle`` (conf/train_eagle.yaml).
+``eagle`` (conf/train_eagle.yaml), ``medusa`` (conf/train_medusa.yaml).
 """
 
 from __future__ import annotations
@@ -49,7 +49,14 @@ def _eagle(cfg: DictConfig) -> None:
     _run(train_eagle, cfg, "train_eagle")
 
 
-COMMANDS = {"distill": _distill, "early_exit": _early_exit, "eagle": _eagle}
+@hydra.main(config_path=CONF_DIR, config_name="train_medusa", version_base="1.3")
+def _medusa(cfg: DictConfig) -> None:
+    from spec_zoo.drafters.medusa.train import train_medusa
+
+    _run(train_medusa, cfg, "train_medusa")
+
+
+COMMANDS = {"distill": _distill, "early_exit": _early_exit, "eagle": _eagle, "medusa": _medusa}
 
 
 def main() -> None:

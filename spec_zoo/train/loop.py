@@ -10,7 +10,8 @@
 5. write the artefact (``recipe.save``).
 
 A recipe (``drafters/<method>/train.py``) supplies ``desc``, ``check``, ``make``,
-``trainable``, ``save`` and optionally ``extra_loss``; a module it makes exposes
+``trainable``, ``save`` and optionally ``extra_loss``, or ``batch_metrics`` for a loss of its
+own (several heads: `spec_zoo.drafters.medusa.train`); a module it makes exposes
 ``hidden``, ``head``, ``vocab_ids`` and ``lm`` (see `spec_zoo.drafters.distilled.student.Student`).
 """
 
@@ -67,7 +68,7 @@ def _load_target(cfg: DictConfig):
     return load_target(name=t.name, path=t.path, dtype=t.dtype, device="cpu")
 
 
-def _positions(student, data: TeacherData, rows: torch.Tensor, full_vocab: int):
+def teacher_positions(student, data: TeacherData, rows: torch.Tensor, full_vocab: int):
     """Teacher targets of a batch of sequences: (flat hidden-state index, t_ids, t_index, t_logp)."""
     lut = None
     if student.vocab_ids is not None:
@@ -89,34 +90,35 @@ def _positions(student, data: TeacherData, rows: torch.Tensor, full_vocab: int):
     return ids.clamp(min=0), mask, torch.cat(where), t_ids, t_index, t_logp
 
 
-def _batch_loss(student, data: TeacherData, rows, full_vocab: int, kind: str, with_agreement=False):
-    ids, mask, where, t_ids, t_index, t_logp = _positions(student, data, rows, full_vocab)
+def batch_metrics(student, data: TeacherData, rows, full_vocab: int, kind: str, with_agreement=False) -> dict:
+    """Per-position values of a batch: ``loss`` (what trains), and with ``with_agreement``
+    ``alpha_greedy`` (draft argmax == target argmax) and ``alpha_sampled`` (1 - TV at temperature 1)."""
+    ids, mask, where, t_ids, t_index, t_logp = teacher_positions(student, data, rows, full_vocab)
     hidden = student.hidden(ids, mask)
     logits = student.head(hidden.reshape(-1, hidden.shape[-1])[where])
     loss = divergence(logits, t_index, t_logp, kind)
     if with_agreement:
         greedy, accept = agreement(logits, student.vocab_ids, t_ids, t_index, t_logp)
-        return loss, greedy, accept
-    return loss
+        return {"loss": loss, "alpha_greedy": greedy, "alpha_sampled": accept}
+    return {"loss": loss}
 
 
 @torch.no_grad()
-def evaluate(student, data: TeacherData, full_vocab: int, kind: str, batch_size: int = 16) -> dict:
-    """Held-out loss, greedy acceptance (draft argmax == target argmax) and sampled
-    acceptance (1 - TV at temperature 1), averaged over positions."""
+def evaluate(student, data: TeacherData, full_vocab: int, kind: str, batch_size: int = 16,
+             metrics=batch_metrics) -> dict:
+    """Held-out means of what ``metrics`` returns per position (by default loss, greedy and
+    sampled acceptance; a recipe's ``batch_metrics`` may return more)."""
     if len(data) == 0:
         return {"loss": float("nan"), "alpha_greedy": float("nan"), "alpha_sampled": float("nan")}
     student.eval()
-    tot = {"loss": 0.0, "alpha_greedy": 0.0, "alpha_sampled": 0.0}
-    n = 0
+    sums: dict[str, float] = {}
+    counts: dict[str, int] = {}
     for s in range(0, len(data), batch_size):
         rows = torch.arange(s, min(s + batch_size, len(data)))
-        loss, greedy, accept = _batch_loss(student, data, rows, full_vocab, kind, with_agreement=True)
-        tot["loss"] += float(loss.sum())
-        tot["alpha_greedy"] += float(greedy.float().sum())
-        tot["alpha_sampled"] += float(accept.sum())
-        n += loss.numel()
-    return {k: round(v / max(n, 1), 4) for k, v in tot.items()}
+        for name, values in metrics(student, data, rows, full_vocab, kind, with_agreement=True).items():
+            sums[name] = sums.get(name, 0.0) + float(values.float().sum())
+            counts[name] = counts.get(name, 0) + values.numel()
+    return {k: round(v / max(counts[k], 1), 4) for k, v in sums.items()}
 
 
 def select_vocab(counts: torch.Tensor, size: int, always=()) -> torch.Tensor | None:
@@ -263,7 +265,8 @@ def train_module(cfg: DictConfig, recipe, target=None) -> Path:
         train = concat_data(train, extra)
         data_s += time.time() - t_student
     kind = str(cfg.loss)
-    before = evaluate(student, held, full_vocab, kind)
+    metrics = getattr(recipe, "batch_metrics", batch_metrics)
+    before = evaluate(student, held, full_vocab, kind, metrics=metrics)
     params = recipe.trainable(student, cfg)
     opt = torch.optim.AdamW(params, lr=float(cfg.train.lr), weight_decay=float(cfg.train.weight_decay))
     gen = torch.Generator().manual_seed(int(cfg.train.seed))
@@ -283,7 +286,7 @@ def train_module(cfg: DictConfig, recipe, target=None) -> Path:
         rows = torch.randint(0, len(train), (bs,), generator=gen)
         for g in opt.param_groups:
             g["lr"] = _lr(step, cfg)
-        loss = _batch_loss(student, train, rows, full_vocab, kind).mean()
+        loss = metrics(student, train, rows, full_vocab, kind)["loss"].mean()
         if hasattr(recipe, "extra_loss"):  # a recipe's own term next to the distillation loss
             loss = loss + recipe.extra_loss(student, cfg)
         opt.zero_grad(set_to_none=True)
@@ -295,9 +298,9 @@ def train_module(cfg: DictConfig, recipe, target=None) -> Path:
         value = float(loss.detach())
         ema = value if ema is None else 0.9 * ema + 0.1 * value
         if step % int(cfg.train.eval_every) == 0 or step == steps:
-            metrics = evaluate(student, held, full_vocab, kind)
-            history.append({"step": step, "train_loss": round(ema, 4), **metrics})
-            last_eval = metrics["alpha_greedy"]
+            heldout = evaluate(student, held, full_vocab, kind, metrics=metrics)
+            history.append({"step": step, "train_loss": round(ema, 4), **heldout})
+            last_eval = heldout["alpha_greedy"]
         if step % int(cfg.train.ckpt_every) == 0 and step < steps:
             ckpt_dir.mkdir(parents=True, exist_ok=True)
             _save_checkpoint(ckpt, student, opt, step, gen, history)
@@ -305,7 +308,7 @@ def train_module(cfg: DictConfig, recipe, target=None) -> Path:
         bar.update(1)
     bar.close()
     train_s = time.time() - t_train
-    after = evaluate(student, held, full_vocab, kind)
+    after = evaluate(student, held, full_vocab, kind, metrics=metrics)
     record = {
         "data": {"prompts": str(d.prompts or "spec_zoo/train/data/prompts.jsonl"), "sequences": len(data) + len(forced_ids),
                  "train_sequences": len(train), "heldout_sequences": len(held), "positions": data.positions + forced_positions,

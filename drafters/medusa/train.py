@@ -1,0 +1,112 @@
+"""``spec-zoo-train medusa``: train Medusa heads (`spec_zoo.drafters.medusa.heads.MedusaHeads`)
+for a target, Medusa-1 style: the target stays frozen.
+
+The pipeline is `spec_zoo.train.loop.train_module` (teacher data: the target's own
+continuations, cached; progress, checkpoints, resume, seeds). The target's last-layer
+states are computed once per training sequence and kept in memory, so a step costs the
+heads alone. The recipe brings its own loss (`MedusaRecipe.batch_metrics`): the state at
+position j trains head i (0-based) on token j + 2 + i, i.e. i + 1 places after the token
+the target's own LM head predicts there, with weight ``decay ** i`` (Medusa-1's 0.8^i):
+
+* ``labels: tokens`` (the default, Medusa-1's choice): cross-entropy on the token the
+  target actually wrote there (its greedy continuation): that token is what greedy
+  verification accepts;
+* ``labels: distributions``: the loss of ``loss`` (fkl / rkl / tvd) against the target's
+  top-k distribution at that position (given the true prefix, which the head never sees).
+
+Held-out metrics per head: greedy agreement with the target's argmax and 1 - TV, and the
+expected tokens per step of a greedy chain of all heads (``tau_chain``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from omegaconf import DictConfig
+
+from spec_zoo.drafters.medusa.heads import MedusaHeads
+from spec_zoo.errors import ConfigError
+from spec_zoo.train.heads import HeadRecipe, HeadStudent
+from spec_zoo.train.loop import draft_vocab, teacher_positions, train_module
+from spec_zoo.train.losses import agreement, divergence
+
+LABELS = ("tokens", "distributions")
+
+
+class MedusaStudent(HeadStudent):
+    """`MedusaHeads` (``lm``) reading the frozen target's last-layer states."""
+
+    def target_states(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.stack.inner(input_ids=ids, use_cache=False).last_hidden_state
+
+    def hidden(self, ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        return self.cached_states(ids, attention_mask.sum(1).tolist())
+
+
+class MedusaRecipe(HeadRecipe):
+    """What `spec-zoo-train medusa` trains: `MedusaHeads` (section ``heads``)."""
+
+    desc, section, student = "medusa heads", "heads", MedusaStudent
+
+    def __init__(self, labels: str = "tokens", decay: float = 0.8):
+        self.labels, self.decay = labels, decay
+
+    def check(self, cfg: DictConfig) -> None:
+        super().check(cfg)
+        h = cfg.heads
+        if int(h.num_heads) < 1:
+            raise ConfigError(f"heads.num_heads={h.num_heads}; Medusa needs at least one head (e.g. 4).")
+        if h.labels not in LABELS:
+            raise ConfigError(f"heads.labels={h.labels!r}; allowed values: {', '.join(LABELS)}.")
+        if not 0.0 < float(h.decay) <= 1.0:
+            raise ConfigError(f"heads.decay={h.decay}; the weight of head i is decay^i, use a value in (0, 1].")
+
+    def make(self, cfg: DictConfig, target, train) -> MedusaStudent:
+        h = cfg.heads
+        heads = MedusaHeads(target.model, int(h.num_heads), draft_vocab(target, train, int(h.vocab_size)),
+                            bool(h.train_head))
+        return MedusaStudent(target.model, heads.to(target.model.dtype))
+
+    def batch_metrics(self, student: MedusaStudent, data, rows, full_vocab: int, kind: str,
+                      with_agreement: bool = False) -> dict:
+        """Per-position values (see the module docstring): ``loss`` = sum over heads of
+        decay^i x head i's loss (heads past a sequence's end left out)."""
+        ids, mask, where, t_ids, t_index, t_logp = teacher_positions(student, data, rows, full_vocab)
+        states = student.hidden(ids, mask).reshape(-1, student.lm.head.shape[1])[where]  # [N, H]
+        gen = data.gen_len[rows].tolist()
+        t = torch.cat([torch.arange(g) for g in gen])  # each row's place in its continuation
+        end = torch.cat([torch.full((g,), g) for g in gen])
+        N, K = where.numel(), student.lm.num_heads
+        written = ids.reshape(-1)[where + 1]  # the token the target wrote at each row
+        if student.vocab_ids is not None:  # its place in the draft vocabulary (-1: outside, not learnable)
+            lut = torch.full((full_vocab,), -1, dtype=torch.long)
+            lut[student.vocab_ids] = torch.arange(student.vocab_ids.numel())
+            written = lut[written]
+        loss = torch.zeros(N)
+        out = {}
+        matched = torch.zeros(N, K, dtype=torch.bool)
+        for i in range(K):
+            src = (t + i + 1 < end).nonzero()[:, 0]  # states whose head i has a token to guess
+            dst = src + i + 1  # the teacher row of that token (same sequence: rows are consecutive)
+            logits = student.lm.head_logits(states[src], i)
+            if self.labels == "tokens":  # cross-entropy: fkl against a one-hot teacher
+                head_loss = divergence(logits, written[dst, None], torch.zeros(len(dst), 1), "fkl")
+            else:
+                head_loss = divergence(logits, t_index[dst], t_logp[dst], kind)
+            loss = loss.index_add(0, src, self.decay ** i * head_loss)
+            if with_agreement:
+                greedy, accept = agreement(logits, student.vocab_ids, t_ids[dst], t_index[dst], t_logp[dst])
+                out[f"head{i + 1}_greedy"], out[f"head{i + 1}_sampled"] = greedy, accept
+                matched[src, i] = greedy
+        out["loss"] = loss
+        if with_agreement:
+            out["alpha_greedy"], out["alpha_sampled"] = out["head1_greedy"], out["head1_sampled"]
+            full = t + K < end  # states all K heads have a token for
+            out["tau_chain"] = 1 + matched[full].long().cumprod(1).sum(1)  # tokens per step, greedy chain of K
+        return out
+
+
+def train_medusa(cfg: DictConfig, target=None) -> Path:
+    """Run ``spec-zoo-train medusa`` (conf/train_medusa.yaml); return the heads dir."""
+    return train_module(cfg, MedusaRecipe(str(cfg.heads.labels), float(cfg.heads.decay)), target)
