@@ -163,6 +163,8 @@ def label(cfg: DictConfig, decoder: SpeculativeDecoder, drafter_choice: str | No
     verifier = decoder.verifier.name
     if getattr(decoder.verifier, "auto", False):
         verifier += f" (auto: temperature {decoder.sampling.temperature:g})"
+    if not decoder.verifier.lossless:
+        verifier += " (LOSSY: not an exact sample of the target)"
     return f"drafter={drafter} verifier={verifier}"
 
 

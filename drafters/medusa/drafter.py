@@ -86,11 +86,12 @@ class MedusaDrafter(ChainDrafter):
         source = self.heads_source
         self.heads = source if isinstance(source, MedusaHeads) else load_medusa(source or SHIPPED, target.model)
         K = self.heads.num_heads
-        deepest = max((len(p) for p in self.choices), default=0) if self.choices else int(self.num_draft or K)
-        if deepest > K:
-            key = "drafter.choices has a path" if self.choices else "drafter.num_draft is"
-            raise ConfigError(f"{key} {deepest} deep but the Medusa heads have {K} heads; "
-                              f"use at most {K} (or heads with more heads).")
+        if self.choices and max(map(len, self.choices)) > K:
+            raise ConfigError(f"drafter.choices has a path {max(map(len, self.choices))} deep but the Medusa heads "
+                              f"have {K} heads (one per level); use paths of at most {K} ranks.")
+        if int(self.num_draft or K) > K:
+            raise ConfigError(f"drafter.num_draft={self.num_draft} but the Medusa heads have {K} heads (one token "
+                              f"each); use at most {K}, or null for one per head.")
         self.length = DraftLength(int(self.num_draft or K), self.adaptive, K, self.token_cost, self.learn_cost)
         self.target = target
 

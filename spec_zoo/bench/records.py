@@ -19,13 +19,19 @@ SCHEMA_VERSION = 1
 
 #: every record has exactly these fields, in this order
 FIELDS = (
-    "schema_version", "method", "drafter", "verifier", "params", "model", "dataset", "category",
+    "schema_version", "method", "drafter", "verifier", "lossless", "params", "model", "dataset", "category",
     "question_id", "turn", "repeat", "prompt_tokens", "new_tokens", "wall_s", "tokens_per_s",
     "target_forwards", "tau", "alpha", "drafted", "accepted", "draft_s", "verify_s",
     "accept_per_position", "output_ids", "matches_baseline", "top2_margin_at_mismatch",
     "temperature", "seed", "max_new_tokens", "device", "platform", "machine", "threads", "torch_version",
     "spec_zoo_version", "config_hash",
 )
+
+
+def method_label(record: dict) -> str:
+    """A record's method, marked LOSSY when its verifier is (``lossless`` false: e.g.
+    verifier=typical), so summaries, reports and figures never show a lossy rule unmarked."""
+    return record["method"] + (" (LOSSY)" if record.get("lossless") is False else "")
 
 
 def record_key(record: dict) -> tuple:

@@ -141,6 +141,12 @@ def _key(question: Question, repeat: int, turn: int, method: Method) -> tuple:
     return method.name, question.question_id, turn, repeat, method.config_hash
 
 
+def _lossless(method: Method) -> bool | None:
+    """Whether the method's verifier is exact (None: not a spec-zoo decoder, e.g. transformers)."""
+    decoder = getattr(method, "decoder", None)
+    return None if decoder is None else bool(decoder.verifier.lossless)
+
+
 def _measure(method: Method, prompt: list[int], max_new_tokens: int, seed: int, target: Target,
              baseline_ids: list[int] | None, comparable: bool) -> dict:
     """Run ``method`` once and return its record's method and measurement fields;
@@ -156,7 +162,7 @@ def _measure(method: Method, prompt: list[int], max_new_tokens: int, seed: int, 
             margin = top2_margin(target, prompt + baseline_ids[:at])
     return {
         **measured.fields, "schema_version": SCHEMA_VERSION, "method": method.name, "drafter": method.drafter,
-        "verifier": method.verifier, "params": method.params, "output_ids": measured.output_ids,
+        "verifier": method.verifier, "lossless": _lossless(method), "params": method.params, "output_ids": measured.output_ids,
         "matches_baseline": matches, "top2_margin_at_mismatch": margin, "seed": seed,
         "max_new_tokens": max_new_tokens, "config_hash": method.config_hash,
     }

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 
 from spec_zoo.bench.dataset import CATEGORIES
-from spec_zoo.bench.records import BASELINE, check_schema, read_records
+from spec_zoo.bench.records import BASELINE, check_schema, method_label, read_records
 from spec_zoo.bench.stats import Pair, SpeedupStats, specbench_speedup, speedup_stats
 
 OVERALL = "overall"
@@ -239,7 +239,7 @@ def summarize(records: Iterable[dict], baseline: str = BASELINE, label: Callable
     row (default: its method; a report merging sweeps adds the settings that differ).
     ``seed`` seeds the bootstrap."""
     records = list(records)
-    label = label or (lambda r: r["method"])
+    label = label or method_label
     baseline_of = {prompt_key(r): r for r in records if r["method"] == baseline}
     cells: dict[tuple[str, str], Cell] = {}
     methods: dict[str, set] = {}

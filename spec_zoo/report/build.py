@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from spec_zoo.bench.records import BASELINE, check_schema, read_records
+from spec_zoo.bench.records import BASELINE, check_schema, method_label, read_records
 from spec_zoo.bench.summary import NEAR_TIE, OVERALL, Summary, summarize
 from spec_zoo.errors import ConfigError
 
@@ -73,11 +73,12 @@ def labeller(records: Sequence[dict]):
         varying[method] = (params, run)
 
     def label(r: dict) -> str:
+        name = method_label(r)
         if r["method"] not in varying:
-            return r["method"]
+            return name
         params, run = varying[r["method"]]
         parts = [f"{k}={(r.get('params') or {}).get(k)}" for k in params] + [f"{s}={r.get(f)}" for f, s in run]
-        return f"{r['method']} [{', '.join(parts)}]" if parts else f"{r['method']} [{r['config_hash']}]"
+        return f"{name} [{', '.join(parts)}]" if parts else f"{name} [{r['config_hash']}]"
 
     return label
 
@@ -194,7 +195,8 @@ def _mismatch_list(records, label, limit: int = 40) -> list[str]:
              "|---|---|---|---|---|---|"]
     for r in bad[:limit]:
         m = r.get("top2_margin_at_mismatch")
-        why = ("output ended early/late at the same prefix" if m is None else
+        why = ("lossy verifier: a different text is its price, not a bug" if r.get("lossless") is False else
+               "output ended early/late at the same prefix" if m is None else
                f"near-tie (margin < {NEAR_TIE}): kernel rounding, not the method" if m < NEAR_TIE else
                "clear top-1: investigate (the method changed the output)")
         lines.append(f"| {label(r)} | {r['question_id']} | {r['turn']} | {r['repeat']} | "
