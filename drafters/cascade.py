@@ -152,6 +152,7 @@ class ComposedDrafter(Drafter):
         self.members = build_members(resolved, (*_ancestry, type(self)))
         self.needs_target_hidden = any(m.needs_target_hidden for m in self.members)
         self.drafts_trees = type(self).drafts_trees or any(m.drafts_trees for m in self.members)
+        self.sibling_modes = tuple(sorted({mode for m in self.members for mode in m.sibling_modes}))
         self.vocab_size: int | None = None
         self._own: list[Draft] = [Draft.empty() for _ in self.members]
 

@@ -13,6 +13,11 @@ import torch
 
 ROOT = -1  # parent index of a node that follows the last committed token directly
 
+#: how a node's siblings were drawn from their shared q; exact verification needs to know
+#: (`spec_zoo.verifiers.rejection`): independent draws, draws without replacement (each
+#: from q with the earlier siblings' tokens removed), or no draw at all (q one-hot)
+SIBLING_MODES = ("iid", "without_replacement", "deterministic")
+
 
 @dataclass
 class Draft:
@@ -24,11 +29,19 @@ class Draft:
     probs:   FloatTensor [n, V] or None. Row i is the draft distribution q that node i
              was drawn from: the distribution at its parent's context, so siblings
              share one row. None marks a deterministic drafter (q is one-hot).
+    siblings: how siblings were drawn (`SIBLING_MODES`); None means "deterministic"
+             without ``probs``, "iid" with them (a chain's lone children fit either).
+    draws:   for "iid" trees that merge equal draws into one node (multi-draft): per parent,
+             its children in the order they were drawn, a child listed again for every
+             further draw of its token. The exact rule replays each draw, since a repeated
+             rejected draw still shrinks the residual. None: each child drawn once, in order.
     """
 
     tokens: torch.Tensor
     parents: list[int]
     probs: torch.Tensor | None = None
+    siblings: str | None = None
+    draws: dict[int, list[int]] | None = None
     depths: list[int] = field(init=False, repr=False)
 
     def __post_init__(self):
@@ -44,6 +57,20 @@ class Draft:
             if not ROOT <= p < i:
                 raise ValueError(f"Draft node {i} has parent {p}: parents must be -1 or an earlier node")
             self.depths.append(0 if p == ROOT else self.depths[p] + 1)
+        if self.siblings is None:
+            self.siblings = "deterministic" if self.probs is None else "iid"
+        if self.siblings not in SIBLING_MODES:
+            raise ValueError(f"Draft.siblings={self.siblings!r}; one of {', '.join(SIBLING_MODES)}")
+        if (self.probs is None) != (self.siblings == "deterministic"):
+            raise ValueError(f"Draft.siblings={self.siblings!r} needs probs "
+                             f"{'None' if self.siblings == 'deterministic' else 'rows'} (q is one-hot only without them)")
+        if self.draws is not None:
+            if self.siblings != "iid":
+                raise ValueError("Draft.draws replays repeated i.i.d. draws; it needs siblings='iid'")
+            for parent, order in self.draws.items():
+                if sorted(set(order)) != self.children(parent):
+                    raise ValueError(f"Draft.draws[{parent}]={order} must list exactly the children of "
+                                     f"{parent} ({self.children(parent)}), repeats allowed")
 
     # -- constructors -------------------------------------------------------------
     @classmethod
@@ -72,6 +99,12 @@ class Draft:
     def children(self, node: int) -> list[int]:
         """Indices of the children of ``node`` (``ROOT`` for the first level), in order."""
         return [i for i, p in enumerate(self.parents) if p == node]
+
+    def draws_of(self, node: int) -> list[int]:
+        """The children of ``node`` in the order they were drawn, repeats included (`draws`)."""
+        if self.draws is not None and node in self.draws:
+            return self.draws[node]
+        return self.children(node)
 
     def ancestors_mask(self) -> torch.Tensor:
         """Bool [n, n]: entry (i, j) is True when node j is node i or one of its ancestors."""
@@ -102,4 +135,7 @@ class Draft:
         remap = {old: new for new, old in enumerate(keep)}
         parents = [ROOT if self.parents[i] == ROOT else remap[self.parents[i]] for i in keep]
         probs = None if self.probs is None else self.probs[keep]
-        return Draft(self.tokens[keep], parents, probs)
+        draws = None if self.draws is None else {
+            remap.get(parent, ROOT): [remap[c] for c in order]
+            for parent, order in self.draws.items() if order[0] in remap}
+        return Draft(self.tokens[keep], parents, probs, self.siblings, draws)

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from spec_zoo.draft import Draft
+from spec_zoo.errors import ConfigError
 from spec_zoo.sampling import SamplingParams
 from spec_zoo.stats import StepStats
 
@@ -74,6 +75,8 @@ class Drafter(ABC):
     needs_target_hidden: bool = False
     #: True when drafts may branch (chain-only verifiers refuse such a drafter up front)
     drafts_trees: bool = False
+    #: the ``Draft.siblings`` modes its drafts may use (verifiers refuse what they cannot verify)
+    sibling_modes: tuple[str, ...] = ("iid", "deterministic")
 
     def attach(self, target: "Target") -> None:
         """Called once when a decoder is built: check compatibility with the target
@@ -100,13 +103,21 @@ class Verifier(ABC):
 
     name: str = "verifier"
     lossless: bool = True
+    #: the ``Draft.siblings`` modes this rule is exact for (`check_drafter` refuses others)
+    sibling_modes: tuple[str, ...] = ("iid", "deterministic")
 
     def check(self, sampling: SamplingParams) -> None:
         """Raise `ConfigError` when this verifier cannot honour ``sampling``."""
 
     def check_drafter(self, drafter: "Drafter") -> None:
         """Raise `ConfigError` when this verifier cannot read what ``drafter`` proposes
-        (e.g. a chain-only rule and a tree drafter), before any decoding."""
+        (e.g. a chain-only rule and a tree drafter), before any decoding. The base rule
+        refuses sibling sampling this verifier is not exact for; an override calls it."""
+        if unknown := [m for m in drafter.sibling_modes if m not in self.sibling_modes]:
+            raise ConfigError(
+                f"verifier={self.name} is exact only for tree siblings drawn {' or '.join(self.sibling_modes)}, "
+                f"but drafter={drafter.name} draws them {' and '.join(unknown)}; use verifier=rejection "
+                "(exact for every mode in spec_zoo.draft.SIBLING_MODES) or another tree policy.")
 
     @abstractmethod
     def verify(

@@ -52,6 +52,7 @@ class BlockVerifier(Verifier):
 
     def check_drafter(self, drafter) -> None:
         """Refuse, before decoding, a drafter that proposes trees."""
+        super().check_drafter(drafter)
         if drafter.drafts_trees:
             raise ConfigError(TREE_ERROR.format(what=f"drafter={drafter.name}"))
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from spec_zoo.draft import ROOT, Draft
+from spec_zoo.draft import ROOT, SIBLING_MODES, Draft
 from spec_zoo.errors import ConfigError
 from spec_zoo.interfaces import Verdict, Verifier
 from spec_zoo.sampling import SamplingParams
@@ -17,6 +17,7 @@ class GreedyVerifier(Verifier):
 
     name = "greedy"
     lossless = True
+    sibling_modes = SIBLING_MODES  # follows the argmax whatever q was
 
     def check(self, sampling: SamplingParams) -> None:
         if not sampling.greedy:
