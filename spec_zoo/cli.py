@@ -63,6 +63,9 @@ def main() -> None:
         if sys.argv[1:2] == ["show"]:
             print("\n".join(show_option(a) for a in sys.argv[2:] or ["drafter=none"]))
             return
+        if sys.argv[1:2] in (["warmup"], ["costs"]):
+            runtime_command(sys.argv[1], sys.argv[2:])
+            return
     except ConfigError as e:
         _fail(e)
     if sys.argv[1:] in (["--help"], ["-h"]):
@@ -75,6 +78,31 @@ def main() -> None:
 GROUPS = ("drafter", "verifier", "model", "generation")  # the groups `spec-zoo` composes
 
 
+def runtime_command(command: str, overrides: list[str]) -> None:
+    """``spec-zoo warmup [model overrides]``: compile the target's graphs ahead of time (the
+    compiled runtime caches them on disk, so later runs start at once). ``spec-zoo costs``:
+    measure the scoring-cost table t(M) of the target on this machine, save it where the
+    adaptive draft length finds it, and plot it (PNG next to the JSON)."""
+    from spec_zoo.api import compose_config, load_checked_target
+    from spec_zoo.costs import measure, plot_table, table_path
+
+    _quiet_transformers()
+    cfg = compose_config(overrides)
+    target = load_checked_target(cfg.model)
+    if command == "warmup":
+        if not hasattr(target, "warm_up"):
+            raise ConfigError("spec-zoo warmup: model.runtime=eager has nothing to compile; "
+                              "pass model.runtime=compiled.")
+        seconds = target.warm_up()
+        print("compiled (s): " + ", ".join(f"M={m}: {s:.1f}" for m, s in seconds.items()))
+        return
+    table = measure(target)
+    path = table.save(table_path(target))
+    print(f"t(M) of {table.model} on {table.runtime}/{table.dtype}, {table.threads} thread(s), {table.past} cached tokens:")
+    print("  ".join(f"M={m}: {s * 1e3:.1f} ms ({table.relative(m):.2f}x)" for m, s in enumerate(table.seconds, 1)))
+    print(f"saved {path} and {plot_table(table, path.with_suffix('.png'))}")
+
+
 def usage() -> str:
     """``spec-zoo --help``: the groups spec-zoo takes, with their options (Hydra's own help
     would list every folder of the config dir, bench presets included)."""
@@ -85,6 +113,7 @@ def usage() -> str:
     lines += [f"  {g:<11} {', '.join(option_names(g))}" for g in GROUPS]
     lines += ["", "Top-level keys: prompt (prompt=- reads stdin; quote commas: \"prompt='a, b'\"), prompt_file, seed.",
               "Also: spec-zoo list (every drafter, verifier, bench method), spec-zoo --cfg job (the composed config),",
+              "spec-zoo warmup model.runtime=compiled (compile ahead of time), spec-zoo costs [model...] (measure t(M)),",
               "spec-zoo --hydra-help (Hydra's flags: multirun, config dirs). Every key: docs/configs.md."]
     return "\n".join(lines)
 

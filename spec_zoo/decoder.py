@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 
 from spec_zoo.draft import Draft
-from spec_zoo.draft_length import clock_steers
+from spec_zoo.draft_length import clock_steers, scoring_costs
 from spec_zoo.errors import ConfigError
 from spec_zoo.interfaces import DecodeState, Drafter, Verifier
 from spec_zoo.registry import build_option
@@ -123,7 +123,8 @@ class SpeculativeDecoder:
         limit = self.target.max_length
         if limit is not None and len(prompt_ids) >= limit:
             raise ConfigError(
-                f"prompt has {len(prompt_ids)} tokens but the target's context is {limit}; shorten the prompt."
+                f"prompt has {len(prompt_ids)} tokens but the target's context is {limit} "
+                f"({self.target.context_limit}); shorten the prompt."
             )
         if limit is not None:
             max_new_tokens = min(max_new_tokens, limit - len(prompt_ids))
@@ -142,7 +143,8 @@ class SpeculativeDecoder:
         while True:
             state.max_depth = max_new_tokens - len(generated) - 1
             t0 = time.perf_counter()
-            with clock_steers(self.sampling.greedy):  # sampled output must not depend on timings
+            # sampled output must not depend on timings; greedy steps are priced by the cost table
+            with clock_steers(self.sampling.greedy), scoring_costs(self.target.cost_table):
                 draft = self.drafter.propose(state) if state.max_depth > 0 else Draft.empty()
             draft = draft.truncated(state.max_depth)
             t1 = time.perf_counter()

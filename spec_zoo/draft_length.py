@@ -17,6 +17,12 @@ t(k) = t0 (1 + jump [k > 0] + c k), replaces the configured ``token_cost`` (c, w
 jump) once the steps seen vary enough in length to identify it. The ratio maximised is
 then (1 + a + ... + a^k) / (1 + jump [k > 0] + c k).
 
+When the target carries a measured cost table (`spec_zoo.costs`, e.g. the compiled
+runtime's stepwise curve: 4 scored tokens cost what 1 does, 5 cost 1.7x), the scoring part
+of a step's cost comes from it instead of the fit: the ratio maximised is
+(1 + a + ... + a^k) / (t(k + 1) / t(1) + token_cost k), ``token_cost`` now counting the
+drafting alone.
+
 Timings steer the length only where they cannot change the text: in greedy decoding, whose
 output is the target's argmax whatever was drafted. When sampling, the draft length decides
 which random draws go where, so a clock-driven length would make a seeded run give a
@@ -38,6 +44,7 @@ DECAY = 0.9  # weight of past evidence per new observed token (memory of ~10 tok
 TIME_DECAY = 0.97  # weight of past step timings per step (memory of ~30 steps)
 MIN_STEPS = 8  # timed steps before a fit is trusted
 _CLOCK_STEERS = contextvars.ContextVar("spec_zoo_clock_steers", default=True)
+_SCORING_COSTS = contextvars.ContextVar("spec_zoo_scoring_costs", default=None)
 
 
 @contextmanager
@@ -49,6 +56,16 @@ def clock_steers(allowed: bool):
         yield
     finally:
         _CLOCK_STEERS.reset(token)
+
+
+@contextmanager
+def scoring_costs(table):
+    """While set, `DraftLength.choose` prices scoring with ``table`` (a `CostTable`, or None)."""
+    token = _SCORING_COSTS.set(table)
+    try:
+        yield
+    finally:
+        _SCORING_COSTS.reset(token)
 
 
 class DraftLength:
@@ -109,10 +126,12 @@ class DraftLength:
         if not self.adaptive or bucket not in self._evidence:
             return self.initial
         a, (jump, cost) = self.acceptance(bucket), self.costs()
+        table = _SCORING_COSTS.get() if _CLOCK_STEERS.get() else None
         best_k, best, expected = 0, 1.0, 1.0
         for k in range(1, self.maximum + 1):
             expected += a**k
-            gain = expected / (1.0 + jump + cost * k)
+            step = table.relative(k + 1) + self.prior_cost * k if table else 1.0 + jump + cost * k
+            gain = expected / step
             if gain > best:
                 best_k, best = k, gain
         return best_k

@@ -47,13 +47,13 @@ class DecoderStack:
         """(cos, sin) for ``positions`` ([1, q]), shared by every layer of a pass."""
         return self.inner.rotary_emb(hidden, position_ids=positions)
 
-    def run(self, hidden, start: int, end: int, positions, cache, mask=None, rotary=None) -> torch.Tensor:
+    def run(self, hidden, start: int, end: int, positions, cache, mask=None, rotary=None, **attention) -> torch.Tensor:
         """Hidden states [1, q, H] after layers ``start .. end - 1``; their KV is appended to
-        ``cache`` (the layers' own indices)."""
+        ``cache`` (the layers' own indices). ``attention`` goes to the attention function."""
         rotary = self.rotary(hidden, positions) if rotary is None else rotary
         for layer in self.inner.layers[start:end]:
             hidden = layer(hidden, attention_mask=mask, position_ids=positions, cache=cache,
-                           use_cache=cache is not None, position_embeddings=rotary)
+                           use_cache=cache is not None, position_embeddings=rotary, **attention)
         return hidden
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:

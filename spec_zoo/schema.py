@@ -80,6 +80,7 @@ LIMITS: dict[str, Limit] = {
     "head.vocab_size": NON_NEGATIVE,
     "adapter.vocab_size": NON_NEGATIVE,
     "adapter.exit_layer": POSITIVE,
+    "model.max_cache_len": Limit(low=2, example="2048"),
 }
 
 # Types of keys whose shipped default (null, or a list) does not tell: (types, null allowed).
@@ -88,6 +89,7 @@ TYPES: dict[str, tuple[tuple[type, ...], bool]] = {
     "prompt_file": ((str,), True),
     "seed": ((int,), False),
     "model.path": ((str,), True),
+    "model.buckets": ((list,), False),
     "generation.stop_strings": ((list, str), True),
     "dataset.path": ((str,), True),
     "dataset.per_category": ((int,), True),
@@ -110,10 +112,11 @@ TYPES: dict[str, tuple[tuple[type, ...], bool]] = {
 @functools.lru_cache(maxsize=None)
 def choices() -> dict[str, tuple]:
     """Keys that take one of a few words, from the modules that define the words."""
-    from spec_zoo.models import DEVICES, DTYPES
+    from spec_zoo.models import DEVICES, DTYPES, RUNTIMES
     from spec_zoo.train.losses import LOSSES
 
-    return {"model.dtype": tuple(DTYPES), "model.device": DEVICES, "target.dtype": tuple(DTYPES),
+    return {"model.dtype": tuple(DTYPES), "model.device": DEVICES, "model.runtime": RUNTIMES,
+            "target.dtype": tuple(DTYPES),
             "output.dtype": tuple(DTYPES), "loss": LOSSES}
 
 

@@ -41,7 +41,7 @@ def crop_cache(cache, length: int) -> None:
     """Cut every layer of ``cache`` to ``length`` positions (layers may differ in length:
     a self-speculative draft's shallow layers run ahead of the deep ones)."""
     for layer in cache.layers:
-        extra = layer.get_seq_length() - length
+        extra = int(layer.get_seq_length()) - length  # a static layer's length is a tensor
         if extra > 0:
             layer.crop(-extra)
 
@@ -75,6 +75,9 @@ class Scores:
 class Target:
     """Owns a causal LM and its KV cache (one sequence, batch size 1)."""
 
+    runtime = "eager"
+    context_limit = "the model's max_position_embeddings"  # what bounds ``max_length``, for errors
+
     def __init__(self, model, tokenizer=None):
         self.model = model.eval()
         self.tokenizer = tokenizer
@@ -86,6 +89,20 @@ class Target:
         self.reset()
 
     @property
+    def cost_table(self):
+        """Measured scoring costs t(M) of this model on this machine and runtime (made by
+        `spec-zoo costs`), or None: the adaptive draft length prices steps with it."""
+        if not hasattr(self, "_cost_table"):
+            from spec_zoo.costs import cached_table
+
+            self._cost_table = cached_table(self)
+        return self._cost_table
+
+    @cost_table.setter
+    def cost_table(self, table) -> None:
+        self._cost_table = table
+
+    @property
     def device(self) -> torch.device:
         return self.model.device
 
@@ -95,12 +112,15 @@ class Target:
 
     def reset(self) -> None:
         """Forget the sequence: a fresh, empty cache."""
-        self.cache = DynamicCache(config=self.config)
+        self.cache = self._fresh_cache()
         self.cached: list[int] = []  # token ids whose KV the cache holds, in order
         self._pending: Draft | None = None  # last scored draft, whose nodes sit in the cache
         self._base = 0  # committed tokens in the cache when _pending was scored
         self._partial: LayerStates | None = None  # states entering layer E of _partial_tokens
         self._partial_tokens: list[int] = []  # after `cached`, KV only in layers < E
+
+    def _fresh_cache(self):
+        return DynamicCache(config=self.config)
 
     def rewind(self, committed: list[int], limit: int | None = None) -> int:
         """Crop every layer's cache to the longest cached prefix of ``committed`` (at most
@@ -124,8 +144,7 @@ class Target:
         past, m = len(self.cached) + len(self._partial_tokens), len(tokens)
         hidden = self._stack.embed(torch.tensor([tokens], device=self.device))
         positions = torch.arange(past, past + m, device=self.device)[None]
-        mask = causal_mask(past, m, hidden.dtype, self.device)
-        hidden = self._stack.run(hidden, 0, end, positions, self.cache, mask)[0]
+        hidden = self._stack.run(hidden, 0, end, positions, self.cache, self.causal_mask(past, m))[0]
         rows = hidden if self._partial is None else torch.cat([self._partial.hidden, hidden])
         self._partial, self._partial_tokens = LayerStates(end, rows), self._partial_tokens + list(tokens)
         return hidden
@@ -140,7 +159,16 @@ class Target:
             if committed[: len(self.cached)] == self.cached and self._partial_tokens[: len(expected)] == expected:
                 return self._resume(committed, draft, len(expected), hidden)
         new = committed[self.rewind(committed) :]
-        m, n, past = len(new), len(draft), len(self.cached)
+        logits, states = self._forward(new, draft, len(self.cached), hidden)
+        self.forwards += 1
+        self._scored(committed, draft)
+        return Scores(logits, states, len(new))
+
+    def _forward(self, new: list[int], draft: Draft, past: int, hidden: bool):
+        """(logits [len(draft) + 1, V], last-layer states [len(new) + len(draft), H] or None)
+        for ``new`` committed tokens and the draft nodes after ``past`` cached tokens; their
+        KV is appended to the cache. The runtime's one job (`spec_zoo.runtime` compiles it)."""
+        m, n = len(new), len(draft)
         ids = torch.tensor([new + draft.tokens.tolist()], device=self.device)
         kwargs = {}
         if not draft.is_chain:
@@ -156,10 +184,7 @@ class Target:
             logits_to_keep=n + 1,
             **kwargs,
         )
-        self.forwards += 1
-        self._scored(committed, draft)
-        states = out.hidden_states[-1][0] if hidden else None
-        return Scores(out.logits[0], states, m)
+        return out.logits[0], out.hidden_states[-1][0] if hidden else None
 
     def _resume(self, committed: list[int], draft: Draft, q: int, hidden: bool) -> Scores:
         """Score a chain from the partial forward's layer on: the first ``q`` partial tokens
@@ -170,13 +195,16 @@ class Target:
         self._partial, self._partial_tokens = None, []
         stack = self._stack
         positions = torch.arange(past, past + q, device=self.device)[None]
-        mask = causal_mask(past, q, self.dtype, self.device)
-        out = stack.run(states[None], layer, stack.num_layers, positions, self.cache, mask)
+        out = stack.run(states[None], layer, stack.num_layers, positions, self.cache, self.causal_mask(past, q))
         normed = stack.inner.norm(out[0])
         logits = self.model.lm_head(normed[q - n - 1 :])
         self.forwards += 1
         self._scored(committed, draft)
         return Scores(logits, normed if hidden else None, q - n)
+
+    def causal_mask(self, past: int, q: int) -> torch.Tensor | None:
+        """The additive mask of ``q`` new positions after ``past`` cached ones, sized for this cache."""
+        return causal_mask(past, q, self.dtype, self.device)
 
     def _scored(self, committed: list[int], draft: Draft) -> None:
         # a chain is a valid continuation, so keep it as cached tokens: the next rewind
@@ -204,11 +232,13 @@ class Target:
             raise RuntimeError("commit() without a scored draft")
         if path == list(range(len(path))):  # nodes stored in order: a crop suffices
             crop_cache(self.cache, base + len(path))
-        else:  # gather the accepted nodes' KV behind the committed prefix
+        else:  # gather the accepted nodes' KV into place behind the committed prefix, then crop
             keep = torch.tensor([base + i for i in path], dtype=torch.long, device=self.device)
+            rows = slice(base, base + len(path))
             for layer in self.cache.layers:
-                if layer.get_seq_length() == 0:
+                if int(layer.get_seq_length()) == 0:
                     continue
-                layer.keys = torch.cat([layer.keys[..., :base, :], layer.keys[..., keep, :]], dim=-2)
-                layer.values = torch.cat([layer.values[..., :base, :], layer.values[..., keep, :]], dim=-2)
+                layer.keys[..., rows, :] = layer.keys[..., keep, :]  # in place: a static cache keeps its address
+                layer.values[..., rows, :] = layer.values[..., keep, :]
+            crop_cache(self.cache, base + len(path))
         self.cached = self.cached[:base] + [int(draft.tokens[i]) for i in path]

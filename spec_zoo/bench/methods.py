@@ -5,6 +5,7 @@ A method is configured by name, as ``conf/method/<name>.yaml``, or inline in the
 ``methods`` dict (an inline entry overrides the file of the same name, key by key)::
 
     engine: spec_zoo        # spec_zoo (our loop) or transformers (model.generate, a reference)
+    runtime: null           # spec_zoo: the target's runtime, eager or compiled; null = model.runtime
     drafter: ngram          # spec_zoo: an option of conf/drafter/, or a dict with _target_
     verifier: null          # spec_zoo: an option of conf/verifier/ or a dict; null = greedy at
                             #   temperature 0, rejection above (the decoder's default)
@@ -38,7 +39,7 @@ from spec_zoo.sampling import SamplingParams
 from spec_zoo.target import Target
 
 ENGINES = ("spec_zoo", "transformers")
-_SPEC_KEYS = {"engine", "drafter", "verifier", "assistant", "params"}
+_SPEC_KEYS = {"engine", "runtime", "drafter", "verifier", "assistant", "params"}
 # generate() kwarg -> drafter label of a transformers method without an assistant model
 _HF_DRAFTERS = {"prompt_lookup_num_tokens": "prompt_lookup", "assistant_early_exit": "early_exit"}
 
@@ -54,6 +55,7 @@ class MethodSpec:
     assistant: dict | None = None
     params: dict = field(default_factory=dict)
     drafter_label: str = "none"  # the option name (or _target_) recorded as `drafter`
+    runtime: str | None = None  # the target's runtime (None: model.runtime)
 
     @property
     def draft_model_path(self) -> str | None:
@@ -74,7 +76,8 @@ class MethodSpec:
     def config_hash(self, run_settings: Mapping) -> str:
         """Identifies what was measured (method + model + generation + seed), so a rerun
         resumes exactly the records of the same configuration."""
-        method = {k: getattr(self, k) for k in ("name", "engine", "drafter", "verifier", "assistant", "params")}
+        keys = ("name", "engine", "drafter", "verifier", "assistant", "params") + (("runtime",) if self.runtime else ())
+        method = {k: getattr(self, k) for k in keys}
         blob = json.dumps({"method": method, "run": run_settings}, sort_keys=True, default=str)
         return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
@@ -120,6 +123,13 @@ def _spec(name: str, entry: Mapping, root: DictConfig | None) -> MethodSpec:
     engine = entry.get("engine", "spec_zoo")
     if engine not in ENGINES:
         raise ConfigError(f"method {name}: engine={engine!r}; allowed values: {', '.join(ENGINES)}.")
+    runtime = entry.get("runtime")
+    if runtime is not None:
+        from spec_zoo.models import RUNTIMES
+
+        if engine != "spec_zoo" or runtime not in RUNTIMES:
+            raise ConfigError(f"method {name}: runtime={runtime!r}; a spec_zoo method runs on one of "
+                              f"{', '.join(RUNTIMES)} (null = model.runtime).")
     params = dict(entry.get("params") or {})
     if engine == "transformers":
         if entry.get("drafter") is not None or entry.get("verifier") is not None:
@@ -134,7 +144,8 @@ def _spec(name: str, entry: Mapping, root: DictConfig | None) -> MethodSpec:
         raise ConfigError(f"method {name}: engine=spec_zoo needs a drafter (e.g. drafter: none).")
     drafter, drafter_label = _resolve_option("drafter", entry["drafter"], name, root)
     verifier, _ = _resolve_option("verifier", entry.get("verifier"), name, root)
-    return MethodSpec(name, engine, {**drafter, **params}, verifier, params=params, drafter_label=drafter_label)
+    return MethodSpec(name, engine, {**drafter, **params}, verifier, params=params, drafter_label=drafter_label,
+                      runtime=runtime)
 
 
 def resolve_methods(
@@ -230,14 +241,40 @@ class TransformersMethod(Method):
         if stop_strings:
             self.kwargs.update(stop_strings=list(stop_strings), tokenizer=tokenizer)
         self.kwargs.update(generate_kwargs or {})
+        self.cache = None
+        if self.kwargs.get("cache_implementation") == "static":
+            self._compile_static()
+
+    def _compile_static(self, max_cache_len: int = 2048) -> None:
+        """transformers' documented fast path: a static cache and the model's forward compiled
+        (on a copy, so the other methods keep the eager model). generate() would size a new
+        cache per prompt (a recompile each); one cache of ``max_cache_len`` is reused instead.
+        Two untimed generations with prompts of different lengths compile the prefill's
+        dynamic-shape graph and the one-token graph before anything is measured."""
+        import copy
+
+        from transformers import StaticCache
+
+        self.kwargs.pop("cache_implementation")
+        self.model = copy.deepcopy(self.model)
+        self.model.forward = torch.compile(self.model.forward, mode="reduce-overhead", fullgraph=True)
+        self.cache = StaticCache(config=self.model.config, max_cache_len=max_cache_len)
+        start = time.perf_counter()
+        for length in (5, 9):
+            self.run(list(range(3, 3 + length)), 4, 0)
+        self.compile_s = time.perf_counter() - start
 
     @torch.no_grad()
     def run(self, prompt_ids, max_new_tokens, seed):
         torch.manual_seed(seed)
         ids = torch.tensor([prompt_ids], device=self.model.device)
+        extra = {}
+        if self.cache is not None:
+            self.cache.reset()
+            extra["cache"] = self.cache
         start = time.perf_counter()
         out = self.model.generate(
-            input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens, **self.kwargs
+            input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens, **self.kwargs, **extra
         )
         wall = time.perf_counter() - start
         new = out[0, len(prompt_ids):].tolist()

@@ -1,0 +1,127 @@
+"""The measured scoring-cost table t(M): what one target forward costs for M scored tokens.
+
+Draft lengths and tree sizes are worth choosing only against what scoring really costs on
+the machine at hand, and that curve is stepwise (compiled on a CPU: flat up to 4 tokens,
+then a jump; a GPU: flat to dozens), which no straight-line fit expresses. The table is
+measured once per machine, model shape, runtime, dtype and thread count, cached as JSON
+under ``$SPEC_ZOO_CACHE/costs/`` (`table_path`) and re-measured with ``spec-zoo costs``
+(which also plots it); a target picks its table up from there (`Target.cost_table`).
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import statistics
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+from spec_zoo.draft import Draft
+from spec_zoo.errors import ConfigError
+
+
+@dataclass
+class CostTable:
+    """seconds[M - 1]: median time of one forward scoring M tokens after ``past`` cached ones."""
+
+    seconds: list[float]
+    model: str
+    runtime: str
+    dtype: str
+    threads: int
+    machine: str
+    past: int = 100
+
+    def relative(self, tokens: int) -> float:
+        """t(tokens) / t(1); past the table, extrapolated along its last step."""
+        if tokens < 1:
+            raise ValueError(f"a forward scores at least one token, not {tokens}")
+        t = self.seconds
+        if tokens <= len(t):
+            return t[tokens - 1] / t[0]
+        slope = (t[-1] - t[-2]) if len(t) > 1 else t[0]
+        return (t[-1] + slope * (tokens - len(t))) / t[0]
+
+    def save(self, path: Path) -> Path:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(asdict(self), indent=1))
+        return path
+
+    @classmethod
+    def load(cls, path: Path) -> "CostTable":
+        try:
+            table = cls(**json.loads(Path(path).read_text()))
+        except (OSError, ValueError, TypeError) as err:
+            raise ConfigError(f"cost table {path} cannot be read ({err}); re-measure it with `spec-zoo costs`.") from None
+        if not table.seconds or min(table.seconds) <= 0:
+            raise ConfigError(f"cost table {path} holds no positive timings; re-measure it with `spec-zoo costs`.")
+        return table
+
+
+def table_path(target) -> Path:
+    """Where the table of ``target`` on this machine lives: keyed by host, model shape,
+    runtime, dtype and threads (what the cost depends on; the weights' values do not matter)."""
+    from spec_zoo.models import cache_root
+
+    c = target.config
+    shape = f"{c.model_type}-{c.num_hidden_layers}x{c.hidden_size}-v{target.vocab_size}"
+    runtime = getattr(target, "runtime", "eager")
+    dtype = str(target.dtype).removeprefix("torch.")
+    return cache_root() / "costs" / f"{platform.node()}-{shape}-{runtime}-{dtype}-{torch.get_num_threads()}t.json"
+
+
+def cached_table(target) -> CostTable | None:
+    """The table measured for ``target`` on this machine, if `spec-zoo costs` made one."""
+    path = table_path(target)
+    return CostTable.load(path) if path.is_file() else None
+
+
+@torch.no_grad()
+def measure(target, max_tokens: int = 16, repeats: int = 9, past: int = 100, progress: bool = True) -> CostTable:
+    """Time ``target.score`` for 1..``max_tokens`` scored tokens (a chain after ``past``
+    cached tokens), interleaving the sizes over ``repeats`` rounds so drift hits all alike."""
+    from tqdm import tqdm
+
+    prompt = [(7 * i) % target.vocab_size for i in range(past + 1)]
+    if hasattr(target, "warm_up"):  # compile every size first: compiling is not scoring
+        target.warm_up(range(1, max_tokens + 1))
+    target.reset()
+    target.score(prompt, Draft.empty())
+    samples: dict[int, list[float]] = {m: [] for m in range(1, max_tokens + 1)}
+    for _ in tqdm(range(repeats), desc="cost table", disable=not progress):
+        for m in samples:
+            target.rewind(prompt)  # back to `past` cached tokens
+            draft = Draft.chain([(3 * j) % target.vocab_size for j in range(m - 1)])
+            start = time.perf_counter()
+            target.score(prompt, draft)
+            samples[m].append(time.perf_counter() - start)
+    seconds = [statistics.median(samples[m]) for m in samples]
+    c = target.config
+    return CostTable(seconds, f"{c.model_type}-{c.num_hidden_layers}x{c.hidden_size}", getattr(target, "runtime", "eager"),
+                     str(target.dtype).removeprefix("torch."), torch.get_num_threads(),
+                     platform.processor() or platform.machine(), past)
+
+
+def plot_table(table: CostTable, path: Path, others: list[CostTable] = ()) -> Path:
+    """t(M) / t(1) against M (with ``others`` for comparison), as a PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(5, 3.2))
+    for each in (table, *others):
+        ms = range(1, len(each.seconds) + 1)
+        ax.plot(ms, [each.relative(m) for m in ms], marker="o", label=f"{each.runtime} {each.dtype}")
+    ax.axhline(1.0, color="grey", lw=0.5)
+    ax.set_xlabel("tokens scored in one forward (M)")
+    ax.set_ylabel("t(M) / t(1)")
+    ax.set_title(f"{table.model}, {table.threads} thread(s): {table.seconds[0] * 1e3:.0f} ms at M=1", fontsize=9)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
