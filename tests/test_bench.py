@@ -152,6 +152,16 @@ def test_baseline_first_inline_methods_and_overrides():
     assert ngram8.drafter["num_draft"] == 8 and ngram8.config_hash({}) != specs[1].config_hash({})
 
 
+def test_compiled_methods_run_on_the_compiled_runtime_and_hash_apart():
+    specs, _ = resolve_methods(["ngram", "ngram_compiled", "ar_compiled", "hf_ar_static"], [])
+    runtimes = {s.name: s.runtime for s in specs}
+    assert runtimes == {"ar": None, "ngram": None, "ngram_compiled": "compiled", "ar_compiled": "compiled",
+                        "hf_ar_static": None}
+    ngram, compiled = specs[1], specs[2]
+    assert ngram.drafter == compiled.drafter and ngram.config_hash({}) != compiled.config_hash({})
+    assert specs[4].params == {"cache_implementation": "static"}
+
+
 def test_method_entries_resolve_interpolations(tmp_path, monkeypatch):
     monkeypatch.setenv("SPEC_ZOO_CACHE", str(tmp_path))
     (tmp_path / "other-draft").mkdir()
@@ -312,7 +322,10 @@ def test_jsonl_dataset_brings_your_own_prompts(tmp_path):
     [(["dataset=jsonl"], "dataset=jsonl needs dataset.path"),
      (["dataset=jsonl", "dataset.path=EMPTY"], "no questions"),
      (["methods={g:{drafter:ngram,verifier:greedy}}", "generation.temperature=0.7"],
-      "method g: verifier=greedy only works at generation.temperature=0")],
+      "method g: verifier=greedy only works at generation.temperature=0"),
+     (["methods=[ngram_compiled]", "model.dtype=float64"], "methods.ngram_compiled.runtime=compiled computes in"),
+     (["methods={n:{drafter:ngram,runtime:turbo}}"], "method n: runtime='turbo'; a spec_zoo method runs on one of"),
+     (["methods={n:{engine:transformers,runtime:compiled}}"], "method n: runtime='compiled'")],
 )
 def test_cli_rejects_more_bad_input_before_loading_a_model(overrides, message, tmp_path, monkeypatch):
     from spec_zoo.bench.cli import bench as run_cli
