@@ -195,3 +195,22 @@ def test_the_draft_length_follows_the_cost_table():
     step = CostTable([1.0, 1.0, 1.0, 1.0, 3.0, 3.2, 3.4, 3.6, 3.8], "m", "compiled", "float32", 1, "x")
     with scoring_costs(step):
         assert length.choose() == 3
+
+
+def test_spec_zoo_costs_measures_saves_and_plots_the_table(tmp_path, monkeypatch, capsys):
+    """`spec-zoo costs` on a local model: the table lands where targets look it up, with a PNG."""
+    from spec_zoo.cli import runtime_command
+    from spec_zoo.costs import cached_table
+    from spec_zoo.testing import tiny_llama
+
+    monkeypatch.setenv("SPEC_ZOO_CACHE", str(tmp_path / "cache"))
+    tiny_llama(3, dtype=torch.float32).save_pretrained(tmp_path / "m")
+    runtime_command("costs", ["model=local", f"model.path={tmp_path / 'm'}"])
+    printed = capsys.readouterr().out
+    assert "M=1:" in printed and "M=16:" in printed
+    target = Target(tiny_llama(3, dtype=torch.float32))
+    table = cached_table(target)
+    assert table is not None and len(table.seconds) == 16 and target.cost_table == table
+    assert (tmp_path / "cache" / "costs").is_dir() and list((tmp_path / "cache" / "costs").glob("*.png"))
+    with pytest.raises(ConfigError, match="model.runtime=eager has nothing to compile"):
+        runtime_command("warmup", ["model=local", f"model.path={tmp_path / 'm'}"])
