@@ -22,6 +22,10 @@ independently from its own q row, or deterministic):
   the verifier's rule is exact for each sibling drawn from its own q independently of
   the others (the residual after each rejection is the target of the next try).
 - A tree mixing both stores one-hot rows for the deterministic nodes.
+- A member's repeated i.i.d. draws (``Draft.draws``, multi-draft trees) keep their order.
+  Siblings drawn *without replacement* get, each, the row it was really drawn from (q
+  without its earlier siblings' tokens), so the merged tree is verified as "iid" rows and
+  the removal never reaches another member's siblings.
 
 Verified by the chi-square tests (tests/test_sampling_exact.py) for sampled, greedy and
 mixed member sets.
@@ -42,7 +46,9 @@ def merge_drafts(drafts: list[Draft]) -> Draft:
     tokens: list[int] = []
     parents: list[int] = []
     rows: list[torch.Tensor | int] = []  # a q row, or the token of a one-hot row
+    draws: dict[int, list[int]] = {}  # per merged parent, every member's draws in order
     for draft in drafts:
+        draft = drawn_rows(draft)
         merge = draft.probs is None
         index: list[int] = []  # this draft's node -> merged node
         for i, (token, parent) in enumerate(zip(draft.tokens.tolist(), draft.parents)):
@@ -56,12 +62,31 @@ def merge_drafts(drafts: list[Draft]) -> Draft:
             tokens.append(token)
             parents.append(parent)
             rows.append(token if merge else draft.probs[i])
+        for parent in [ROOT, *range(len(draft))]:
+            order = [index[c] for c in draft.draws_of(parent)]
+            if order:
+                draws.setdefault(ROOT if parent == ROOT else index[parent], []).extend(order)
     sampled = [r for r in rows if isinstance(r, torch.Tensor)]
     if not sampled:
         return Draft(torch.tensor(tokens, dtype=torch.long), parents)
     like = sampled[0]
     probs = torch.stack([r if isinstance(r, torch.Tensor) else _one_hot(r, like) for r in rows])
-    return Draft(torch.tensor(tokens, dtype=torch.long), parents, probs)
+    repeats = any(draft.draws for draft in drafts)  # else the children in order say it all
+    return Draft(torch.tensor(tokens, dtype=torch.long), parents, probs, draws=draws if repeats else None)
+
+
+def drawn_rows(draft: Draft) -> Draft:
+    """A draft whose siblings were drawn without replacement, as per-node rows of what each
+    sibling was drawn from (q renormalised without the earlier siblings' tokens)."""
+    if draft.siblings != "without_replacement":
+        return draft
+    probs, tokens = draft.probs.clone(), draft.tokens.tolist()
+    for parent in [ROOT, *range(len(draft))]:
+        kids = draft.children(parent)
+        for k, child in enumerate(kids[1:], 1):
+            probs[child, [tokens[c] for c in kids[:k]]] = 0.0
+            probs[child] /= probs[child].sum()
+    return Draft(draft.tokens, draft.parents, probs, "iid")
 
 
 def _one_hot(token: int, like: torch.Tensor) -> torch.Tensor:

@@ -7,6 +7,8 @@ summarisation, extraction, code editing, RAG.
 
 from __future__ import annotations
 
+import torch
+
 from spec_zoo.draft import Draft
 from spec_zoo.draft_length import DraftLength
 from spec_zoo.errors import ConfigError
@@ -25,6 +27,13 @@ class NgramDrafter(Drafter):
     online when ``learn_cost``). The index maps each n-gram to the position after its
     latest occurrence and is extended only with newly committed tokens, so a lookup
     costs O(max_ngram) however long the context grows. Deterministic (``probs=None``).
+
+    With ``branches`` > 1 the draft is a tree: the continuations of the latest occurrences
+    that differ in their first token (most recent first), each a chain under the root,
+    within ``max_nodes`` nodes in all (the most recent gets the chosen length first). The
+    index keeps, per n-gram, the latest position for each distinct next token, so branching
+    costs no extra search. Siblings are distinct and deterministic: exact under
+    greedy and rejection verification (a rejected sibling just loses its mass in p).
     """
 
     name = "ngram"
@@ -38,7 +47,12 @@ class NgramDrafter(Drafter):
         max_draft: int = 16,
         token_cost: float = 0.1,
         learn_cost: bool = True,
+        branches: int = 1,
+        max_nodes: int = 16,
     ):
+        if branches < 1 or max_nodes < 1:
+            raise ConfigError(f"drafter.branches={branches}, drafter.max_nodes={max_nodes}: both must be >= 1 "
+                              "(branches=1 drafts one chain).")
         if min_ngram < 1 or max_ngram < min_ngram:
             raise ConfigError(
                 f"drafter.min_ngram={min_ngram}, drafter.max_ngram={max_ngram}: need 1 <= min_ngram <= max_ngram."
@@ -47,8 +61,14 @@ class NgramDrafter(Drafter):
         # adaptive: one acceptance estimate per match length (longer matches copy more reliably)
         self.length = DraftLength(num_draft, adaptive, max_draft, token_cost, learn_cost)
         self._matched = 0  # n-gram length behind the last proposal
-        self._index: dict[tuple[int, ...], int] = {}
+        self.branches, self.max_nodes = branches, max_nodes
+        # n-gram -> {next token: position after its latest occurrence}, least recent first
+        self._index: dict[tuple[int, ...], dict[int, int]] = {}
         self._indexed = 0  # n-grams ending before this position are in the index
+
+    @property
+    def drafts_trees(self) -> bool:
+        return self.branches > 1
 
     def begin(self, state: DecodeState) -> None:
         self._index.clear()
@@ -59,19 +79,33 @@ class NgramDrafter(Drafter):
         # index n-grams ending at positions < len - 1, so the current suffix never matches itself
         for end in range(self._indexed, len(tokens) - 1):
             for n in range(self.min_ngram, min(self.max_ngram, end + 1) + 1):
-                self._index[tuple(tokens[end - n + 1 : end + 1])] = end + 1
+                after = self._index.setdefault(tuple(tokens[end - n + 1 : end + 1]), {})
+                after.pop(tokens[end + 1], None)  # re-inserted: the most recent comes last
+                after[tokens[end + 1]] = end + 1
         self._indexed = max(self._indexed, len(tokens) - 1)
 
     def propose(self, state: DecodeState) -> Draft:
         tokens = state.tokens
         self._extend_index(tokens)
         for n in range(min(self.max_ngram, len(tokens)), self.min_ngram - 1, -1):
-            start = self._index.get(tuple(tokens[-n:]))
-            if start is not None:
+            after = self._index.get(tuple(tokens[-n:]))
+            if after:
                 self._matched = n
-                k = min(self.length.choose(n), state.max_depth)
-                return Draft.chain(tokens[start : start + k])
+                k = min(self.length.choose(n), state.max_depth, self.max_nodes)
+                starts = list(after.values())[::-1][: self.branches]
+                return self._tree([tokens[start : start + k] for start in starts])
         return Draft.empty()
 
+    def _tree(self, chains: list[list[int]]) -> Draft:
+        """The chains (distinct first tokens) side by side under the root, within ``max_nodes``."""
+        tokens, parents, left = [], [], self.max_nodes
+        for chain in chains:
+            chain = chain[:left]
+            parents += [-1] + list(range(len(tokens), len(tokens) + len(chain) - 1)) if chain else []
+            tokens += chain
+            left -= len(chain)
+        return Draft(torch.tensor(tokens, dtype=torch.long), parents)
+
     def on_commit(self, draft: Draft, verdict: Verdict, step: StepStats) -> None:
-        self.length.update(len(draft), len(verdict.path), self._matched, step.draft_s + step.verify_s)
+        # the length rule models the chain of the most recent match: the tree's depth
+        self.length.update(draft.depth, len(verdict.path), self._matched, step.draft_s + step.verify_s)

@@ -10,17 +10,18 @@ from __future__ import annotations
 import torch
 
 from spec_zoo.chain import ChainDrafter
-from spec_zoo.draft import ROOT, Draft
+from spec_zoo.draft import Draft
 from spec_zoo.draft_length import DraftLength
 from spec_zoo.errors import ConfigError
 from spec_zoo.interfaces import DecodeState, Verdict
-from spec_zoo.sampling import check_sample_mode, drafts_sampled, logits_to_probs, sample
+from spec_zoo.sampling import check_sample_mode, drafts_sampled
 from spec_zoo.stats import StepStats
 from spec_zoo.target import Target
+from spec_zoo.trees import DraftTreeForward, TopK, build_tree_policy
 
 
 class SmallModelDrafter(ChainDrafter):
-    """Chain drafting (``tree_depth=0``) or top-k / sampled tree drafting.
+    """Chain drafting (adaptive length) or tree drafting by a policy (`spec_zoo.trees`).
 
     path:       a local HF model directory (safetensors), an already loaded model, or None:
                 the default target's first ``draft_layers`` layers (made once, cached).
@@ -31,9 +32,12 @@ class SmallModelDrafter(ChainDrafter):
     token_cost: with ``adaptive``, the cost of one drafted token (a draft forward plus its
                 share of the target's scoring) in target forwards, measured online when
                 ``learn_cost``; see `spec_zoo.draft_length`.
-    tree_width, tree_depth: with tree_depth > 0, each node gets ``tree_width`` children
-                (the top-k tokens when drafting greedily, independent samples from q when
-                sampling) down to ``tree_depth`` levels: a tree of w + w^2 + ... + w^d nodes.
+    tree:       a tree policy (`spec_zoo.trees`: an option of conf/tree/ such as ``dynamic``,
+                or ``{policy: topk, width: 3}``); None drafts a chain of ``num_draft``.
+                The draft model runs one forward per tree level, with tree attention.
+    tree_width, tree_depth: shorthand for ``tree={policy: topk, width: w, depth: d}`` when
+                tree_depth > 0 (the top-w tokens when drafting greedily, w draws without
+                replacement when sampling): a tree of w + w^2 + ... + w^d nodes.
     """
 
     name = "small_model"
@@ -45,6 +49,7 @@ class SmallModelDrafter(ChainDrafter):
         adaptive: bool = False,
         max_draft: int = 16,
         sample: str | bool = "auto",
+        tree: str | dict | None = None,
         tree_width: int = 1,
         tree_depth: int = 0,
         token_cost: float = 0.3,
@@ -60,7 +65,11 @@ class SmallModelDrafter(ChainDrafter):
                 f"drafter.tree_width={tree_width}, drafter.tree_depth={tree_depth}: "
                 "need tree_width >= 1 and tree_depth >= 0 (0 drafts a chain)."
             )
-        self.sample_mode, self.tree_width, self.tree_depth = sample, tree_width, tree_depth
+        if tree is not None and tree_depth:
+            raise ConfigError(f"drafter.tree={tree!r} and drafter.tree_depth={tree_depth}: give one "
+                              "(tree_width/tree_depth are shorthand for tree={policy:topk,...}).")
+        self.sample_mode = sample
+        self.tree = build_tree_policy(tree) or (TopK(tree_width, tree_depth) if tree_depth else None)
         if isinstance(path, torch.nn.Module):
             model, tokenizer, self.source = path, None, type(path).__name__
         else:
@@ -73,7 +82,13 @@ class SmallModelDrafter(ChainDrafter):
 
     @property
     def drafts_trees(self) -> bool:
-        return self.tree_depth > 0
+        return self.tree is not None and self.tree.branches
+
+    @property
+    def sibling_modes(self) -> tuple[str, ...]:
+        if self.tree is None:
+            return ("iid", "deterministic")
+        return tuple({m for sampled in (True, False) for m in self.tree.sibling_modes(sampled)})
 
     def attach(self, target: Target) -> None:
         mine, theirs = self.runner.vocab_size, target.vocab_size
@@ -92,17 +107,18 @@ class SmallModelDrafter(ChainDrafter):
         self.runner.reset()
         self.length.reset()
 
-    def draft_logits(self, tokens: list[int], draft: Draft) -> torch.Tensor:
-        """Draft-model logits over the target's vocabulary, rows as in `Target.score`.
-        Subclasses with a reduced draft vocabulary map their logits back here."""
-        return self.runner.score(tokens, draft).logits
+    def to_target_vocab(self, logits: torch.Tensor) -> torch.Tensor:
+        """The draft model's logits as logits over the target's vocabulary (identity here;
+        a drafter with a reduced draft vocabulary maps them back)."""
+        return logits
 
     def _next_logits(self, tokens: list[int]) -> torch.Tensor:
-        return self.draft_logits(tokens, Draft.empty())[-1]
+        return self.to_target_vocab(self.runner.score(tokens, Draft.empty()).logits[-1])
 
     def propose(self, state: DecodeState) -> Draft:
-        if self.tree_depth:
-            return self._propose_tree(state)
+        if self.tree is not None:
+            expand = DraftTreeForward(self.runner, state.tokens, self.to_target_vocab)
+            return self.tree.build(expand, state, drafts_sampled(self.sample_mode, state.sampling))
         tokens = list(state.tokens)
 
         def advance(token: int, more: bool) -> torch.Tensor:
@@ -111,31 +127,6 @@ class SmallModelDrafter(ChainDrafter):
 
         return self.draft_chain(state, self._next_logits(tokens), min(self.length.choose(), state.max_depth), advance)
 
-    def _propose_tree(self, state: DecodeState) -> Draft:
-        """Expand level by level; each level scores the tree so far in one draft forward."""
-        sampled = drafts_sampled(self.sample_mode, state.sampling)
-        depth = min(self.tree_depth, state.max_depth)
-        tokens: list[int] = []
-        parents: list[int] = []
-        rows: list[torch.Tensor] = []
-        frontier = {ROOT: self._next_logits(state.tokens)}
-        for level in range(depth):
-            for parent, logits in frontier.items():
-                if sampled:
-                    q = logits_to_probs(logits, state.sampling)
-                    kids = sample(q.to(state.generator.device).expand(self.tree_width, -1), state.generator).tolist()
-                    rows += [q] * self.tree_width
-                else:
-                    kids = torch.topk(logits, self.tree_width).indices.tolist()
-                tokens += kids
-                parents += [parent] * len(kids)
-            if level + 1 == depth:
-                break
-            draft = Draft(torch.tensor(tokens), parents)
-            logits = self.draft_logits(state.tokens, draft)
-            frontier = {i: logits[i + 1] for i in range(len(tokens)) if draft.depths[i] == level}
-        return Draft(torch.tensor(tokens, dtype=torch.long), parents, torch.stack(rows) if rows else None)
-
     def on_commit(self, draft: Draft, verdict: Verdict, step: StepStats) -> None:
-        if not self.tree_depth:  # the length rule models chains
+        if self.tree is None:  # the length rule models chains
             super().on_commit(draft, verdict, step)

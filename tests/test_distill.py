@@ -216,7 +216,7 @@ def test_q_is_zero_outside_the_draft_vocabulary(tmp_path, small_vocab_model):
     drafter = DistilledDrafter(path, dtype="float64", num_draft=2)
     drafter.attach(Target(small_vocab_model))
     drafter.runner.reset()
-    logits = drafter.draft_logits([2, 3, 4], Draft.empty())
+    logits = drafter.to_target_vocab(drafter.runner.score([2, 3, 4], Draft.empty()).logits)
     probs = logits.softmax(-1)
     assert logits.shape[-1] == VOCAB and probs[:, [1, 4, 5, 7]].abs().max() == 0
     assert torch.allclose(probs.sum(-1), torch.ones(1, dtype=probs.dtype))

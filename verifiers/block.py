@@ -52,9 +52,9 @@ class BlockVerifier(Verifier):
 
     def check_drafter(self, drafter) -> None:
         """Refuse, before decoding, a drafter that proposes trees."""
-        super().check_drafter(drafter)
         if drafter.drafts_trees:
             raise ConfigError(TREE_ERROR.format(what=f"drafter={drafter.name}"))
+        super().check_drafter(drafter)
 
     def verify(self, draft: Draft, target_logits: torch.Tensor, sampling, generator) -> Verdict:
         if not draft.is_chain:

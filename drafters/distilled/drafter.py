@@ -19,7 +19,6 @@ from pathlib import Path
 
 import torch
 
-from spec_zoo.draft import Draft
 from spec_zoo.drafters.small_model import SmallModelDrafter
 from spec_zoo.errors import ConfigError
 from spec_zoo.sampling import to_full_vocab
@@ -31,7 +30,7 @@ SHIPPED = Path(__file__).parent / "artefacts" / "smollm2-135m-distilled"
 class DistilledDrafter(SmallModelDrafter):
     """path: a distilled-draft dir (None = the shipped SmolLM2-135M draft); untrained: use
     the draft's initialisation instead of its trained weights (an ablation baseline);
-    ``options`` (num_draft, adaptive, sample, tree_width, ...) as in `SmallModelDrafter`."""
+    ``options`` (num_draft, adaptive, sample, tree, ...) as in `SmallModelDrafter`."""
 
     name = "distilled"
 
@@ -87,8 +86,7 @@ class DistilledDrafter(SmallModelDrafter):
             draft.model.embed_tokens = embed  # shared with the target: no second copy of the full table
         self._attached_to = target
 
-    def draft_logits(self, tokens: list[int], draft: Draft) -> torch.Tensor:
-        logits = self.runner.score(tokens, draft).logits
+    def to_target_vocab(self, logits: torch.Tensor) -> torch.Tensor:
         if self.vocab_ids is not None and self.full_vocab is None:
             raise RuntimeError("DistilledDrafter.attach(target) must be called before drafting")
         return to_full_vocab(logits, self.vocab_ids, self.full_vocab)

@@ -1,0 +1,298 @@
+"""Token trees as a policy: *which* tree a drafter proposes, apart from *how* it computes
+next-token distributions.
+
+A drafter hands a policy an ``expand(tree, nodes)`` callable returning its logits after
+each of ``nodes`` (``ROOT``: after the last committed token) of the tree grown so far; the
+policy calls it once per level and returns a `Draft` with exact ``probs`` rows and the
+``siblings`` mode the verifier needs (docs/trees.md):
+
+- `Chain`: one child per node, ``depth`` levels.
+- `Static`: explicit paths of child ranks (Medusa's "choices"); `TopK` is the full
+  ``width``-ary tree. Greedy: the ranked tokens (deterministic); sampled: children drawn
+  without replacement (SpecTr/Sequoia), so siblings differ.
+- `Dynamic` (EAGLE-2): expand the ``width`` newest nodes with the highest cumulative draft
+  probability, keep the best ``budget`` nodes overall. The shape depends on the drawn
+  tokens' own probabilities, so its children are always the top-ranked tokens
+  (deterministic: exact under rejection with q one-hot, at any temperature).
+- `MultiDraft` (SpecInfer): ``n`` chains sampled independently, merged on shared prefixes;
+  a token drawn again at a node is recorded in ``Draft.draws`` so the rule replays it.
+
+`DraftTreeForward` is the ``expand`` of a draft model run through `Target`: one forward
+per level with a tree attention mask over its own cache, never re-scoring the tree.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Mapping
+
+import torch
+
+from spec_zoo.draft import ROOT, Draft
+from spec_zoo.errors import ConfigError
+from spec_zoo.interfaces import DecodeState
+from spec_zoo.sampling import logits_to_probs
+
+Expand = Callable[[Draft, list[int]], torch.Tensor]  # (tree so far, nodes) -> logits [len(nodes), V]
+
+
+class Growing:
+    """A tree being built: tokens, parents, q rows (sampled nodes) and repeated draws."""
+
+    def __init__(self):
+        self.tokens: list[int] = []
+        self.parents: list[int] = []
+        self.rows: list[torch.Tensor] = []
+        self.draws: dict[int, list[int]] = {}
+
+    def add(self, parent: int, token: int, q: torch.Tensor | None = None) -> int:
+        self.tokens.append(token)
+        self.parents.append(parent)
+        if q is not None:
+            self.rows.append(q)
+        return len(self.tokens) - 1
+
+    def shape(self) -> Draft:
+        """The structure so far (what ``expand`` reads)."""
+        return Draft(torch.tensor(self.tokens, dtype=torch.long), self.parents)
+
+    def draft(self, siblings: str) -> Draft:
+        probs = torch.stack(self.rows) if self.rows else None
+        return Draft(torch.tensor(self.tokens, dtype=torch.long), self.parents, probs,
+                     siblings if probs is not None else None, self.draws or None)
+
+
+def ranked(logits: torch.Tensor, k: int, state: DecodeState, sampled: bool) -> tuple[list[int], torch.Tensor | None]:
+    """Up to ``k`` distinct children from one row of logits: the top-k tokens (q None), or
+    ``k`` draws without replacement from q, in draw order (q returned)."""
+    if not sampled:
+        return torch.topk(logits, min(k, logits.shape[-1])).indices.tolist(), None
+    q = logits_to_probs(logits, state.sampling)
+    k = min(k, int((q > 0).sum()))  # top-k / top-p may leave fewer tokens than k
+    return torch.multinomial(q.to(state.generator.device), k, replacement=False, generator=state.generator).tolist(), q
+
+
+class TreePolicy(ABC):
+    """Builds the step's tree by calling ``expand`` once per level."""
+
+    name = "tree"
+    branches = True  # False: its drafts are chains (chain-only verifiers accept the drafter)
+
+    def sibling_modes(self, sampled: bool) -> tuple[str, ...]:
+        """The ``Draft.siblings`` its drafts use (what a verifier must be exact for)."""
+        return ("without_replacement",) if sampled else ("deterministic",)
+
+    @abstractmethod
+    def build(self, expand: Expand, state: DecodeState, sampled: bool) -> Draft:
+        """The tree for this step (at most ``state.max_depth`` deep)."""
+
+
+class Static(TreePolicy):
+    """choices: paths of child ranks, e.g. ``[[0], [1], [0, 0]]`` (the top token, the second,
+    and the top token after the top one). Every path's prefixes are paths too, and a node's
+    children are ranks 0..k-1 (a sampled node's k children are its first k draws)."""
+
+    name = "static"
+
+    def __init__(self, choices):
+        paths = sorted({tuple(int(r) for r in path) for path in choices}, key=lambda p: (len(p), p))
+        if not paths or any(not p for p in paths):
+            raise ConfigError(f"tree.choices={choices!r}: give a non-empty list of non-empty paths, e.g. [[0],[1],[0,0]].")
+        known = set(paths)
+        for path in paths:
+            needed = path[:-1] if path[-1] == 0 else (*path[:-1], path[-1] - 1)
+            if needed and needed not in known:
+                raise ConfigError(f"tree.choices: {list(path)} needs {list(needed)} too (every path's "
+                                  "prefix and its lower-ranked sibling must be listed).")
+        self.paths = paths
+
+    @property
+    def depth(self) -> int:
+        return len(self.paths[-1])
+
+    @property
+    def branches(self) -> bool:
+        return any(path[-1] > 0 for path in self.paths)
+
+    def build(self, expand: Expand, state: DecodeState, sampled: bool) -> Draft:
+        tree = Growing()
+        node_of: dict[tuple[int, ...], int] = {(): ROOT}
+        for level in range(1, min(self.depth, state.max_depth) + 1):
+            width: dict[tuple[int, ...], int] = {}  # parent path -> children wanted
+            for path in self.paths:
+                if len(path) == level and path[:-1] in node_of:  # absent: q had too few tokens
+                    width[path[:-1]] = max(width.get(path[:-1], 0), path[-1] + 1)
+            logits = expand(tree.shape(), [node_of[parent] for parent in width])
+            for row, (parent, k) in zip(logits, width.items()):
+                kids, q = ranked(row, k, state, sampled)
+                for rank, token in enumerate(kids):
+                    node_of[(*parent, rank)] = tree.add(node_of[parent], token, q)
+        return tree.draft(self.sibling_modes(True)[0])
+
+
+class TopK(Static):
+    """``width`` children per node, ``depth`` levels: width + width^2 + ... nodes."""
+
+    name = "topk"
+
+    def __init__(self, width: int = 2, depth: int = 3):
+        if width < 1 or depth < 1:
+            raise ConfigError(f"tree.width={width}, tree.depth={depth}: both must be >= 1.")
+        self.width = width
+        super().__init__([p for d in range(1, depth + 1) for p in _ranks(width, d)])
+
+
+class Chain(TopK):
+    """One child per node: a chain of ``depth`` tokens (sampled ones keep their q)."""
+
+    name = "chain"
+    branches = False
+
+    def __init__(self, depth: int = 4):
+        super().__init__(1, depth)
+
+    def sibling_modes(self, sampled: bool) -> tuple[str, ...]:
+        return ("iid",) if sampled else ("deterministic",)
+
+
+def _ranks(width: int, depth: int) -> list[tuple[int, ...]]:
+    if depth == 0:
+        return [()]
+    return [(*p, r) for p in _ranks(width, depth - 1) for r in range(width)]
+
+
+class Dynamic(TreePolicy):
+    """EAGLE-2 (Li et al. 2024): each level expands the ``width`` newest nodes with the
+    highest cumulative draft probability (the product of the draft's softmax along the
+    path), each into its top ``width`` tokens; after ``depth`` levels the ``budget`` best
+    nodes by that score are kept (a child never outscores its parent, so they form a tree).
+    Deterministic at any temperature: which nodes survive depends on their own
+    probabilities, so sampling them would bias q."""
+
+    name = "dynamic"
+
+    def __init__(self, width: int = 4, depth: int = 5, budget: int = 16):
+        if width < 1 or depth < 1 or budget < 1:
+            raise ConfigError(f"tree.width={width}, tree.depth={depth}, tree.budget={budget}: all must be >= 1.")
+        self.width, self.depth, self.budget = width, depth, budget
+
+    def sibling_modes(self, sampled: bool) -> tuple[str, ...]:
+        return ("deterministic",)
+
+    def build(self, expand: Expand, state: DecodeState, sampled: bool) -> Draft:
+        tree, score = Growing(), []
+        frontier, base = [ROOT], {ROOT: 0.0}
+        for _ in range(min(self.depth, state.max_depth)):
+            newest = []
+            for node, logits in zip(frontier, expand(tree.shape(), frontier)):
+                logp = logits.float().log_softmax(-1)
+                top = torch.topk(logp, min(self.width, logp.shape[-1]))
+                for lp, token in zip(top.values.tolist(), top.indices.tolist()):
+                    newest.append(tree.add(node, token))
+                    score.append(base[node] + lp)
+            best = sorted(newest, key=lambda i: -score[i])[: self.width]
+            frontier, base = best, {i: score[i] for i in best}
+        # the budget best (ties: shallower first, so a parent precedes its equal-scored child)
+        depths = tree.shape().depths
+        keep = sorted(sorted(range(len(score)), key=lambda i: (-score[i], depths[i], i))[: self.budget])
+        remap = {old: new for new, old in enumerate(keep)}
+        parents = [ROOT if tree.parents[i] == ROOT else remap[tree.parents[i]] for i in keep]
+        return Draft(torch.tensor([tree.tokens[i] for i in keep], dtype=torch.long), parents)
+
+
+class MultiDraft(TreePolicy):
+    """SpecInfer (Miao et al. 2024): ``n`` chains of ``depth`` tokens, each sampled from the
+    draft independently, merged into one tree on shared prefixes. Greedy drafting makes
+    the ``n`` chains one chain."""
+
+    name = "multi_draft"
+
+    def __init__(self, n: int = 3, depth: int = 4):
+        if n < 1 or depth < 1:
+            raise ConfigError(f"tree.n={n}, tree.depth={depth}: both must be >= 1.")
+        self.n, self.depth = n, depth
+
+    def sibling_modes(self, sampled: bool) -> tuple[str, ...]:
+        return ("iid",) if sampled else ("deterministic",)
+
+    def build(self, expand: Expand, state: DecodeState, sampled: bool) -> Draft:
+        tree = Growing()
+        at = [ROOT] * self.n  # the node each chain has reached
+        for _ in range(min(self.depth, state.max_depth)):
+            frontier = list(dict.fromkeys(at))
+            logits = dict(zip(frontier, expand(tree.shape(), frontier)))
+            child: dict[tuple[int, int], int] = {}  # (parent, token) -> node
+            for j, node in enumerate(at):
+                if sampled:
+                    q = logits_to_probs(logits[node], state.sampling)
+                    token = int(torch.multinomial(q.to(state.generator.device), 1, generator=state.generator))
+                else:
+                    q, token = None, int(logits[node].argmax())
+                if (node, token) not in child:
+                    child[(node, token)] = tree.add(node, token, q)
+                at[j] = child[(node, token)]
+                tree.draws.setdefault(node, []).append(at[j])
+        if not sampled or all(len(order) == len(set(order)) for order in tree.draws.values()):
+            tree.draws = {}  # every token drawn once: the children in order say it all
+        return tree.draft("iid")
+
+
+def build_tree_policy(spec) -> TreePolicy | None:
+    """A drafter's ``tree`` setting: None (its own chain), a `TreePolicy`, an option name of
+    ``conf/tree/`` (``dynamic``), or a dict naming one under ``policy`` with overrides
+    (``{policy: topk, width: 3}``)."""
+    from omegaconf import DictConfig, OmegaConf
+
+    from spec_zoo.registry import build_option, option_names
+
+    if spec is None or isinstance(spec, TreePolicy):
+        return spec
+    if isinstance(spec, DictConfig):
+        spec = OmegaConf.to_container(spec, resolve=True)
+    values = {"policy": spec} if isinstance(spec, str) else dict(spec) if isinstance(spec, Mapping) else None
+    name = None if values is None else values.pop("policy", None)
+    if name not in option_names("tree"):
+        raise ConfigError(f"drafter.tree={spec!r}: name a tree policy ({', '.join(option_names('tree'))}), "
+                          "or give {policy: NAME, KEY: VALUE}, e.g. drafter.tree={policy:topk,width:3}.")
+    try:
+        return build_option("tree", name, **values)
+    except ConfigError:
+        raise
+    except Exception as err:  # hydra wraps the constructor's complaint (an unknown key)
+        cause = err.__cause__ or err
+        if isinstance(cause, ConfigError):
+            raise cause from None
+        raise ConfigError(f"drafter.tree={spec!r}: {str(cause).splitlines()[0]}; "
+                          f"see conf/tree/{name}.yaml for its keys.") from None
+
+
+class DraftTreeForward:
+    """``expand`` for a draft model driven by a `Target` (its own KV cache): the first call
+    scores the committed tokens, each later one feeds only the requested nodes, in one
+    forward whose mask lets a node see the committed tokens and its fed ancestors. The
+    tree's KV stays behind the committed tokens until the runner's next ``score`` crops it.
+    ``to_vocab`` maps the model's logits to the target's vocabulary."""
+
+    def __init__(self, runner, committed: list[int], to_vocab: Callable[[torch.Tensor], torch.Tensor]):
+        self.runner, self.committed, self.to_vocab = runner, committed, to_vocab
+        self.slot: dict[int, int] = {}  # fed node -> its cache position
+
+    @torch.no_grad()
+    def __call__(self, tree: Draft, nodes: list[int]) -> torch.Tensor:
+        runner, past = self.runner, len(self.committed)
+        if nodes == [ROOT]:
+            return self.to_vocab(runner.score(self.committed, Draft.empty()).logits[-1:])
+        length, k = past + len(self.slot), len(nodes)
+        ancestors = tree.ancestors_mask()
+        allowed = torch.zeros(k, length + k, dtype=torch.bool)
+        allowed[:, :past] = True
+        for row, node in enumerate(nodes):
+            seen = [self.slot[a] for a in ancestors[node].nonzero().flatten().tolist() if a != node]
+            allowed[row, seen] = True
+            allowed[row, length + row] = True
+        mask = torch.zeros(allowed.shape, dtype=runner.dtype).masked_fill_(~allowed, torch.finfo(runner.dtype).min)
+        positions = torch.tensor([[past + tree.depths[n] for n in nodes]], device=runner.device)
+        out = runner.model(input_ids=tree.tokens[nodes][None].to(runner.device), cache=runner.cache, use_cache=True,
+                           position_ids=positions, attention_mask=mask[None, None].to(runner.device), logits_to_keep=k)
+        self.slot.update({node: length + row for row, node in enumerate(nodes)})
+        return self.to_vocab(out.logits[0])

@@ -1,0 +1,291 @@
+"""Token trees as a policy (spec_zoo/trees.py) and exact multi-draft rejection
+(verifiers/rejection.py): siblings drawn i.i.d. (multi-draft, repeated draws replayed),
+without replacement (top-k / static trees when sampling), or deterministically.
+
+Chi-square tests as in tests/test_sampling_exact.py: the first three tokens against
+their exact distribution on an 8-token model; broken rules must fail the same test."""
+
+import dataclasses
+
+import pytest
+import torch
+
+from spec_zoo import SamplingParams
+from spec_zoo.draft import ROOT, Draft
+from spec_zoo.drafters.merge import MergeDrafter
+from spec_zoo.drafters.ngram import NgramDrafter
+from spec_zoo.drafters.small_model import SmallModelDrafter
+from spec_zoo.errors import ConfigError
+from spec_zoo.interfaces import DecodeState, Verdict
+from spec_zoo.sampling import logits_to_probs, sample
+from spec_zoo.target import Target
+from spec_zoo.testing import P_MIN, SETTINGS, assert_greedy_identity, sampling_model
+from spec_zoo.testing import sampling_pvalue as _check
+from spec_zoo.trees import Chain, DraftTreeForward, Dynamic, MultiDraft, Static, TopK, build_tree_policy
+from spec_zoo.verifiers.block import BlockVerifier
+from spec_zoo.verifiers.rejection import RejectionVerifier
+from tests.drafts import noisy_copy
+from tests.tiny import one_thread, tiny_llama  # noqa: F401 (autouse fixture)
+
+POLICIES = {
+    "chain": lambda: Chain(3),
+    "topk": lambda: TopK(2, 3),
+    "static": lambda: Static([[0], [1], [2], [0, 0], [0, 1], [1, 0], [0, 0, 0]]),
+    "dynamic": lambda: Dynamic(width=3, depth=4, budget=8),
+    "multi_draft": lambda: MultiDraft(n=3, depth=3),
+}
+
+
+@pytest.fixture(scope="module")
+def model():
+    return sampling_model()
+
+
+def small(model, policy, sample="auto", noise=1.0):
+    return SmallModelDrafter(noisy_copy(model, noise), tree=policy, sample=sample)
+
+
+# -- exact sampling ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("policy", ["topk", "static", "multi_draft", "dynamic"])
+def test_sampled_trees_follow_target(model, policy):
+    """topk/static: siblings without replacement; multi_draft: i.i.d. with repeats replayed;
+    dynamic: deterministic (q one-hot) even when the run samples."""
+    samples = 2000 if policy in ("topk", "multi_draft") else 1000  # the new rules get the full count
+    pvalue, _ = _check(model, small(model, POLICIES[policy]()), SETTINGS["t1"], samples=samples)
+    assert pvalue > P_MIN
+
+
+def test_truncated_sampling_keeps_without_replacement_exact(model):
+    """top-k/top-p leave q fewer tokens than a node wants children: it gets fewer."""
+    pvalue, _ = _check(model, small(model, TopK(3, 2)), SETTINGS["t0.7_topk5_topp0.9"], samples=1000)
+    assert pvalue > P_MIN
+
+
+class PerBranch(RejectionVerifier):
+    """A naive tree rule: every sibling is judged against the same p (no residual between
+    siblings), as if each branch were a chain of its own."""
+
+    def verify(self, draft, target_logits, sampling, generator):
+        p_rows = logits_to_probs(target_logits, sampling)
+        path, node = [], ROOT
+        while True:
+            p, kids = p_rows[node + 1], draft.children(node)
+            for child in kids:
+                q = draft.probs[child].to(p)
+                x = int(draft.tokens[child])
+                if torch.rand((), generator=generator) * q[x] < p[x]:
+                    path.append(child)
+                    node = child
+                    break
+            else:
+                residual = (p - q).clamp(min=0) if kids else p
+                return Verdict(path, int(sample(residual / residual.sum(), generator)), bonus=not kids)
+
+
+class AsIfIid(RejectionVerifier):
+    """Treats siblings drawn without replacement as i.i.d. draws (q not renormalised)."""
+
+    def verify(self, draft, target_logits, sampling, generator):
+        if draft.siblings == "without_replacement":
+            draft = dataclasses.replace(draft, siblings="iid")
+        return super().verify(draft, target_logits, sampling, generator)
+
+
+class WithoutReplay(RejectionVerifier):
+    """Drops the replay of repeated i.i.d. draws (a merged token tried once)."""
+
+    def verify(self, draft, target_logits, sampling, generator):
+        return super().verify(dataclasses.replace(draft, draws=None), target_logits, sampling, generator)
+
+
+def test_naive_per_branch_rule_fails(model):
+    """The model-level test has the power to reject the naive rule (a far draft: frequent rejections)."""
+    pvalue, _ = _check(model, small(model, MultiDraft(n=4, depth=2), noise=2.0), SETTINGS["t1"], PerBranch(), 1000)
+    assert pvalue < P_MIN
+
+
+# one node, many trials: the first committed token against p, for a p and q far apart
+P_NODE = torch.tensor([0.40, 0.05, 0.05, 0.30, 0.10, 0.10])
+Q_NODE = torch.tensor([0.05, 0.60, 0.20, 0.05, 0.05, 0.05])
+TRIALS = 6000
+
+
+@pytest.mark.parametrize("rule,policy,exact", [
+    (RejectionVerifier, MultiDraft(n=4, depth=1), True),
+    (RejectionVerifier, TopK(3, 1), True),
+    (PerBranch, MultiDraft(n=4, depth=1), False),
+    (WithoutReplay, MultiDraft(n=4, depth=1), False),
+    (AsIfIid, TopK(3, 1), False),
+])
+def test_one_node_rules(rule, policy, exact):
+    """Repeated i.i.d. draws must be replayed and draws without replacement renormalised:
+    dropping either (or judging every branch against the same p) biases the token."""
+    from spec_zoo.testing import goodness_of_fit
+
+    gen, state = torch.Generator().manual_seed(0), _state(temperature=1.0)
+    logits = torch.stack([P_NODE.log()] * 5)  # rows after nodes: unused at depth 1
+    counts = torch.zeros(len(P_NODE))
+    for _ in range(TRIALS):
+        draft = policy.build(Fixed(Q_NODE.log()), dataclasses.replace(state, generator=gen), sampled=True)
+        verdict = rule().verify(draft, logits[: len(draft) + 1], SETTINGS["t1"], gen)
+        counts[int(draft.tokens[verdict.path[0]]) if verdict.path else verdict.next_token] += 1
+    pvalue = goodness_of_fit(counts, P_NODE)
+    assert pvalue > P_MIN if exact else pvalue < P_MIN
+
+
+def test_multi_draft_replays_repeated_draws(model):
+    """A merged token drawn k times is listed k times in Draft.draws, in draw order."""
+    drafter = small(model, MultiDraft(n=6, depth=2), noise=0.5)
+    drafter.attach(Target(model))
+    drafter.begin(None)
+    state = DecodeState([2, 3, 4, 2], 4, 8, SamplingParams(temperature=1.0), torch.Generator().manual_seed(0))
+    draft = drafter.propose(state)
+    assert draft.siblings == "iid" and draft.draws is not None
+    assert sum(len(order) for order in draft.draws.values()) == 6 * 2  # every draw of every chain
+    assert len(draft) < 6 * 2  # merged
+    for parent, order in draft.draws.items():
+        assert set(order) == set(draft.children(parent))
+        assert torch.equal(draft.probs[order[0]], draft.probs[order[-1]])  # one q per parent
+
+
+def test_draft_refuses_inconsistent_sibling_modes():
+    with pytest.raises(ValueError, match="siblings"):
+        Draft(torch.tensor([1, 2]), [-1, -1], siblings="without_replacement")
+    with pytest.raises(ValueError, match="children"):
+        Draft(torch.tensor([1, 2]), [-1, -1], torch.ones(2, 4) / 4, draws={ROOT: [0, 0]})
+    cut = Draft(torch.tensor([1, 2, 3]), [-1, -1, 0], torch.ones(3, 4) / 4, draws={ROOT: [0, 1, 0], 0: [2]})
+    assert cut.truncated(1).draws == {ROOT: [0, 1, 0]}
+
+
+class OldRule(RejectionVerifier):
+    """A verifier written for i.i.d. and deterministic siblings only (the default declaration)."""
+
+    sibling_modes = ("iid", "deterministic")
+
+
+def test_verifiers_refuse_sibling_modes_up_front(model):
+    with pytest.raises(ConfigError, match="without_replacement"):
+        OldRule().check_drafter(small(model, TopK(2, 2)))
+    OldRule().check_drafter(small(model, MultiDraft(2, 2)))
+    OldRule().check_drafter(MergeDrafter([small(model, MultiDraft(2, 2)), NgramDrafter()]))
+    BlockVerifier().check_drafter(small(model, Chain(3)))  # a chain policy is a chain drafter
+
+
+def test_merged_without_replacement_siblings_stay_exact(model):
+    """merge: a member's siblings drawn without replacement become rows of what each was drawn from."""
+    members = [small(model, TopK(2, 2), noise=0.5), small(model, MultiDraft(3, 2), noise=0.5)]
+    pvalue, _ = _check(model, MergeDrafter(members), SETTINGS["t1"], samples=1000)
+    assert pvalue > P_MIN
+
+
+# -- greedy identity and deterministic trees ---------------------------------------------------
+
+
+@pytest.mark.parametrize("policy", list(POLICIES))
+def test_greedy_identity_small_model(policy):
+    assert_greedy_identity(lambda target: SmallModelDrafter(noisy_copy(target, 1.0), tree=POLICIES[policy]()),
+                           seeds=(0, 1))
+
+
+@pytest.mark.parametrize("ngram", ["tree", "tree_budget2"])
+def test_greedy_identity_ngram_trees(ngram):
+    budget = 12 if ngram == "tree" else 2
+    assert_greedy_identity(lambda target: NgramDrafter(num_draft=4, adaptive=False, branches=3, max_nodes=budget))
+
+
+def test_ngram_tree_branches_on_distinct_continuations():
+    drafter = NgramDrafter(num_draft=3, min_ngram=1, max_ngram=1, adaptive=False, branches=3, max_nodes=5)
+    tokens = [5, 1, 2, 5, 3, 4, 5, 1, 7, 5]  # after 5: 1 (latest: 1 7 5), 3 (3 4 5)
+    drafter.begin(None)
+    draft = drafter.propose(DecodeState(tokens, 2, 8, SamplingParams(), torch.Generator()))
+    assert draft.tokens.tolist() == [1, 7, 5, 3, 4] and draft.parents == [-1, 0, 1, -1, 3]  # 5 nodes
+    assert draft.siblings == "deterministic" and drafter.drafts_trees
+
+
+def test_ngram_tree_follows_target(model):
+    """Distinct deterministic siblings: rejection stays exact (q one-hot per sibling)."""
+    pvalue, _ = _check(model, NgramDrafter(num_draft=3, adaptive=False, branches=3), SETTINGS["t1"], samples=1000)
+    assert pvalue > P_MIN
+
+
+def test_deterministic_trees_follow_target_when_sampling(model):
+    """Greedy-drafted (top-k) trees at temperature 1: q one-hot, distinct siblings."""
+    pvalue, _ = _check(model, small(model, TopK(2, 3), sample=False), SETTINGS["t1"], samples=1000)
+    assert pvalue > P_MIN
+
+
+# -- tree shapes and the level-by-level forward -----------------------------------------------
+
+
+class Fixed:
+    """An ``expand`` returning the same logits after every node."""
+
+    def __init__(self, logits):
+        self.logits, self.calls = logits, []
+
+    def __call__(self, tree, nodes):
+        self.calls.append(list(nodes))
+        return self.logits.expand(len(nodes), -1)
+
+
+def _state(depth=8, temperature=0.0):
+    return DecodeState([1, 2], 2, depth, SamplingParams(temperature=temperature), torch.Generator().manual_seed(0))
+
+
+def test_policy_shapes():
+    logits = torch.tensor([0.0, 3.0, 2.0, 1.0, -1.0])
+    tree = TopK(2, 3).build(Fixed(logits), _state(), sampled=False)
+    assert len(tree) == 2 + 4 + 8 and tree.siblings == "deterministic"
+    assert tree.tokens[tree.children(ROOT)].tolist() == [1, 2]
+    static = Static([[0], [1], [0, 0]]).build(Fixed(logits), _state(), sampled=False)
+    assert static.parents == [-1, -1, 0] and static.tokens.tolist() == [1, 2, 1]
+    assert len(Chain(5).build(Fixed(logits), _state(depth=3), sampled=False)) == 3  # the budget cut
+    expand = Fixed(logits)
+    dynamic = Dynamic(width=2, depth=3, budget=5).build(expand, _state(), sampled=False)
+    assert len(dynamic) == 5 and expand.calls[0] == [ROOT] and all(len(c) <= 2 for c in expand.calls)
+    scores = {(): 0.0}
+    for i in range(len(dynamic)):  # kept nodes: ancestors first, the most probable paths
+        path = tuple(dynamic.tokens[dynamic.path_to(i)].tolist())
+        scores[path] = scores[path[:-1]] + float(logits.log_softmax(-1)[path[-1]])
+    assert min(scores.values()) >= float(logits.log_softmax(-1)[1] * 2 + logits.log_softmax(-1)[2])
+    sampled = MultiDraft(n=4, depth=3).build(Fixed(logits), _state(temperature=1.0), sampled=True)
+    assert sampled.depth == 3 and len(sampled.leaves()) <= 4
+
+
+def test_static_choices_are_checked():
+    with pytest.raises(ConfigError, match=r"needs \[0\]"):
+        Static([[1], [0, 0]])
+    with pytest.raises(ConfigError, match="drafter.tree"):
+        build_tree_policy({"policy": "topk", "wdth": 3})
+    with pytest.raises(ConfigError, match="tree policy"):
+        SmallModelDrafter(tiny_llama(0), tree="bushy")
+    assert isinstance(build_tree_policy({"policy": "dynamic", "budget": 4}), Dynamic)
+
+
+@pytest.mark.parametrize("shape", ["deep", "wide"])
+def test_tree_forward_equals_per_path_scoring(shape):
+    """DraftTreeForward: each node's logits (one forward per level, tree mask over the draft
+    cache) equal a plain forward of the committed tokens + the path to that node."""
+    model = tiny_llama(3, dtype=torch.float32)
+    runner, committed = Target(model), [3, 7, 9, 2, 5]
+    runner.score(committed[:3], Draft.empty())  # a cache already holding a prefix
+    expand = DraftTreeForward(runner, committed, lambda x: x)
+    policy = TopK(4, 2) if shape == "wide" else Static([[0], [1], [0, 0], [0, 0, 0], [0, 0, 0, 0], [0, 0, 0, 0, 0]])
+    seen = {}
+
+    def recording(tree, nodes):
+        out = expand(tree, nodes)
+        seen.update({node: (tree, row) for node, row in zip(nodes, out)})
+        return out
+
+    policy.build(recording, _state(), sampled=False)
+    assert len(seen) > 4
+    for node, (tree, row) in seen.items():
+        path = [] if node == ROOT else tree.tokens[tree.path_to(node)].tolist()
+        with torch.no_grad():
+            ref = model(torch.tensor([committed + path])).logits[0, -1]
+        torch.testing.assert_close(row, ref, atol=1e-5, rtol=1e-5)
+    runner.score(committed + [4], Draft.empty())  # the next step crops the tree's KV away
+    assert runner.cache.get_seq_length() == len(committed) + 1
