@@ -91,6 +91,8 @@ class SmallModelDrafter(ChainDrafter):
         return tuple({m for sampled in (True, False) for m in self.tree.sibling_modes(sampled)})
 
     def attach(self, target: Target) -> None:
+        if self.tree is not None:
+            self.tree.attach(target)
         mine, theirs = self.runner.vocab_size, target.vocab_size
         same_tokenizer = True
         if self.runner.tokenizer is not None and target.tokenizer is not None:
@@ -130,3 +132,5 @@ class SmallModelDrafter(ChainDrafter):
     def on_commit(self, draft: Draft, verdict: Verdict, step: StepStats) -> None:
         if self.tree is None:  # the length rule models chains
             super().on_commit(draft, verdict, step)
+        else:
+            self.tree.observe(draft, verdict)

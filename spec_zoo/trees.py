@@ -14,6 +14,9 @@ policy calls it once per level and returns a `Draft` with exact ``probs`` rows a
   probability, keep the best ``budget`` nodes overall. The shape depends on the drawn
   tokens' own probabilities, so its children are always the top-ranked tokens
   (deterministic: exact under rejection with q one-hot, at any temperature).
+- `Auto`: the static tree predicted fastest on this machine: expected accepted tokens
+  (from acceptance rates per sibling rank, learnt online) over the step's cost (draft
+  forwards + the target's measured scoring cost t(M), `spec_zoo.costs`).
 - `MultiDraft` (SpecInfer): ``n`` chains sampled independently, merged on shared prefixes;
   a token drawn again at a node is recorded in ``Draft.draws`` so the rule replays it.
 
@@ -23,6 +26,7 @@ per level with a tree attention mask over its own cache, never re-scoring the tr
 
 from __future__ import annotations
 
+import heapq
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
 
@@ -30,7 +34,7 @@ import torch
 
 from spec_zoo.draft import ROOT, Draft
 from spec_zoo.errors import ConfigError
-from spec_zoo.interfaces import DecodeState
+from spec_zoo.interfaces import DecodeState, Verdict
 from spec_zoo.sampling import logits_to_probs
 
 Expand = Callable[[Draft, list[int]], torch.Tensor]  # (tree so far, nodes) -> logits [len(nodes), V]
@@ -85,6 +89,12 @@ class TreePolicy(ABC):
     @abstractmethod
     def build(self, expand: Expand, state: DecodeState, sampled: bool) -> Draft:
         """The tree for this step (at most ``state.max_depth`` deep)."""
+
+    def attach(self, target) -> None:
+        """The target the drafts are scored by (a policy may price trees with its cost table)."""
+
+    def observe(self, draft: Draft, verdict: Verdict) -> None:
+        """What was accepted of the last tree (a policy may learn from it)."""
 
 
 class Static(TreePolicy):
@@ -235,6 +245,94 @@ class MultiDraft(TreePolicy):
         if not sampled or all(len(order) == len(set(order)) for order in tree.draws.values()):
             tree.draws = {}  # every token drawn once: the children in order say it all
         return tree.draft("iid")
+
+
+PRIOR_ACCEPT, PRIOR_WEIGHT, DECAY = 0.5, 2.0, 0.95  # per-rank acceptance: prior 0.5 / 2^rank, ~20-step memory
+
+
+class Auto(TreePolicy):
+    """The tree size from the cost model: each step, the static tree (at most ``max_nodes``
+    nodes, ``max_depth`` levels, ``max_width`` children per node) with the highest
+    predicted speed, tokens per step / cost per step in target forwards:
+
+        (1 + sum over nodes of the product of acc[rank] along its path)
+        / (draft_cost x levels + t(nodes + 1) / t(1))
+
+    acc[r] is the rate at which a node's rank-r child is the accepted one (SpecInfer/Sequoia's
+    positional acceptance), learnt from every verified tree; t is the target's measured
+    cost table when decoding greedily (`spec_zoo.costs`), else 1 + ``scoring_cost`` per extra
+    token (sampled text must not depend on measured timings). For each depth cap the best
+    tree of n nodes takes the n most valuable nodes (a node is worth no more than its parent
+    or its lower-ranked sibling), so no fixed tree within the limits is predicted faster."""
+
+    name = "auto"
+
+    def __init__(self, max_nodes: int = 16, max_depth: int = 6, max_width: int = 4,
+                 draft_cost: float = 0.1, scoring_cost: float = 0.1):
+        if min(max_nodes, max_depth, max_width) < 1 or not 0 <= draft_cost < 1 or not 0 <= scoring_cost < 1:
+            raise ConfigError(f"tree.max_nodes={max_nodes}, tree.max_depth={max_depth}, tree.max_width={max_width}: "
+                              f">= 1; tree.draft_cost={draft_cost}, tree.scoring_cost={scoring_cost}: in [0, 1).")
+        self.max_nodes, self.max_depth, self.max_width = max_nodes, max_depth, max_width
+        self.draft_cost, self.scoring_cost = draft_cost, scoring_cost
+        self.target = None
+        self.seen = [0.0] * max_width  # decayed: times the rank-r child was the accepted one
+        self.tried = 0.0  # decayed: nodes with children reached by the verifier
+        self.paths: list[tuple[int, ...]] = []
+        self.predicted = 1.0  # predicted speed of the last tree, in tokens per target forward
+
+    def attach(self, target) -> None:
+        self.target = target
+
+    def acceptance(self) -> list[float]:
+        """acc[r], made non-increasing in r (a lower-ranked token is the likelier one), which
+        is what makes taking the most valuable nodes first optimal."""
+        rates = [(seen + PRIOR_ACCEPT / 2**r * PRIOR_WEIGHT) / (self.tried + PRIOR_WEIGHT)
+                 for r, seen in enumerate(self.seen)]
+        return [min(rates[: r + 1]) for r in range(len(rates))]
+
+    def relative_cost(self, tokens: int, greedy: bool) -> float:
+        table = getattr(self.target, "cost_table", None) if greedy else None
+        return table.relative(tokens) if table is not None else 1.0 + self.scoring_cost * (tokens - 1)
+
+    def speed(self, paths, acc: list[float], greedy: bool) -> float:
+        """Predicted tokens per target forward of the static tree ``paths``."""
+        value = {(): 1.0}
+        for path in sorted(paths, key=len):
+            value[path] = value[path[:-1]] * acc[path[-1]]
+        levels = max((len(p) for p in paths), default=0)
+        return sum(value.values()) / (self.draft_cost * levels + self.relative_cost(len(paths) + 1, greedy))
+
+    def plan(self, acc: list[float], greedy: bool, depth: int) -> tuple[list[tuple[int, ...]], float]:
+        """(paths, predicted speed) of the best tree at most ``depth`` deep."""
+        best, best_speed = [], self.speed([], acc, greedy)
+        for cap in range(1, min(depth, self.max_depth) + 1):
+            paths, frontier = [], [(-acc[0], (0,))]
+            while frontier and len(paths) < self.max_nodes:
+                worth, path = heapq.heappop(frontier)
+                paths.append(path)
+                if path[-1] + 1 < self.max_width:  # its next sibling
+                    heapq.heappush(frontier, (worth / acc[path[-1]] * acc[path[-1] + 1], (*path[:-1], path[-1] + 1)))
+                if len(path) < cap:  # its first child
+                    heapq.heappush(frontier, (worth * acc[0], (*path, 0)))
+                speed = self.speed(paths, acc, greedy)
+                if speed > best_speed:
+                    best, best_speed = list(paths), speed
+        return best, best_speed
+
+    def build(self, expand: Expand, state: DecodeState, sampled: bool) -> Draft:
+        self.paths, self.predicted = self.plan(self.acceptance(), state.sampling.greedy, state.max_depth)
+        return Static(self.paths).build(expand, state, sampled) if self.paths else Draft.empty()
+
+    def observe(self, draft: Draft, verdict: Verdict) -> None:
+        rank = {}
+        for parent in [ROOT, *range(len(draft))]:
+            rank.update({child: r for r, child in enumerate(draft.children(parent))})
+        for node, accepted in zip([ROOT, *verdict.path], [*verdict.path, None]):
+            if draft.children(node):
+                self.seen = [s * DECAY for s in self.seen]
+                self.tried = self.tried * DECAY + 1
+                if accepted is not None:
+                    self.seen[rank[accepted]] += 1
 
 
 def build_tree_policy(spec) -> TreePolicy | None:

@@ -21,7 +21,7 @@ from spec_zoo.sampling import logits_to_probs, sample
 from spec_zoo.target import Target
 from spec_zoo.testing import P_MIN, SETTINGS, assert_greedy_identity, sampling_model
 from spec_zoo.testing import sampling_pvalue as _check
-from spec_zoo.trees import Chain, DraftTreeForward, Dynamic, MultiDraft, Static, TopK, build_tree_policy
+from spec_zoo.trees import Auto, Chain, DraftTreeForward, Dynamic, MultiDraft, Static, TopK, build_tree_policy
 from spec_zoo.verifiers.block import BlockVerifier
 from spec_zoo.verifiers.rejection import RejectionVerifier
 from tests.drafts import noisy_copy
@@ -33,6 +33,7 @@ POLICIES = {
     "static": lambda: Static([[0], [1], [2], [0, 0], [0, 1], [1, 0], [0, 0, 0]]),
     "dynamic": lambda: Dynamic(width=3, depth=4, budget=8),
     "multi_draft": lambda: MultiDraft(n=3, depth=3),
+    "auto": lambda: Auto(max_nodes=8, max_depth=4, max_width=3),
 }
 
 
@@ -48,7 +49,7 @@ def small(model, policy, sample="auto", noise=1.0):
 # -- exact sampling ---------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("policy", ["topk", "static", "multi_draft", "dynamic"])
+@pytest.mark.parametrize("policy", ["topk", "static", "multi_draft", "dynamic", "auto"])
 def test_sampled_trees_follow_target(model, policy):
     """topk/static: siblings without replacement; multi_draft: i.i.d. with repeats replayed;
     dynamic: deterministic (q one-hot) even when the run samples."""
@@ -289,3 +290,65 @@ def test_tree_forward_equals_per_path_scoring(shape):
         torch.testing.assert_close(row, ref, atol=1e-5, rtol=1e-5)
     runner.score(committed + [4], Draft.empty())  # the next step crops the tree's KV away
     assert runner.cache.get_seq_length() == len(committed) + 1
+
+
+# -- tree size from the cost model ------------------------------------------------------------
+
+
+class Table:
+    """A cost table t(M) / t(1) as `spec_zoo.costs.CostTable.relative` gives it."""
+
+    def __init__(self, relative):
+        self.relative = relative
+
+
+class Scorer:
+    def __init__(self, table):
+        self.cost_table = table
+
+
+TABLES = {
+    "cpu_steps": Table(lambda m: 1.0 if m <= 4 else 1.7 if m <= 6 else 1.0 + 0.25 * m),  # flat to 4, then jumps
+    "gpu_flat": Table(lambda m: 1.0 + 0.005 * m),
+    "steep": Table(lambda m: 1.0 + 0.6 * (m - 1)),
+}
+
+
+@pytest.mark.parametrize("table", list(TABLES))
+@pytest.mark.parametrize("seen,tried", [([6.0, 2.0, 1.0, 0.5], 10.0), ([1.0, 0.5, 0.0, 0.0], 10.0),
+                                        ([9.5, 0.2, 0.1, 0.0], 10.0), ([2.0, 4.0, 1.0, 0.0], 10.0)])
+def test_auto_never_predicts_worse_than_a_fixed_tree(table, seen, tried):
+    auto = Auto(max_nodes=16, max_depth=6, max_width=4, draft_cost=0.05)
+    auto.attach(Scorer(TABLES[table]))
+    auto.seen, auto.tried = seen, tried
+    acc = auto.acceptance()
+    paths, predicted = auto.plan(acc, greedy=True, depth=8)
+    fixed = [TopK(w, d).paths for w in range(1, 5) for d in range(1, 7) if len(TopK(w, d).paths) <= 16]
+    fixed += [POLICIES["static"]().paths, []]
+    best_fixed = max(auto.speed(p, acc, greedy=True) for p in fixed)
+    assert predicted >= best_fixed - 1e-12
+    assert predicted == pytest.approx(auto.speed(paths, acc, greedy=True))
+    Static(paths or [[0]])  # a valid static tree
+
+
+def test_auto_sizes_the_tree_by_the_machine():
+    """The same acceptance: a flat cost curve buys a big tree, a steep one a small tree."""
+    sizes = {}
+    for name in ("gpu_flat", "steep"):
+        auto = Auto(max_nodes=16, max_depth=6)
+        auto.attach(Scorer(TABLES[name]))
+        auto.seen, auto.tried = [6.0, 2.0, 1.0, 0.5], 10.0
+        sizes[name] = len(auto.plan(auto.acceptance(), greedy=True, depth=8)[0])
+    assert sizes["gpu_flat"] >= 12 and sizes["steep"] <= 4
+
+
+def test_auto_learns_acceptance_per_rank():
+    tree = Draft(torch.tensor([1, 2, 3]), [-1, -1, 0])  # ranks 0 and 1 under the root; 0 under node 0
+    prior = Auto(max_width=2).acceptance()
+    learnt = {}
+    for name, verdict in [("deep", Verdict([0, 2], 9, bonus=True)), ("none", Verdict([], 9, bonus=False))]:
+        auto = Auto(max_nodes=6, max_depth=3, max_width=2)
+        for _ in range(20):
+            auto.observe(tree, verdict)
+        learnt[name] = auto.acceptance()
+    assert learnt["deep"][0] > 0.9 > prior[0] and learnt["none"][0] < 0.1 and learnt["none"][1] < prior[1]
