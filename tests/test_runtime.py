@@ -214,3 +214,22 @@ def test_spec_zoo_costs_measures_saves_and_plots_the_table(tmp_path, monkeypatch
     assert (tmp_path / "cache" / "costs").is_dir() and list((tmp_path / "cache" / "costs").glob("*.png"))
     with pytest.raises(ConfigError, match="model.runtime=eager has nothing to compile"):
         runtime_command("warmup", ["model=local", f"model.path={tmp_path / 'm'}"])
+
+
+def test_bfloat16_scoring_is_batch_invariant_too():
+    """bfloat16 on the compiled runtime (this CPU computes it natively): rows are still
+    bit-identical for M = 1..4 and tree nodes equal their paths, so speculative bf16
+    decoding equals plain bf16 decoding."""
+    target = CompiledTarget(sampling_model().to(torch.bfloat16), max_cache_len=64, buckets=(1, 4))
+    target.reset()
+    alone = target.score(PROMPT, Draft.empty()).logits[0]
+    for m in range(1, 4):
+        target.reset()
+        assert torch.equal(target.score(PROMPT, Draft.chain([(3 * j + 1) % 8 for j in range(m)])).logits[0], alone)
+    draft = Draft(torch.tensor([5, 2, 6]), [-1, -1, 0])
+    target.reset()
+    logits = target.score(PROMPT, draft).logits
+    for node in range(3):
+        target.reset()
+        chain = target.score(PROMPT, Draft.chain(draft.tokens[draft.path_to(node)])).logits[-1]
+        assert torch.equal(logits[node + 1], chain)
