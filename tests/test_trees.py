@@ -352,3 +352,43 @@ def test_auto_learns_acceptance_per_rank():
             auto.observe(tree, verdict)
         learnt[name] = auto.acceptance()
     assert learnt["deep"][0] > 0.9 > prior[0] and learnt["none"][0] < 0.1 and learnt["none"][1] < prior[1]
+
+
+# -- the target: tree masks, positions and commits on both runtimes ---------------------------
+
+_DEEP = [-1, 0, 1, 2, 3, 4, 5, 6, 0, 1, 8, 2]  # a chain of 8 with side branches at depths 1-3
+_WIDE = [-1] * 10 + [4, 4]  # ten first-level nodes, two under the fifth
+TARGET_CASES = {  # tree, accepted path
+    "deep_leaf": (Draft(torch.arange(20, 32), _DEEP), [0, 1, 2, 3, 4, 5, 6, 7]),
+    "deep_side": (Draft(torch.arange(20, 32), _DEEP), [0, 8, 10]),  # not a prefix of the node order
+    "wide": (Draft(torch.arange(30, 42), _WIDE), [4, 11]),
+    "inner_node": (Draft(torch.arange(20, 32), _DEEP), [0, 1, 2]),  # stops where children were rejected
+}
+
+
+@pytest.mark.parametrize("runtime", ["eager", "compiled"])
+def test_tree_scores_and_commits_equal_per_path_forwards(runtime):
+    """Every node's logits equal a plain forward of its path; after committing a path, the
+    cache scores the next token as a fresh forward of the committed sequence does."""
+    from spec_zoo.runtime import CompiledTarget
+
+    model = tiny_llama(3, dtype=torch.float32)
+    target = Target(model) if runtime == "eager" else CompiledTarget(
+        model, max_cache_len=128, buckets=(1, 2, 4, 8, 16), fallback=False)
+    committed = [3, 7, 9, 2, 5]
+
+    def plain(ids):
+        with torch.no_grad():
+            return model(torch.tensor([ids])).logits[0, -1]
+
+    for name, (tree, path) in TARGET_CASES.items():
+        target.reset()
+        logits = target.score(committed, tree).logits
+        torch.testing.assert_close(logits[0], plain(committed), atol=1e-4, rtol=1e-4)
+        for node in range(len(tree)):
+            torch.testing.assert_close(logits[node + 1], plain(committed + tree.tokens[tree.path_to(node)].tolist()),
+                                       atol=1e-4, rtol=1e-4, msg=lambda m: f"{name}, node {node}: {m}")
+        target.commit(path)
+        accepted = committed + tree.tokens[path].tolist() + [11]
+        after = target.score(accepted, Draft.empty()).logits[-1]
+        torch.testing.assert_close(after, plain(accepted), atol=1e-4, rtol=1e-4, msg=lambda m: f"{name}: {m}")
