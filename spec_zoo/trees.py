@@ -364,33 +364,47 @@ def build_tree_policy(spec) -> TreePolicy | None:
                           f"see conf/tree/{name}.yaml for its keys.") from None
 
 
+class TreeLevels:
+    """Where a tree fed level by level sits in a cache, after ``past`` cached positions: each
+    batch of nodes gets positions ``past + depth`` and an additive mask letting a node see
+    the cached positions, its ancestors fed earlier (their ancestors first) and itself."""
+
+    def __init__(self, past: int):
+        self.past = past
+        self.slot: dict[int, int] = {}  # fed node -> its cache position
+
+    def feed(self, tree: Draft, nodes: list[int], dtype, device) -> tuple[torch.Tensor, torch.Tensor]:
+        """(position ids [1, k], mask [1, 1, k, cached + k]) for feeding ``nodes`` now."""
+        length, k = self.past + len(self.slot), len(nodes)
+        ancestors = tree.ancestors_mask()
+        allowed = torch.zeros(k, length + k, dtype=torch.bool)
+        allowed[:, : self.past] = True
+        for row, node in enumerate(nodes):
+            allowed[row, [self.slot[a] for a in ancestors[node].nonzero().flatten().tolist() if a != node]] = True
+            allowed[row, length + row] = True
+        self.slot.update({node: length + row for row, node in enumerate(nodes)})
+        mask = torch.zeros(allowed.shape, dtype=dtype).masked_fill_(~allowed, torch.finfo(dtype).min)
+        positions = torch.tensor([[self.past + tree.depths[n] for n in nodes]])
+        return positions.to(device), mask[None, None].to(device)
+
+
 class DraftTreeForward:
     """``expand`` for a draft model driven by a `Target` (its own KV cache): the first call
     scores the committed tokens, each later one feeds only the requested nodes, in one
-    forward whose mask lets a node see the committed tokens and its fed ancestors. The
-    tree's KV stays behind the committed tokens until the runner's next ``score`` crops it.
-    ``to_vocab`` maps the model's logits to the target's vocabulary."""
+    forward (`TreeLevels`). The tree's KV stays behind the committed tokens until the
+    runner's next ``score`` crops it. ``to_vocab`` maps the model's logits to the target's
+    vocabulary."""
 
     def __init__(self, runner, committed: list[int], to_vocab: Callable[[torch.Tensor], torch.Tensor]):
         self.runner, self.committed, self.to_vocab = runner, committed, to_vocab
-        self.slot: dict[int, int] = {}  # fed node -> its cache position
+        self.levels = TreeLevels(len(committed))
 
     @torch.no_grad()
     def __call__(self, tree: Draft, nodes: list[int]) -> torch.Tensor:
-        runner, past = self.runner, len(self.committed)
+        runner = self.runner
         if nodes == [ROOT]:
             return self.to_vocab(runner.score(self.committed, Draft.empty()).logits[-1:])
-        length, k = past + len(self.slot), len(nodes)
-        ancestors = tree.ancestors_mask()
-        allowed = torch.zeros(k, length + k, dtype=torch.bool)
-        allowed[:, :past] = True
-        for row, node in enumerate(nodes):
-            seen = [self.slot[a] for a in ancestors[node].nonzero().flatten().tolist() if a != node]
-            allowed[row, seen] = True
-            allowed[row, length + row] = True
-        mask = torch.zeros(allowed.shape, dtype=runner.dtype).masked_fill_(~allowed, torch.finfo(runner.dtype).min)
-        positions = torch.tensor([[past + tree.depths[n] for n in nodes]], device=runner.device)
+        positions, mask = self.levels.feed(tree, nodes, runner.dtype, runner.device)
         out = runner.model(input_ids=tree.tokens[nodes][None].to(runner.device), cache=runner.cache, use_cache=True,
-                           position_ids=positions, attention_mask=mask[None, None].to(runner.device), logits_to_keep=k)
-        self.slot.update({node: length + row for row, node in enumerate(nodes)})
+                           position_ids=positions, attention_mask=mask, logits_to_keep=len(nodes))
         return self.to_vocab(out.logits[0])

@@ -12,6 +12,7 @@ import torch
 
 from spec_zoo import SamplingParams
 from spec_zoo.draft import ROOT, Draft
+from spec_zoo.drafters.eagle.drafter import EagleDrafter
 from spec_zoo.drafters.merge import MergeDrafter
 from spec_zoo.drafters.ngram import NgramDrafter
 from spec_zoo.drafters.small_model import SmallModelDrafter
@@ -24,7 +25,7 @@ from spec_zoo.testing import sampling_pvalue as _check
 from spec_zoo.trees import Auto, Chain, DraftTreeForward, Dynamic, MultiDraft, Static, TopK, build_tree_policy
 from spec_zoo.verifiers.block import BlockVerifier
 from spec_zoo.verifiers.rejection import RejectionVerifier
-from tests.drafts import noisy_copy
+from tests.drafts import eagle_head, noisy_copy
 from tests.tiny import one_thread, tiny_llama  # noqa: F401 (autouse fixture)
 
 POLICIES = {
@@ -188,6 +189,19 @@ def test_merged_without_replacement_siblings_stay_exact(model):
 def test_greedy_identity_small_model(policy):
     assert_greedy_identity(lambda target: SmallModelDrafter(noisy_copy(target, 1.0), tree=POLICIES[policy]()),
                            seeds=(0, 1))
+
+
+@pytest.mark.parametrize("policy", list(POLICIES))
+def test_greedy_identity_eagle(policy):
+    """EAGLE heads draft trees level by level from their guessed features (tree mask over the head's cache)."""
+    assert_greedy_identity(lambda target: EagleDrafter(eagle_head(target), tree=POLICIES[policy]()), seeds=(0, 1))
+
+
+@pytest.mark.parametrize("policy", ["topk", "multi_draft"])
+def test_sampled_eagle_trees_follow_target(model, policy):
+    drafter = EagleDrafter(eagle_head(model), tree=POLICIES[policy]())
+    pvalue, _ = _check(model, drafter, SETTINGS["t1"], samples=2000 if policy == "topk" else 1000)
+    assert pvalue > P_MIN
 
 
 @pytest.mark.parametrize("ngram", ["tree", "tree_budget2"])

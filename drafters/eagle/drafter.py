@@ -9,8 +9,10 @@ features (the drafted ones) are recomputed from the target's true features once 
 are committed, so every committed position is drafted from exact inputs.
 
 The first step of a sequence drafts nothing: the target has not read the prompt yet.
-Chains only (trees: future work). Exact verifiers stay exact: q is recorded when
-sampling and is zero outside the draft vocabulary.
+With ``tree`` a policy of `spec_zoo.trees` shapes the draft (EAGLE-2: ``tree=dynamic``):
+each level is one head forward over the frontier nodes, each reading the head's guessed
+feature of its parent, with a tree mask over the head's cache. Exact verifiers stay
+exact: q is recorded when sampling and is zero outside the draft vocabulary.
 """
 
 from __future__ import annotations
@@ -21,14 +23,16 @@ import torch
 from transformers import DynamicCache
 
 from spec_zoo.chain import ChainDrafter
-from spec_zoo.draft import Draft
+from spec_zoo.draft import ROOT, Draft
 from spec_zoo.draft_length import DraftLength
 from spec_zoo.drafters.eagle.head import EagleHead, load_eagle
 from spec_zoo.errors import ConfigError
-from spec_zoo.interfaces import DecodeState
+from spec_zoo.interfaces import DecodeState, Verdict
 from spec_zoo.layers import DecoderStack, causal_mask
-from spec_zoo.sampling import check_sample_mode, to_full_vocab
+from spec_zoo.sampling import check_sample_mode, drafts_sampled, to_full_vocab
+from spec_zoo.stats import StepStats
 from spec_zoo.target import Target, follow
+from spec_zoo.trees import TreeLevels, build_tree_policy
 
 SHIPPED = Path(__file__).parent / "artefacts" / "smollm2-135m-eagle"
 
@@ -40,14 +44,18 @@ class EagleDrafter(ChainDrafter):
                 per step by expected speedup (`spec_zoo.draft_length`).
     sample:     "auto" samples from the head when temperature > 0 (q recorded, so rejection
                 sampling stays exact), argmax at 0; True/False force it.
+    tree:       a tree policy (`spec_zoo.trees`: ``dynamic``, ``{policy: topk, width: 2}``, ...);
+                None drafts a chain.
     """
 
     name = "eagle"
     needs_target_hidden = True
 
     def __init__(self, head=None, num_draft: int = 4, adaptive: bool = True, max_draft: int = 8,
-                 sample: str | bool = "auto", token_cost: float = 0.1, learn_cost: bool = True):
+                 sample: str | bool = "auto", token_cost: float = 0.1, learn_cost: bool = True,
+                 tree: str | dict | None = None):
         check_sample_mode(sample)
+        self.tree = build_tree_policy(tree)
         if head is None and not (SHIPPED / EagleHead.RECORD).is_file():
             raise ConfigError(f"the shipped EAGLE head is missing ({SHIPPED}); reinstall spec-zoo, or set "
                               "drafter.head=DIR to a head made with `spec-zoo-train eagle`.")
@@ -55,7 +63,19 @@ class EagleDrafter(ChainDrafter):
         self.length = DraftLength(num_draft, adaptive, max_draft, token_cost, learn_cost)
         self.target: Target | None = None
 
+    @property
+    def drafts_trees(self) -> bool:
+        return self.tree is not None and self.tree.branches
+
+    @property
+    def sibling_modes(self) -> tuple[str, ...]:
+        if self.tree is None:
+            return ("iid", "deterministic")
+        return tuple({m for sampled in (True, False) for m in self.tree.sibling_modes(sampled)})
+
     def attach(self, target: Target) -> None:
+        if self.tree is not None:
+            self.tree.attach(target)
         self.stack = DecoderStack(target.model)
         source = self.head_source
         self.head = source if isinstance(source, EagleHead) else load_eagle(source or SHIPPED, target.model)
@@ -69,17 +89,18 @@ class EagleDrafter(ChainDrafter):
         self._seen = None
         self.length.reset()
 
-    def _run(self, tokens: list[int], features: torch.Tensor) -> torch.Tensor:
+    def _run(self, tokens: list[int], features: torch.Tensor, positions=None, mask=None) -> torch.Tensor:
         """Feed ``tokens`` with the features of the positions before them ([m, H]); return
-        the block's outputs [m, H]."""
+        the block's outputs [m, H]. Without ``positions``/``mask`` they follow the fed tokens
+        causally (and count as fed); a tree level brings its own (`TreeLevels`)."""
         past, m = len(self._fed), len(tokens)
         device = self.target.device
         embeds = self.stack.embed(torch.tensor([tokens], device=device))
         hidden = self.head.inputs(embeds, features[None].to(embeds.dtype))
-        positions = torch.arange(past, past + m, device=device)[None]
-        out = self.head(hidden, self.stack.rotary(hidden, positions), self.cache,
-                        causal_mask(past, m, hidden.dtype, device))
-        self._fed += tokens
+        if positions is None:
+            positions, mask = torch.arange(past, past + m, device=device)[None], causal_mask(past, m, hidden.dtype, device)
+            self._fed += tokens
+        out = self.head(hidden, self.stack.rotary(hidden, positions), self.cache, mask)
         return out[0]
 
     def _logits(self, out: torch.Tensor) -> torch.Tensor:
@@ -94,7 +115,7 @@ class EagleDrafter(ChainDrafter):
             self._seen = state.target_hidden
         tokens, n = state.tokens, len(state.tokens) - 1
         have = sum(f.shape[0] for f in self._features)
-        k = min(self.length.choose(), state.max_depth)
+        k = min(self.length.choose(), state.max_depth) if self.tree is None else state.max_depth
         if have == 0 or k == 0:  # nothing read by the target yet, or drafting does not pay now
             return Draft.empty()
         if have != n:
@@ -106,6 +127,8 @@ class EagleDrafter(ChainDrafter):
         before = features[keep - 1 : n] if keep else torch.cat([features[:1] * 0, features[:n]])
         out = self._run(tokens[keep:], before)[-1:]
         self._exact = n + 1
+        if self.tree is not None:
+            return self.tree.build(self._tree_expand(out), state, drafts_sampled(self.sample_mode, state.sampling))
 
         def advance(token: int, more: bool) -> torch.Tensor:  # the next position reads the head's guessed feature
             nonlocal out
@@ -113,3 +136,25 @@ class EagleDrafter(ChainDrafter):
             return self._logits(out[-1])
 
         return self.draft_chain(state, self._logits(out[-1]), k, advance)
+
+    def _tree_expand(self, root: torch.Tensor):
+        """``expand`` for a tree policy: a node reads the head's guessed feature of its parent
+        (the last committed position's for the first level); the tree's KV sits behind the
+        fed tokens until the next step crops it."""
+        outs, levels = {ROOT: root[-1]}, TreeLevels(len(self._fed))
+
+        def expand(tree: Draft, nodes: list[int]) -> torch.Tensor:
+            if nodes != [ROOT]:
+                features = self.head.feature(torch.stack([outs[tree.parents[node]] for node in nodes]))
+                positions, mask = levels.feed(tree, nodes, features.dtype, self.target.device)
+                out = self._run(tree.tokens[nodes].tolist(), features, positions, mask)
+                outs.update(zip(nodes, out))
+            return self._logits(torch.stack([outs[node] for node in nodes]))
+
+        return expand
+
+    def on_commit(self, draft: Draft, verdict: Verdict, step: StepStats) -> None:
+        if self.tree is None:  # the length rule models chains
+            super().on_commit(draft, verdict, step)
+        else:
+            self.tree.observe(draft, verdict)
