@@ -16,6 +16,7 @@ from spec_zoo.drafters.medusa.heads import MedusaHeads
 from spec_zoo.drafters.ngram import NgramDrafter
 from spec_zoo.drafters.none import NoDrafter
 from spec_zoo.drafters.small_model import SmallModelDrafter
+from spec_zoo.trees import Static
 
 
 def noisy_copy(model, noise: float, seed: int = 123):
@@ -84,7 +85,7 @@ def drafter_lineup(target_model, sampled: bool = False) -> dict:
         "eagle_adaptive": lambda: EagleDrafter(eagle_head(target_model), num_draft=2, max_draft=6, sample=sample),
         "medusa_k3": lambda: MedusaDrafter(medusa_heads(target_model), num_draft=3, sample=sample),
         "medusa_adaptive": lambda: MedusaDrafter(medusa_heads(target_model), num_draft=2, adaptive=True, sample=sample),
-        "medusa_tree": lambda: MedusaDrafter(medusa_heads(target_model), choices=MEDUSA_TREE),
+        "medusa_tree": lambda: MedusaDrafter(medusa_heads(target_model), sample=sample, tree=Static(MEDUSA_TREE)),
     }
 
 

@@ -44,6 +44,7 @@ CASES = [
     ("eagle_k3", "t1"),
     ("eagle_adaptive", "t0.7_topk5_topp0.9"),
     ("medusa_k3", "t0.7_topk5_topp0.9"),
+    ("medusa_tree", "t1"),
     # composed drafters (drafters/cascade.py, drafters/merge.py): sampled members keep their q
     ("cascade_ngram_small", "t1"),
     ("cascade_ngram_eagle", "t0.7_topk5_topp0.9"),
@@ -52,7 +53,7 @@ CASES = [
     ("merge_sampled_twins", "t1"),
 ]
 DETERMINISTIC_DRAFTERS = ["small_chain_k3", "small_tree_3x2_self", "early_exit_adapter", "eagle_k3",
-                          "medusa_tree", "merge_tree_eagle_ngram"]
+                          "merge_tree_eagle_ngram"]
 
 
 def test_target_distribution_is_not_trivial(model):

@@ -21,7 +21,7 @@ import math
 
 import torch
 
-from spec_zoo.draft import ROOT, Draft
+from spec_zoo.draft import ROOT, SIBLING_MODES, Draft
 from spec_zoo.errors import ConfigError
 from spec_zoo.interfaces import Verdict, Verifier
 from spec_zoo.sampling import logits_to_probs
@@ -39,6 +39,7 @@ class TypicalVerifier(Verifier):
 
     name = "typical"
     lossless = False
+    sibling_modes = SIBLING_MODES  # reads p only, never q: any way of drawing siblings will do
 
     def __init__(self, epsilon: float = 0.09, delta: float = 0.3):
         if not 0.0 < epsilon < 1.0:
