@@ -69,8 +69,8 @@ class Growing:
 def ranked(logits: torch.Tensor, k: int, state: DecodeState, sampled: bool) -> tuple[list[int], torch.Tensor | None]:
     """Up to ``k`` distinct children from one row of logits: the top-k tokens (q None), or
     ``k`` draws without replacement from q, in draw order (q returned)."""
-    if not sampled:
-        return torch.topk(logits, min(k, logits.shape[-1])).indices.tolist(), None
+    if not sampled:  # never a token the draft rules out (-inf: a reduced draft vocabulary)
+        return torch.topk(logits, min(k, int(torch.isfinite(logits).sum()))).indices.tolist(), None
     q = logits_to_probs(logits, state.sampling)
     k = min(k, int((q > 0).sum()))  # top-k / top-p may leave fewer tokens than k
     return torch.multinomial(q.to(state.generator.device), k, replacement=False, generator=state.generator).tolist(), q
@@ -156,7 +156,6 @@ class Chain(TopK):
     """One child per node: a chain of ``depth`` tokens (sampled ones keep their q)."""
 
     name = "chain"
-    branches = False
 
     def __init__(self, depth: int = 4):
         super().__init__(1, depth)
@@ -196,7 +195,7 @@ class Dynamic(TreePolicy):
             newest = []
             for node, logits in zip(frontier, expand(tree.shape(), frontier)):
                 logp = logits.float().log_softmax(-1)
-                top = torch.topk(logp, min(self.width, logp.shape[-1]))
+                top = torch.topk(logp, min(self.width, int(torch.isfinite(logp).sum())))
                 for lp, token in zip(top.values.tolist(), top.indices.tolist()):
                     newest.append(tree.add(node, token))
                     score.append(base[node] + lp)
