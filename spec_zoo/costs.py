@@ -85,6 +85,8 @@ def measure(target, max_tokens: int = 16, repeats: int = 9, past: int = 100, pro
     cached tokens), interleaving the sizes over ``repeats`` rounds so drift hits all alike."""
     from tqdm import tqdm
 
+    if target.max_length is not None:  # a static cache bounds the context
+        past = max(1, min(past, target.max_length - max_tokens - 1))
     prompt = [(7 * i) % target.vocab_size for i in range(past + 1)]
     if hasattr(target, "warm_up"):  # compile every size first: compiling is not scoring
         target.warm_up(range(1, max_tokens + 1))

@@ -41,6 +41,7 @@ from spec_zoo.errors import ConfigError
 from spec_zoo.layers import DecoderStack, causal_mask
 from spec_zoo.target import Target
 
+KEY_BLOCK = 64  # attention spans a multiple of this many cache slots (a multiple of every SIMD width)
 DEFAULT_BUCKETS = (1, 4, 8)  # the C++ micro-GEMM reads weights per 4 rows: 2-4 tokens cost what 4 do
 
 
@@ -59,7 +60,7 @@ def rowwise_attention(module, query, key, value, attention_mask, scaling, dropou
     q = query.reshape(b, key.shape[1], groups, m, 1, d)
     if key_order is None:
         key, value = key[:, :, None, None], value[:, :, None, None]
-    else:  # [B, Hkv, 1, M, L, D], gathered inside the fused reductions
+    else:  # [B, Hkv, 1, M, L, D]: the first L slots, each row in its order (fused into the reductions)
         key, value = key[:, :, key_order].unsqueeze(2), value[:, :, key_order].unsqueeze(2)
     scores = (q * key).sum(-1) * scaling + attention_mask[:, :, None]  # [B, Hkv, G, M, L]
     weights = torch.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
@@ -99,6 +100,7 @@ class CompiledTarget(Target):
         freezing: bool = True,
         gemm_backends: str = "CPP",
         fallback: bool = True,
+        key_block: int = KEY_BLOCK,
     ):
         buckets = sorted({int(b) for b in buckets})
         if not buckets or buckets[0] < 1:
@@ -107,7 +109,7 @@ class CompiledTarget(Target):
         if not 1 < max_cache_len <= limit:
             raise ConfigError(f"model.max_cache_len={max_cache_len}; it must be between 2 and the model's "
                               f"max_position_embeddings ({limit}).")
-        self.max_cache_len, self.buckets, self.fallback = max_cache_len, buckets, fallback
+        self.max_cache_len, self.buckets, self.fallback, self.key_block = max_cache_len, buckets, fallback, key_block
         self.settings = inductor_settings(freezing, gemm_backends)
         self._graphs: dict[int, object] = {}
         self.compile_seconds: dict[int, float] = {}
@@ -160,8 +162,12 @@ class CompiledTarget(Target):
 
     def _compiled_rows(self, tokens: list[int], draft: Draft, past: int):
         """Logits and states of the last committed token (row 0) and the draft nodes."""
-        rows, slots = len(tokens), self.max_cache_len
+        rows = len(tokens)
         size = self.bucket(rows)
+        # attention reads the first `slots` cache slots only, a multiple of KEY_BLOCK: a dynamic
+        # dimension of the graph (one compile serves every length), and the same lanes for a
+        # slot whatever the length, so rows stay bit-identical as the sequence grows
+        slots = min(self.max_cache_len, -(-(past + size) // self.key_block) * self.key_block)
         # each row reads the cache in its own order (see rowwise_attention): the prefix, then
         # its path's nodes root first; it sees the prefix, the committed token and its path
         order = torch.arange(slots).repeat(size, 1)
@@ -178,8 +184,10 @@ class CompiledTarget(Target):
         ids[:rows] = torch.tensor(tokens, dtype=torch.long)
         crop_all(self.cache, past)  # the graph appends at every layer's length
         to = self.device
-        logits, states = self._graph(size)(ids[None].to(to), positions[None].to(to), mask[None, None].to(to),
-                                           order.to(to))
+        mask, order = mask[None, None].to(to), order.to(to)
+        torch._dynamo.mark_dynamic(mask, 3, min=2, max=self.max_cache_len)
+        torch._dynamo.mark_dynamic(order, 1, min=2, max=self.max_cache_len)
+        logits, states = self._graph(size)(ids[None].to(to), positions[None].to(to), mask, order)
         crop_all(self.cache, past + rows)  # padding rows' KV lies past the sequence, masked until overwritten
         return logits[:rows], states[:rows]
 
@@ -216,13 +224,16 @@ class CompiledTarget(Target):
         """Compile the graph for ``size`` rows and run it once (with a dummy step past the
         sequence, then restored), so compile time is never counted as decoding time."""
         use_spec_zoo_inductor_cache()
-        graph = self._with_rowwise_attention(torch.compile(self._rows, fullgraph=True, dynamic=False))
+        graph = self._with_rowwise_attention(torch.compile(self._rows, fullgraph=True))
         length = int(self.cache.layers[0].get_seq_length())
         ids = torch.zeros(1, size, dtype=torch.long, device=self.device)
         where = min(length, self.max_cache_len - size)
         positions = torch.full((1, size), where, dtype=torch.long, device=self.device)
-        mask = torch.zeros(1, 1, size, self.max_cache_len, dtype=self.dtype, device=self.device)
-        order = torch.arange(self.max_cache_len, device=self.device).repeat(size, 1)
+        slots = min(self.max_cache_len, 2 * self.key_block)
+        mask = torch.zeros(1, 1, size, slots, dtype=self.dtype, device=self.device)
+        order = torch.arange(slots, device=self.device).repeat(size, 1)
+        torch._dynamo.mark_dynamic(mask, 3, min=2, max=self.max_cache_len)
+        torch._dynamo.mark_dynamic(order, 1, min=2, max=self.max_cache_len)
         print(f"spec-zoo: compiling the target for {size} scored tokens ...", file=sys.stderr, flush=True)
         start = time.perf_counter()
         try:
@@ -235,7 +246,7 @@ class CompiledTarget(Target):
             warnings.warn(f"model.runtime=compiled: compiling failed ({type(err).__name__}: "
                           f"{str(err).splitlines()[0] if str(err) else ''}); running this shape eagerly. "
                           "Set model.runtime=eager to silence this.", RuntimeWarning, stacklevel=2)
-            graph = self._rows
+            graph = self._with_rowwise_attention(self._rows)
         finally:
             crop_all(self.cache, length)
         self.compile_seconds[size] = time.perf_counter() - start

@@ -37,7 +37,7 @@ def model():
 
 @pytest.fixture(scope="module")
 def compiled(model):
-    target = CompiledTarget(model, max_cache_len=96, buckets=BUCKETS)
+    target = CompiledTarget(model, max_cache_len=96, buckets=BUCKETS, key_block=16)  # attention span grows often
     target.warm_up()
     return target
 
