@@ -13,6 +13,7 @@ import torch
 from spec_zoo import SamplingParams
 from spec_zoo.draft import ROOT, Draft
 from spec_zoo.drafters.eagle.drafter import EagleDrafter
+from spec_zoo.drafters.early_exit.drafter import EarlyExitDrafter
 from spec_zoo.drafters.merge import MergeDrafter
 from spec_zoo.drafters.ngram import NgramDrafter
 from spec_zoo.drafters.small_model import SmallModelDrafter
@@ -25,7 +26,7 @@ from spec_zoo.testing import sampling_pvalue as _check
 from spec_zoo.trees import Auto, Chain, DraftTreeForward, Dynamic, MultiDraft, Static, TopK, build_tree_policy
 from spec_zoo.verifiers.block import BlockVerifier
 from spec_zoo.verifiers.rejection import RejectionVerifier
-from tests.drafts import eagle_head, noisy_copy
+from tests.drafts import eagle_head, exit_adapter, noisy_copy
 from tests.tiny import one_thread, tiny_llama  # noqa: F401 (autouse fixture)
 
 POLICIES = {
@@ -202,6 +203,25 @@ def test_sampled_eagle_trees_follow_target(model, policy):
     drafter = EagleDrafter(eagle_head(model), tree=POLICIES[policy]())
     pvalue, _ = _check(model, drafter, SETTINGS["t1"], samples=2000 if policy == "topk" else 1000)
     assert pvalue > P_MIN
+
+
+@pytest.mark.parametrize("policy", list(POLICIES))
+def test_greedy_identity_early_exit(policy):
+    """Early exit drafts trees in its own shallow cache (and the adapter's), one forward per level."""
+    assert_greedy_identity(lambda target: EarlyExitDrafter(
+        1, reuse_kv=False, adapter=exit_adapter(target) if policy in ("topk", "auto") else None,
+        tree=POLICIES[policy]()), seeds=(0, 1))
+
+
+def test_sampled_early_exit_tree_follows_target(model):
+    drafter = EarlyExitDrafter(1, reuse_kv=False, adapter=exit_adapter(model), tree=TopK(2, 3))
+    pvalue, _ = _check(model, drafter, SETTINGS["t1"], samples=1000)
+    assert pvalue > P_MIN
+
+
+def test_early_exit_tree_needs_its_own_cache():
+    with pytest.raises(ConfigError, match="reuse_kv=false"):
+        EarlyExitDrafter(1, tree="topk")
 
 
 @pytest.mark.parametrize("ngram", ["tree", "tree_budget2"])

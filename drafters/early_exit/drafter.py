@@ -10,6 +10,11 @@ by the target), so verification resumes from layer E and the shallow layers neve
 twice. On rejection the target crops every layer to the accepted length, so the shallow
 and deep caches rewind together. With ``reuse_kv=false`` the draft keeps its own shallow
 cache and the target verifies with all its layers: the same tokens, more compute.
+
+With ``tree`` a policy of `spec_zoo.trees` shapes the draft: each level is one forward of
+the shallow layers (and the adapter) over the frontier nodes, with a tree mask over the
+draft's own shallow cache, so trees need ``reuse_kv=false`` (the target's cache holds
+chains only, and the target scores a tree from layer 0 anyway).
 """
 
 from __future__ import annotations
@@ -20,14 +25,16 @@ import torch
 from transformers import DynamicCache
 
 from spec_zoo.chain import ChainDrafter
-from spec_zoo.draft import Draft
+from spec_zoo.draft import ROOT, Draft
 from spec_zoo.draft_length import DraftLength
 from spec_zoo.drafters.early_exit.adapter import ExitAdapter, check_exit_layer, load_adapter
 from spec_zoo.errors import ConfigError
-from spec_zoo.interfaces import DecodeState
+from spec_zoo.interfaces import DecodeState, Verdict
 from spec_zoo.layers import DecoderStack, causal_mask
-from spec_zoo.sampling import check_sample_mode, to_full_vocab
+from spec_zoo.sampling import check_sample_mode, drafts_sampled, to_full_vocab
+from spec_zoo.stats import StepStats
 from spec_zoo.target import Target, follow, shared_prefix
+from spec_zoo.trees import TreeLevels, build_tree_policy
 
 ARTEFACTS = Path(__file__).parent / "artefacts"
 
@@ -58,6 +65,8 @@ class EarlyExitDrafter(ChainDrafter):
     adapter:    None (untrained exit), an adapter directory (`spec-zoo-train early_exit`),
                 "shipped" (the one trained for SmolLM2-135M at this exit layer), or an
                 `ExitAdapter`; it must be trained for this target and exit layer.
+    tree:       a tree policy (`spec_zoo.trees`: ``dynamic``, ``{policy: topk, width: 2}``, ...;
+                needs ``reuse_kv=false``); None drafts a chain.
     """
 
     name = "early_exit"
@@ -74,8 +83,13 @@ class EarlyExitDrafter(ChainDrafter):
         adapter=None,
         token_cost: float | None = None,
         learn_cost: bool = True,
+        tree: str | dict | None = None,
     ):
         check_sample_mode(sample)
+        self.tree = build_tree_policy(tree)
+        if self.tree is not None and reuse_kv:
+            raise ConfigError("drafter.tree needs drafter.reuse_kv=false: a tree is drafted in the draft's own "
+                              "shallow cache (the target's partial forward serves chains only).")
         if not 0.0 <= stop_below < 1.0:
             raise ConfigError(f"drafter.stop_below={stop_below}; it is a probability threshold in [0, 1) (0 = off).")
         if int(exit_layer) < 1:
@@ -86,7 +100,19 @@ class EarlyExitDrafter(ChainDrafter):
         self._default_cost = token_cost is None
         self.target: Target | None = None
 
+    @property
+    def drafts_trees(self) -> bool:
+        return self.tree is not None and self.tree.branches
+
+    @property
+    def sibling_modes(self) -> tuple[str, ...]:
+        if self.tree is None:
+            return ("iid", "deterministic")
+        return tuple({m for sampled in (True, False) for m in self.tree.sibling_modes(sampled)})
+
     def attach(self, target: Target) -> None:
+        if self.tree is not None:
+            self.tree.attach(target)
         self.stack = DecoderStack(target.model)
         check_exit_layer(self.exit_layer, self.stack.num_layers)
         source = self.adapter_source
@@ -123,36 +149,60 @@ class EarlyExitDrafter(ChainDrafter):
         past, m = len(self._fed), len(new)
         device = self.target.device
         positions = torch.arange(past, past + m, device=device)[None]
-        mask = causal_mask(past, m, self.target.dtype, device)
+        states = self._run(new, positions, causal_mask(past, m, self.target.dtype, device))
+        self._fed += new
+        return self._exit_logits(states[-1]) if need_logits else None
+
+    def _run(self, tokens: list[int], positions: torch.Tensor, mask) -> torch.Tensor:
+        """The exit head's input states [m, H] of ``tokens`` at ``positions`` (KV appended)."""
         if self.reuse_kv:  # the target runs its own shallow layers into its own cache
-            hidden = self.target.forward_layers(new, self.exit_layer)[None]
+            hidden = self.target.forward_layers(tokens, self.exit_layer)[None]
             rotary = self.stack.rotary(hidden, positions) if self.adapter is not None else None
         else:
-            hidden = self.stack.embed(torch.tensor([new], device=device))
+            hidden = self.stack.embed(torch.tensor([tokens], device=self.target.device))
             rotary = self.stack.rotary(hidden, positions)
             hidden = self.stack.run(hidden, 0, self.exit_layer, positions, self._shallow, mask, rotary)
-        self._fed += new
         if self.adapter is not None:
-            adapted = self.adapter(hidden, rotary, self._adapted, mask)
-            logits = None
-            if need_logits:
-                logits = to_full_vocab(self.adapter.logits(adapted[0, -1]), self.adapter.vocab_ids,
-                                       self.target.vocab_size)
-        else:
-            logits = self.stack.logits(hidden[0, -1]) if need_logits else None
-        return logits
+            hidden = self.adapter(hidden, rotary, self._adapted, mask)
+        return hidden[0]
+
+    def _exit_logits(self, states: torch.Tensor) -> torch.Tensor:
+        if self.adapter is None:
+            return self.stack.logits(states)
+        return to_full_vocab(self.adapter.logits(states), self.adapter.vocab_ids, self.target.vocab_size)
+
+    def _tree_expand(self, root: torch.Tensor):
+        """``expand`` for a tree policy: each level one shallow forward of the frontier nodes
+        behind the fed tokens (cropped away at the next step)."""
+        levels = TreeLevels(len(self._fed))
+
+        def expand(tree: Draft, nodes: list[int]) -> torch.Tensor:
+            if nodes == [ROOT]:
+                return root[None]
+            positions, mask = levels.feed(tree, nodes, self.target.dtype, self.target.device)
+            return self._exit_logits(self._run(tree.tokens[nodes].tolist(), positions, mask))
+
+        return expand
 
     @torch.no_grad()
     def propose(self, state: DecodeState) -> Draft:
         if self.target is None:
             raise RuntimeError("EarlyExitDrafter.attach(target) must be called before drafting")
         tokens = state.tokens
-        k = min(self.length.choose(), state.max_depth)
+        k = min(self.length.choose(), state.max_depth) if self.tree is None else state.max_depth
         if k == 0 and not self.reuse_kv:  # a plain target step; the shallow cache catches up later
             return Draft.empty()
         keep = self._rewind(tokens)
         logits = self._advance(tokens[keep:], need_logits=k > 0)
+        if self.tree is not None:
+            return self.tree.build(self._tree_expand(logits), state, drafts_sampled(self.sample_mode, state.sampling))
         stop = (lambda lg: float(lg.softmax(-1).max()) < self.stop_below) if self.stop_below else None
         # with KV reuse the target resumes from every node's layer-E state: feed the last one too
         return self.draft_chain(state, logits, k, lambda token, more: self._advance([token], need_logits=more),
                                 stop, advance_last=self.reuse_kv)
+
+    def on_commit(self, draft: Draft, verdict: Verdict, step: StepStats) -> None:
+        if self.tree is None:  # the length rule models chains
+            super().on_commit(draft, verdict, step)
+        else:
+            self.tree.observe(draft, verdict)
