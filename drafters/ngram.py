@@ -29,10 +29,12 @@ class NgramDrafter(Drafter):
     costs O(max_ngram) however long the context grows. Deterministic (``probs=None``).
 
     With ``branches`` > 1 the draft is a tree: the continuations of the latest occurrences
-    that differ in their first token (most recent first), each a chain under the root,
-    within ``max_nodes`` nodes in all (the most recent gets the chosen length first). The
-    index keeps, per n-gram, the latest position for each distinct next token, so branching
-    costs no extra search. Siblings are distinct and deterministic: exact under
+    that differ in their first token, each a chain under the root, within ``max_nodes``
+    nodes in all (the first gets the chosen length first). ``order`` ranks them: "recent"
+    (the most recent occurrence first) or "frequent" (the next token seen most often after
+    the n-gram first, recency breaking ties; with one branch, the chain follows it). The
+    index keeps, per n-gram and distinct next token, its latest position and count, so
+    branching costs no extra search. Siblings are distinct and deterministic: exact under
     greedy and rejection verification (a rejected sibling just loses its mass in p).
     """
 
@@ -49,10 +51,13 @@ class NgramDrafter(Drafter):
         learn_cost: bool = True,
         branches: int = 1,
         max_nodes: int = 16,
+        order: str = "recent",
     ):
         if branches < 1 or max_nodes < 1:
             raise ConfigError(f"drafter.branches={branches}, drafter.max_nodes={max_nodes}: both must be >= 1 "
                               "(branches=1 drafts one chain).")
+        if order not in ("recent", "frequent"):
+            raise ConfigError(f"drafter.order={order!r}; allowed values: recent, frequent.")
         if min_ngram < 1 or max_ngram < min_ngram:
             raise ConfigError(
                 f"drafter.min_ngram={min_ngram}, drafter.max_ngram={max_ngram}: need 1 <= min_ngram <= max_ngram."
@@ -61,9 +66,9 @@ class NgramDrafter(Drafter):
         # adaptive: one acceptance estimate per match length (longer matches copy more reliably)
         self.length = DraftLength(num_draft, adaptive, max_draft, token_cost, learn_cost)
         self._matched = 0  # n-gram length behind the last proposal
-        self.branches, self.max_nodes = branches, max_nodes
-        # n-gram -> {next token: position after its latest occurrence}, least recent first
-        self._index: dict[tuple[int, ...], dict[int, int]] = {}
+        self.branches, self.max_nodes, self.order = branches, max_nodes, order
+        # n-gram -> {next token: (position after its latest occurrence, occurrences)}, least recent first
+        self._index: dict[tuple[int, ...], dict[int, tuple[int, int]]] = {}
         self._indexed = 0  # n-grams ending before this position are in the index
 
     @property
@@ -80,8 +85,8 @@ class NgramDrafter(Drafter):
         for end in range(self._indexed, len(tokens) - 1):
             for n in range(self.min_ngram, min(self.max_ngram, end + 1) + 1):
                 after = self._index.setdefault(tuple(tokens[end - n + 1 : end + 1]), {})
-                after.pop(tokens[end + 1], None)  # re-inserted: the most recent comes last
-                after[tokens[end + 1]] = end + 1
+                _, seen = after.pop(tokens[end + 1], (0, 0))  # re-inserted: the most recent comes last
+                after[tokens[end + 1]] = (end + 1, seen + 1)
         self._indexed = max(self._indexed, len(tokens) - 1)
 
     def propose(self, state: DecodeState) -> Draft:
@@ -92,8 +97,10 @@ class NgramDrafter(Drafter):
             if after:
                 self._matched = n
                 k = min(self.length.choose(n), state.max_depth, self.max_nodes)
-                starts = list(after.values())[::-1][: self.branches]
-                return self._tree([tokens[start : start + k] for start in starts])
+                found = list(after.values())[::-1]  # most recent first
+                if self.order == "frequent":
+                    found.sort(key=lambda entry: -entry[1])  # stable: recency breaks ties
+                return self._tree([tokens[start : start + k] for start, _ in found[: self.branches]])
         return Draft.empty()
 
     def _tree(self, chains: list[list[int]]) -> Draft:

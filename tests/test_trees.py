@@ -237,6 +237,11 @@ def test_ngram_tree_branches_on_distinct_continuations():
     draft = drafter.propose(DecodeState(tokens, 2, 8, SamplingParams(), torch.Generator()))
     assert draft.tokens.tolist() == [1, 7, 5, 3, 4] and draft.parents == [-1, 0, 1, -1, 3]  # 5 nodes
     assert draft.siblings == "deterministic" and drafter.drafts_trees
+    frequent = NgramDrafter(num_draft=2, min_ngram=1, max_ngram=1, adaptive=False, branches=2, order="frequent")
+    frequent.begin(None)
+    tokens = [5, 3, 4, 5, 3, 6, 5, 1, 7, 5]  # after 5: 3 twice, then 1 (the latest)
+    draft = frequent.propose(DecodeState(tokens, 2, 8, SamplingParams(), torch.Generator()))
+    assert draft.tokens.tolist() == [3, 6, 1, 7] and draft.parents == [-1, 0, -1, 2]
 
 
 def test_ngram_tree_follows_target(model):
