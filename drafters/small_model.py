@@ -35,6 +35,8 @@ class SmallModelDrafter(ChainDrafter):
     tree:       a tree policy (`spec_zoo.trees`: an option of conf/tree/ such as ``dynamic``,
                 or ``{policy: topk, width: 3}``); None drafts a chain of ``num_draft``.
                 The draft model runs one forward per tree level, with tree attention.
+    runtime:    the draft model's runtime, ``eager`` or ``compiled`` (`spec_zoo.runtime`,
+                default buckets and cache length; compiles on first use).
     tree_width, tree_depth: shorthand for ``tree={policy: topk, width: w, depth: d}`` when
                 tree_depth > 0 (the top-w tokens when drafting greedily, w draws without
                 replacement when sampling): a tree of w + w^2 + ... + w^d nodes.
@@ -57,6 +59,7 @@ class SmallModelDrafter(ChainDrafter):
         dtype: str = "float32",
         device: str = "cpu",
         draft_layers: int = 4,
+        runtime: str = "eager",
     ):
         self.length = DraftLength(num_draft, adaptive, max_draft, token_cost, learn_cost)
         check_sample_mode(sample)
@@ -78,7 +81,10 @@ class SmallModelDrafter(ChainDrafter):
             path = truncated_draft(draft_layers) if path is None else path
             model, tokenizer = load_causal_lm(str(path), dtype=dtype, device=device)
             self.source = str(path)
-        self.runner = Target(model, tokenizer)
+        from spec_zoo.models import check_runtime, on_runtime
+
+        check_runtime(runtime, dtype, device, "drafter")
+        self.runner = on_runtime(runtime, model, tokenizer)  # compiled: the draft's steps cost less too
 
     @property
     def drafts_trees(self) -> bool:

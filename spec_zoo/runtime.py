@@ -95,7 +95,7 @@ class CompiledTarget(Target):
         self,
         model,
         tokenizer=None,
-        max_cache_len: int = 2048,
+        max_cache_len: int | None = None,
         buckets=DEFAULT_BUCKETS,
         freezing: bool = True,
         gemm_backends: str = "CPP",
@@ -105,7 +105,8 @@ class CompiledTarget(Target):
         buckets = sorted({int(b) for b in buckets})
         if not buckets or buckets[0] < 1:
             raise ConfigError(f"model.buckets={list(buckets)}; give positive token counts, e.g. [1, 2, 4, 8].")
-        limit = getattr(model.config, "max_position_embeddings", None) or max_cache_len
+        limit = getattr(model.config, "max_position_embeddings", None) or max_cache_len or 2048
+        max_cache_len = min(2048, limit) if max_cache_len is None else max_cache_len  # default: up to 2048
         if not 1 < max_cache_len <= limit:
             raise ConfigError(f"model.max_cache_len={max_cache_len}; it must be between 2 and the model's "
                               f"max_position_embeddings ({limit}).")

@@ -233,3 +233,16 @@ def test_bfloat16_scoring_is_batch_invariant_too():
         target.reset()
         chain = target.score(PROMPT, Draft.chain(draft.tokens[draft.path_to(node)])).logits[-1]
         assert torch.equal(logits[node + 1], chain)
+
+
+def test_a_draft_model_on_the_compiled_runtime_stays_lossless(compiled, model):
+    """`drafter.runtime=compiled`: the draft model gets its own static cache and graphs."""
+    from spec_zoo.drafters.small_model import SmallModelDrafter
+    from tests.drafts import noisy_copy
+
+    drafter = SmallModelDrafter(noisy_copy(model, 1.0), num_draft=3, runtime="compiled")
+    assert isinstance(drafter.runner, CompiledTarget)
+    out = SpeculativeDecoder(compiled, drafter).generate(PROMPT, max_new_tokens=16, eos_token_ids=[])
+    assert out.ids == hf_greedy(model, PROMPT, 16) and out.stats.alpha > 0
+    with pytest.raises(ConfigError, match="drafter.runtime=compiled computes in"):
+        SmallModelDrafter(noisy_copy(model, 1.0), runtime="compiled", dtype="float64")
