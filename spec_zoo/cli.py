@@ -93,8 +93,7 @@ def runtime_command(command: str, overrides: list[str]) -> None:
         if not hasattr(target, "warm_up"):
             raise ConfigError("spec-zoo warmup: model.runtime=eager has nothing to compile; "
                               "pass model.runtime=compiled.")
-        seconds = target.warm_up()
-        print("compiled (s): " + ", ".join(f"M={m}: {s:.1f}" for m, s in seconds.items()))
+        print(f"compiled in {target.warm_up():.1f} s")
         return
     table = measure(target)
     path = table.save(table_path(target))

@@ -42,7 +42,7 @@ from spec_zoo.layers import DecoderStack, causal_mask
 from spec_zoo.target import Target
 
 KEY_BLOCK = 64  # attention spans a multiple of this many cache slots (a multiple of every SIMD width)
-DEFAULT_BUCKETS = (1, 4, 8)  # the C++ micro-GEMM reads weights per 4 rows: 2-4 tokens cost what 4 do
+DEFAULT_BUCKETS = (2,)  # a single row runs as 2: the row count is a dynamic dimension, which cannot be 1
 
 
 def rowwise_attention(module, query, key, value, attention_mask, scaling, dropout=0.0, key_order=None, **kwargs):
@@ -103,8 +103,9 @@ class CompiledTarget(Target):
         key_block: int = KEY_BLOCK,
     ):
         buckets = sorted({int(b) for b in buckets})
-        if not buckets or buckets[0] < 1:
-            raise ConfigError(f"model.buckets={list(buckets)}; give positive token counts, e.g. [1, 2, 4, 8].")
+        if not buckets or buckets[0] < 2:
+            raise ConfigError(f"model.buckets={list(buckets)}; give row counts of at least 2 (a dynamic graph "
+                              "dimension cannot be 1), e.g. [2] or [2, 4].")
         limit = getattr(model.config, "max_position_embeddings", None) or max_cache_len or 2048
         max_cache_len = min(2048, limit) if max_cache_len is None else max_cache_len  # default: up to 2048
         if not 1 < max_cache_len <= limit:
@@ -112,8 +113,8 @@ class CompiledTarget(Target):
                               f"max_position_embeddings ({limit}).")
         self.max_cache_len, self.buckets, self.fallback, self.key_block = max_cache_len, buckets, fallback, key_block
         self.settings = inductor_settings(freezing, gemm_backends)
-        self._graphs: dict[int, object] = {}
-        self.compile_seconds: dict[int, float] = {}
+        self._compiled = None  # the graph, compiled at the first compiled forward
+        self.compile_s: float | None = None
         super().__init__(model, tokenizer)
         self.max_length = max_cache_len
         self._stack = DecoderStack(model)
@@ -129,8 +130,8 @@ class CompiledTarget(Target):
         return self.cache
 
     def bucket(self, rows: int) -> int:
-        """Rows a graph is compiled for: the next bucket, or a multiple of 8 past the last."""
-        return next((b for b in self.buckets if b >= rows), -(-rows // 8) * 8)
+        """Rows actually run: padded up to the next bucket; past the last one, as they are."""
+        return next((b for b in self.buckets if b >= rows), rows)
 
     # -- the forward --------------------------------------------------------------------------
     def _forward(self, new: list[int], draft: Draft, past: int, hidden: bool):
@@ -165,9 +166,8 @@ class CompiledTarget(Target):
         """Logits and states of the last committed token (row 0) and the draft nodes."""
         rows = len(tokens)
         size = self.bucket(rows)
-        # attention reads the first `slots` cache slots only, a multiple of KEY_BLOCK: a dynamic
-        # dimension of the graph (one compile serves every length), and the same lanes for a
-        # slot whatever the length, so rows stay bit-identical as the sequence grows
+        # attention reads the first `slots` cache slots only, a multiple of key_block, and the
+        # same lanes for a slot whatever the length, so rows stay bit-identical as it grows
         slots = min(self.max_cache_len, -(-(past + size) // self.key_block) * self.key_block)
         # each row reads the cache in its own order (see rowwise_attention): the prefix, then
         # its path's nodes root first; it sees the prefix, the committed token and its path
@@ -184,13 +184,21 @@ class CompiledTarget(Target):
         ids = torch.zeros(size, dtype=torch.long)
         ids[:rows] = torch.tensor(tokens, dtype=torch.long)
         crop_all(self.cache, past)  # the graph appends at every layer's length
-        to = self.device
-        mask, order = mask[None, None].to(to), order.to(to)
-        torch._dynamo.mark_dynamic(mask, 3, min=2, max=self.max_cache_len)
-        torch._dynamo.mark_dynamic(order, 1, min=2, max=self.max_cache_len)
-        logits, states = self._graph(size)(ids[None].to(to), positions[None].to(to), mask, order)
+        logits, states = self._graph()(*self._dynamic(ids, positions, mask, order))
         crop_all(self.cache, past + rows)  # padding rows' KV lies past the sequence, masked until overwritten
         return logits[:rows], states[:rows]
+
+    def _dynamic(self, ids, positions, mask, order):
+        """The graph's inputs, with the row count and the attention span marked dynamic: one
+        compiled graph serves every shape (and one kernel family: a graph per row count would
+        let inductor pick another GEMM for one row, whose rows differ in the last bits)."""
+        to, top = self.device, self.max_cache_len
+        ids, positions, mask, order = ids[None].to(to), positions[None].to(to), mask[None, None].to(to), order.to(to)
+        for tensor, row_dim in ((ids, 1), (positions, 1), (mask, 2), (order, 0)):
+            torch._dynamo.mark_dynamic(tensor, row_dim, min=2, max=top)
+        torch._dynamo.mark_dynamic(mask, 3, min=2, max=top)
+        torch._dynamo.mark_dynamic(order, 1, min=2, max=top)
+        return ids, positions, mask, order
 
     def _rows(self, ids, positions, mask, key_order):
         stack = self._stack
@@ -215,50 +223,45 @@ class CompiledTarget(Target):
         return run
 
     # -- compiling ----------------------------------------------------------------------------
-    def _graph(self, size: int):
-        graph = self._graphs.get(size)
-        if graph is None:
-            graph = self._graphs[size] = self._compile(size)
-        return graph
+    def _graph(self):
+        if self._compiled is None:
+            self._compiled = self._compile()
+        return self._compiled
 
-    def _compile(self, size: int):
-        """Compile the graph for ``size`` rows and run it once (with a dummy step past the
-        sequence, then restored), so compile time is never counted as decoding time."""
+    def _compile(self):
+        """Compile the graph and run it once (a dummy step past the sequence, then undone), so
+        compile time is never counted as decoding time."""
         use_spec_zoo_inductor_cache()
         graph = self._with_rowwise_attention(torch.compile(self._rows, fullgraph=True))
         length = int(self.cache.layers[0].get_seq_length())
-        ids = torch.zeros(1, size, dtype=torch.long, device=self.device)
+        size, slots = 2, min(self.max_cache_len, 2 * self.key_block)
         where = min(length, self.max_cache_len - size)
-        positions = torch.full((1, size), where, dtype=torch.long, device=self.device)
-        slots = min(self.max_cache_len, 2 * self.key_block)
-        mask = torch.zeros(1, 1, size, slots, dtype=self.dtype, device=self.device)
-        order = torch.arange(slots, device=self.device).repeat(size, 1)
-        torch._dynamo.mark_dynamic(mask, 3, min=2, max=self.max_cache_len)
-        torch._dynamo.mark_dynamic(order, 1, min=2, max=self.max_cache_len)
-        print(f"spec-zoo: compiling the target for {size} scored tokens ...", file=sys.stderr, flush=True)
+        inputs = self._dynamic(torch.zeros(size, dtype=torch.long), torch.full((size,), where),
+                               torch.zeros(size, slots, dtype=self.dtype), torch.arange(slots).repeat(size, 1))
+        print("spec-zoo: compiling the target (once per process; minutes on a small CPU) ...",
+              file=sys.stderr, flush=True)
         start = time.perf_counter()
         try:
             crop_all(self.cache, where)
             with torch.no_grad():
-                graph(ids, positions, mask, order)
+                graph(*inputs)
         except Exception as err:  # noqa: BLE001 (any compiler failure: fall back visibly or re-raise)
             if not self.fallback:
                 raise
             warnings.warn(f"model.runtime=compiled: compiling failed ({type(err).__name__}: "
-                          f"{str(err).splitlines()[0] if str(err) else ''}); running this shape eagerly. "
+                          f"{str(err).splitlines()[0] if str(err) else ''}); running eagerly. "
                           "Set model.runtime=eager to silence this.", RuntimeWarning, stacklevel=2)
             graph = self._with_rowwise_attention(self._rows)
         finally:
             crop_all(self.cache, length)
-        self.compile_seconds[size] = time.perf_counter() - start
-        print(f"spec-zoo: compiled {size} in {self.compile_seconds[size]:.1f} s", file=sys.stderr, flush=True)
+        self.compile_s = time.perf_counter() - start
+        print(f"spec-zoo: compiled in {self.compile_s:.1f} s", file=sys.stderr, flush=True)
         return graph
 
-    def warm_up(self, sizes=None) -> dict[int, float]:
-        """Compile the graphs for ``sizes`` (default: every bucket) now; {size: seconds}."""
-        for size in sizes or self.buckets:
-            self._graph(self.bucket(size))
-        return dict(self.compile_seconds)
+    def warm_up(self) -> float:
+        """Compile now, before anything is timed; the seconds it took."""
+        self._graph()
+        return self.compile_s
 
 
 def crop_all(cache, length: int) -> None:

@@ -86,8 +86,7 @@ def test_compiled_runtime_decodes_as_eager_and_speculation_on_it_is_bit_exact(sm
     its scoring is batch-invariant, so there is no near-tie exception."""
     from spec_zoo.runtime import CompiledTarget
 
-    # one bucket (one compile, ~2 min here): plain steps are padded to 4 rows, which changes nothing
-    compiled = CompiledTarget(smollm2_target.model, smollm2_target.tokenizer, max_cache_len=512, buckets=(4,))
+    compiled = CompiledTarget(smollm2_target.model, smollm2_target.tokenizer, max_cache_len=512)  # one compile
     plain, spec = SpeculativeDecoder(compiled), SpeculativeDecoder(compiled, NgramDrafter(num_draft=3, adaptive=False))
     for prompt, reference in zip(prompts[:2], references):
         ids = plain.generate(prompt, max_new_tokens=32).ids
