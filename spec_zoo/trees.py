@@ -323,6 +323,9 @@ class Auto(TreePolicy):
         return Static(self.paths).build(expand, state, sampled) if self.paths else Draft.empty()
 
     def observe(self, draft: Draft, verdict: Verdict) -> None:
+        if not len(draft):  # nothing learnt: let the evidence fade so drafting is tried again
+            self.seen, self.tried = [s * DECAY for s in self.seen], self.tried * DECAY
+            return
         rank = {}
         for parent in [ROOT, *range(len(draft))]:
             rank.update({child: r for r, child in enumerate(draft.children(parent))})

@@ -381,6 +381,12 @@ def test_auto_learns_acceptance_per_rank():
             auto.observe(tree, verdict)
         learnt[name] = auto.acceptance()
     assert learnt["deep"][0] > 0.9 > prior[0] and learnt["none"][0] < 0.1 and learnt["none"][1] < prior[1]
+    auto = Auto(max_nodes=6, max_depth=3, max_width=2)
+    auto.seen, auto.tried = [0.0, 0.0], 50.0  # drafts kept failing: auto drafts nothing now ...
+    assert auto.plan(auto.acceptance(), greedy=False, depth=3)[0] == []
+    for _ in range(100):  # ... and steps without a draft let that evidence fade, so it tries again
+        auto.observe(Draft.empty(), Verdict([], 9, bonus=True))
+    assert auto.plan(auto.acceptance(), greedy=False, depth=3)[0]
 
 
 # -- the target: tree masks, positions and commits on both runtimes ---------------------------
