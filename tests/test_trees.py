@@ -408,8 +408,7 @@ def test_tree_scores_and_commits_equal_per_path_forwards(runtime):
     from spec_zoo.runtime import CompiledTarget
 
     model = tiny_llama(3, dtype=torch.float32)
-    target = Target(model) if runtime == "eager" else CompiledTarget(
-        model, max_cache_len=128, buckets=(1, 2, 4, 8, 16), fallback=False)
+    target = Target(model) if runtime == "eager" else CompiledTarget(model, max_cache_len=128, fallback=False)
     committed = [3, 7, 9, 2, 5]
 
     def plain(ids):
