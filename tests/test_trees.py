@@ -294,16 +294,10 @@ def test_static_choices_are_checked():
     assert isinstance(build_tree_policy({"policy": "dynamic", "budget": 4}), Dynamic)
 
 
-@pytest.mark.parametrize("shape", ["deep", "wide"])
-def test_tree_forward_equals_per_path_scoring(shape):
-    """DraftTreeForward: each node's logits (one forward per level, tree mask over the draft
-    cache) equal a plain forward of the committed tokens + the path to that node."""
-    model = tiny_llama(3, dtype=torch.float32)
-    runner, committed = Target(model), [3, 7, 9, 2, 5]
-    runner.score(committed[:3], Draft.empty())  # a cache already holding a prefix
-    expand = DraftTreeForward(runner, committed, lambda x: x)
-    policy = TopK(4, 2) if shape == "wide" else Static([[0], [1], [0, 0], [0, 0, 0], [0, 0, 0, 0], [0, 0, 0, 0, 0]])
-    seen = {}
+def assert_tree_forward_matches_paths(runner, model, committed, policy, atol=1e-5):
+    """DraftTreeForward: each node's logits (one forward per level) equal a plain forward of
+    the committed tokens + the path to that node; the next score crops the tree's KV away."""
+    expand, seen = DraftTreeForward(runner, committed, lambda x: x), {}
 
     def recording(tree, nodes):
         out = expand(tree, nodes)
@@ -311,13 +305,25 @@ def test_tree_forward_equals_per_path_scoring(shape):
         return out
 
     policy.build(recording, _state(), sampled=False)
-    assert len(seen) > 4
+    assert len(seen) >= 4  # the root and at least three expanded nodes
     for node, (tree, row) in seen.items():
         path = [] if node == ROOT else tree.tokens[tree.path_to(node)].tolist()
         with torch.no_grad():
             ref = model(torch.tensor([committed + path])).logits[0, -1]
-        torch.testing.assert_close(row, ref, atol=1e-5, rtol=1e-5)
-    runner.score(committed + [4], Draft.empty())  # the next step crops the tree's KV away
+        torch.testing.assert_close(row, ref, atol=atol, rtol=atol)
+    after = runner.score(committed + [4], Draft.empty()).logits[-1]
+    with torch.no_grad():
+        torch.testing.assert_close(after, model(torch.tensor([committed + [4]])).logits[0, -1], atol=atol, rtol=atol)
+
+
+@pytest.mark.parametrize("shape", ["deep", "wide"])
+def test_tree_forward_equals_per_path_scoring(shape):
+    """A tree mask over the draft cache, one forward per level (eager draft runner)."""
+    model = tiny_llama(3, dtype=torch.float32)
+    runner, committed = Target(model), [3, 7, 9, 2, 5]
+    runner.score(committed[:3], Draft.empty())  # a cache already holding a prefix
+    policy = TopK(4, 2) if shape == "wide" else Static([[0], [1], [0, 0], [0, 0, 0], [0, 0, 0, 0], [0, 0, 0, 0, 0]])
+    assert_tree_forward_matches_paths(runner, model, committed, policy)
     assert runner.cache.get_seq_length() == len(committed) + 1
 
 
@@ -426,3 +432,5 @@ def test_tree_scores_and_commits_equal_per_path_forwards(runtime):
         accepted = committed + tree.tokens[path].tolist() + [11]
         after = target.score(accepted, Draft.empty()).logits[-1]
         torch.testing.assert_close(after, plain(accepted), atol=1e-4, rtol=1e-4, msg=lambda m: f"{name}: {m}")
+    target.reset()  # the same runtime drafting a tree (a compiled draft model scores the tree so far)
+    assert_tree_forward_matches_paths(target, model, committed, TopK(3, 2), atol=1e-4)
