@@ -108,7 +108,7 @@ def measure(target, max_tokens: int = 16, repeats: int = 9, past: int = 100, pro
 
 
 def plot_table(table: CostTable, path: Path, others: list[CostTable] = ()) -> Path:
-    """t(M) / t(1) against M (with ``others`` for comparison), as a PNG."""
+    """t(M) in ms against M (with ``others``, e.g. another runtime, for comparison), as a PNG."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -117,11 +117,11 @@ def plot_table(table: CostTable, path: Path, others: list[CostTable] = ()) -> Pa
     fig, ax = plt.subplots(figsize=(5, 3.2))
     for each in (table, *others):
         ms = range(1, len(each.seconds) + 1)
-        ax.plot(ms, [each.relative(m) for m in ms], marker="o", label=f"{each.runtime} {each.dtype}")
-    ax.axhline(1.0, color="grey", lw=0.5)
+        ax.plot(ms, [s * 1e3 for s in each.seconds], marker="o", label=f"{each.runtime} {each.dtype}")
+    ax.set_ylim(bottom=0)
     ax.set_xlabel("tokens scored in one forward (M)")
-    ax.set_ylabel("t(M) / t(1)")
-    ax.set_title(f"{table.model}, {table.threads} thread(s): {table.seconds[0] * 1e3:.0f} ms at M=1", fontsize=9)
+    ax.set_ylabel("t(M), ms (median)")
+    ax.set_title(f"{table.model}, {table.threads} thread(s), {table.past} cached tokens", fontsize=9)
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
