@@ -220,7 +220,7 @@ def test_summary_line_names_every_shipped_drafter_option(option):
 
     cfg = compose_config([f"drafter={option}"])
     drafter = locate("drafter", cfg.drafter._target_)  # the class: its `name` is what the line used to show
-    decoder = SimpleNamespace(drafter=drafter, verifier=SimpleNamespace(name="greedy"), sampling=SamplingParams())
+    decoder = SimpleNamespace(drafter=drafter, verifier=SimpleNamespace(name="greedy", lossless=True), sampling=SamplingParams())
     assert label(cfg, decoder, option) == f"drafter={option} verifier=greedy"
 
 
@@ -230,7 +230,7 @@ def test_summary_line_names_a_custom_drafter_by_its_name():
     from tests.plugin_drafter import RepeatDrafter
 
     cfg = compose_config(["drafter._target_=tests.plugin_drafter.RepeatDrafter"])
-    decoder = SimpleNamespace(drafter=RepeatDrafter(), verifier=SimpleNamespace(name="greedy"), sampling=SamplingParams())
+    decoder = SimpleNamespace(drafter=RepeatDrafter(), verifier=SimpleNamespace(name="greedy", lossless=True), sampling=SamplingParams())
     assert label(cfg, decoder, "none") == "drafter=repeat verifier=greedy"
 
 
