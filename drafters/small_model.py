@@ -86,16 +86,6 @@ class SmallModelDrafter(ChainDrafter):
         check_runtime(runtime, dtype, device, "drafter")
         self.runner = on_runtime(runtime, model, tokenizer)  # compiled: the draft's steps cost less too
 
-    @property
-    def drafts_trees(self) -> bool:
-        return self.tree is not None and self.tree.branches
-
-    @property
-    def sibling_modes(self) -> tuple[str, ...]:
-        if self.tree is None:
-            return ("iid", "deterministic")
-        return tuple({m for sampled in (True, False) for m in self.tree.sibling_modes(sampled)})
-
     def attach(self, target: Target) -> None:
         if self.tree is not None:
             self.tree.attach(target)

@@ -1,7 +1,7 @@
-"""What every model-based chain drafter shares (small_model, early_exit, eagle): the
-token-by-token drafting loop and the step bookkeeping of an adaptive draft length (their
-caches follow the committed tokens with `spec_zoo.target.follow`). One copy, so a fix
-reaches all of them.
+"""What every model-based drafter shares (small_model, early_exit, eagle, medusa): the
+token-by-token drafting loop, the step bookkeeping of an adaptive draft length, and what
+its tree policy says about its drafts (their caches follow the committed tokens with
+`spec_zoo.target.follow`). One copy, so a fix reaches all of them.
 """
 
 from __future__ import annotations
@@ -26,6 +26,18 @@ class ChainDrafter(Drafter):
 
     length: DraftLength
     sample_mode: str | bool = "auto"
+    tree = None  # a tree policy (`spec_zoo.trees`) when the drafter drafts trees, else None: chains
+
+    @property
+    def drafts_trees(self) -> bool:
+        return self.tree is not None and self.tree.branches
+
+    @property
+    def sibling_modes(self) -> tuple[str, ...]:
+        """How siblings are drawn: a chain's q is its row (sampled) or one-hot; a tree's, its policy's."""
+        if self.tree is None:
+            return ("iid", "deterministic")
+        return tuple({m for sampled in (True, False) for m in self.tree.sibling_modes(sampled)})
 
     def draft_chain(
         self,

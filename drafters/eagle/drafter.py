@@ -63,16 +63,6 @@ class EagleDrafter(ChainDrafter):
         self.length = DraftLength(num_draft, adaptive, max_draft, token_cost, learn_cost)
         self.target: Target | None = None
 
-    @property
-    def drafts_trees(self) -> bool:
-        return self.tree is not None and self.tree.branches
-
-    @property
-    def sibling_modes(self) -> tuple[str, ...]:
-        if self.tree is None:
-            return ("iid", "deterministic")
-        return tuple({m for sampled in (True, False) for m in self.tree.sibling_modes(sampled)})
-
     def attach(self, target: Target) -> None:
         if self.tree is not None:
             self.tree.attach(target)

@@ -100,16 +100,6 @@ class EarlyExitDrafter(ChainDrafter):
         self._default_cost = token_cost is None
         self.target: Target | None = None
 
-    @property
-    def drafts_trees(self) -> bool:
-        return self.tree is not None and self.tree.branches
-
-    @property
-    def sibling_modes(self) -> tuple[str, ...]:
-        if self.tree is None:
-            return ("iid", "deterministic")
-        return tuple({m for sampled in (True, False) for m in self.tree.sibling_modes(sampled)})
-
     def attach(self, target: Target) -> None:
         if self.tree is not None:
             self.tree.attach(target)

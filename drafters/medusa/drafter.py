@@ -69,16 +69,6 @@ class MedusaDrafter(ChainDrafter):
         self.num_draft, self.adaptive, self.token_cost, self.learn_cost = num_draft, adaptive, token_cost, learn_cost
         self.target: Target | None = None
 
-    @property
-    def drafts_trees(self) -> bool:
-        return self.tree is not None and self.tree.branches
-
-    @property
-    def sibling_modes(self) -> tuple[str, ...]:
-        if self.tree is None:
-            return ("iid", "deterministic")
-        return tuple({m for sampled in (True, False) for m in self.tree.sibling_modes(sampled)})
-
     def attach(self, target: Target) -> None:
         source = self.heads_source
         self.heads = source if isinstance(source, MedusaHeads) else load_medusa(source or SHIPPED, target.model)
