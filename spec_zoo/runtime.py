@@ -1,4 +1,4 @@
-"""The compiled runtime: a static KV cache and one inductor graph per scored-token count.
+"""The compiled runtime: a static KV cache and one inductor graph for every scored-token count.
 
 On a CPU, eager PyTorch makes scoring 2-3 tokens cost 1.7-2x one token (MKL switches
 kernels), which eats what speculation saves. Inductor's C++ micro-GEMM reads the weights
@@ -11,18 +11,19 @@ gpt-fast's recipe (static cache + ``torch.compile``) on the model's own modules.
 
 - The cache is a transformers `StaticCache` of ``max_cache_len`` positions. Cropping moves
   its length; committing a tree path gathers the accepted rows into place (`Target.commit`).
-- The last committed token and the draft nodes go through a compiled graph for ``M`` rows,
-  padded to the next bucket (``buckets``); the padding rows attend to the cache only and
-  their KV lands past the sequence, where the mask hides it until it is overwritten. Every
-  row attends over all ``max_cache_len`` slots through an explicit mask, so the shapes, and
-  the arithmetic of a row, never depend on the sequence length or on M.
+- The last committed token and the draft nodes (M rows) go through one compiled graph whose
+  row count and attention span are dynamic dimensions: one compile serves every M, with the
+  same kernels (a graph per M let inductor pick another GEMM for one row). A single row runs
+  padded to 2 (``buckets``); padding rows attend to the cache only and their KV lands past
+  the sequence, where the mask hides it until it is overwritten.
+- Attention (`rowwise_attention`) reads the slots in use, rounded up to ``key_block``, each
+  row in its own order, so a row's arithmetic depends neither on M nor on the tree around it.
 - Committed tokens before the last one (the prompt) are prefilled eagerly into the same
   cache: one long forward that runs once per prompt and would cost a compile per length.
   Plain and speculative decoding prefill alike, so they still match bit for bit.
 
-Compiled code and autotuning results are cached on disk (``$SPEC_ZOO_CACHE/inductor``
-unless ``TORCHINDUCTOR_CACHE_DIR`` is set), so only the first run on a machine pays the
-compile time; `warm_up` compiles every bucket ahead of time and says how long it took.
+The graph compiles once per process (frozen weights keep inductor's on-disk FX cache from
+serving another process); `warm_up` compiles ahead of time and says how long it took.
 """
 
 from __future__ import annotations
@@ -72,15 +73,15 @@ AttentionInterface.register("spec_zoo_rowwise", rowwise_attention)
 
 
 def use_spec_zoo_inductor_cache() -> None:
-    """Point inductor's on-disk caches (FX graphs, autotuning) under the spec-zoo cache dir,
-    unless the user chose a dir, so compiled graphs survive between runs."""
+    """Point inductor's on-disk caches (autotuning results, compiled kernels) under the
+    spec-zoo cache dir, unless the user chose a dir."""
     from spec_zoo.models import cache_root
 
     os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache_root() / "inductor"))
 
 
 def inductor_settings(freezing: bool, gemm_backends: str) -> dict:
-    """The inductor knobs that matter on a CPU (docs/runtime.md has their measured effect)."""
+    """The inductor knobs that matter on a CPU (docs/runtime.md says what each does)."""
     return {"freezing": freezing, "max_autotune": gemm_backends != "ATEN",
             "max_autotune_gemm_backends": gemm_backends}
 
