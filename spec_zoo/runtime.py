@@ -32,10 +32,12 @@ import os
 import sys
 import time
 import warnings
+from contextlib import contextmanager
 
 import torch
 from torch._inductor import config as inductor_config
 from transformers import AttentionInterface, StaticCache
+from transformers.utils import output_capturing
 
 from spec_zoo.draft import Draft
 from spec_zoo.errors import ConfigError
@@ -216,7 +218,7 @@ class CompiledTarget(Target):
             config, before = self.config, self.config._attn_implementation
             config._attn_implementation = "spec_zoo_rowwise"
             try:
-                with inductor_config.patch(**self.settings):
+                with inductor_config.patch(**self.settings), no_output_capture():
                     return fn(*args)
             finally:
                 config._attn_implementation = before
@@ -263,6 +265,24 @@ class CompiledTarget(Target):
         """Compile now, before anything is timed; the seconds it took."""
         self._graph()
         return self.compile_s
+
+
+@contextmanager
+def no_output_capture():
+    """An eager ``model(..., output_hidden_states=True)`` (EAGLE, Medusa) leaves transformers'
+    output-capture hooks on the layers, and they read a ContextVar, which torch.compile cannot
+    trace. Their collector has a compile mode that reads a plain attribute instead: set it
+    (no collection) while the graph runs, then restore it."""
+    collector = getattr(output_capturing, "_active_collector", None)
+    if collector is None or not hasattr(collector, "compiling"):
+        yield
+        return
+    saved = collector.compiling, collector.global_var
+    collector.compiling, collector.global_var = True, None
+    try:
+        yield
+    finally:
+        collector.compiling, collector.global_var = saved
 
 
 def crop_all(cache, length: int) -> None:

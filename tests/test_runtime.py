@@ -246,3 +246,14 @@ def test_a_draft_model_on_the_compiled_runtime_stays_lossless(compiled, model):
     assert out.ids == hf_greedy(model, PROMPT, 16) and out.stats.alpha > 0
     with pytest.raises(ConfigError, match="drafter.runtime=compiled computes in"):
         SmallModelDrafter(noisy_copy(model, 1.0), runtime="compiled", dtype="float64")
+
+
+def test_compiles_after_the_model_was_asked_for_its_hidden_states(model):
+    """An eager `model(..., output_hidden_states=True)` (EAGLE, Medusa) installs capture hooks on
+    the shared model's layers; the compiled runtime must still compile (no eager fallback)."""
+    Target(model).score(PROMPT, Draft.chain([1, 2]), hidden=True)
+    target = CompiledTarget(model, max_cache_len=64, fallback=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        target.warm_up()
+    assert SpeculativeDecoder(target).generate(PROMPT, max_new_tokens=6, eos_token_ids=[]).ids == hf_greedy(model, PROMPT, 6)
