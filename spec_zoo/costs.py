@@ -61,15 +61,20 @@ class CostTable:
         return table
 
 
-def table_path(target) -> Path:
-    """Where the table of ``target`` on this machine lives: keyed by host, model shape,
-    runtime, dtype and threads (what the cost depends on; the weights' values do not matter)."""
-    from spec_zoo.models import cache_root
-
+def _what_costs(target) -> tuple[str, str, str]:
+    """(model shape, runtime, dtype) of ``target``: what its cost depends on (with the host and
+    the threads), the weights' values aside."""
     c = target.config
     shape = f"{c.model_type}-{c.num_hidden_layers}x{c.hidden_size}-v{target.vocab_size}"
-    runtime = getattr(target, "runtime", "eager")
-    dtype = str(target.dtype).removeprefix("torch.")
+    return shape, target.runtime, str(target.dtype).removeprefix("torch.")
+
+
+def table_path(target) -> Path:
+    """Where the table of ``target`` on this machine lives, keyed by host, model shape,
+    runtime, dtype and threads."""
+    from spec_zoo.models import cache_root
+
+    shape, runtime, dtype = _what_costs(target)
     return cache_root() / "costs" / f"{platform.node()}-{shape}-{runtime}-{dtype}-{torch.get_num_threads()}t.json"
 
 
@@ -101,10 +106,8 @@ def measure(target, max_tokens: int = 16, repeats: int = 9, past: int = 100, pro
             target.score(prompt, draft)
             samples[m].append(time.perf_counter() - start)
     seconds = [statistics.median(samples[m]) for m in samples]
-    c = target.config
-    return CostTable(seconds, f"{c.model_type}-{c.num_hidden_layers}x{c.hidden_size}", getattr(target, "runtime", "eager"),
-                     str(target.dtype).removeprefix("torch."), torch.get_num_threads(),
-                     platform.processor() or platform.machine(), past)
+    return CostTable(seconds, *_what_costs(target), torch.get_num_threads(), platform.processor() or platform.machine(),
+                     past)
 
 
 def plot_table(table: CostTable, path: Path, others: list[CostTable] = ()) -> Path:
