@@ -248,21 +248,101 @@ class MultiDraft(TreePolicy):
 
 PRIOR_ACCEPT, PRIOR_WEIGHT, DECAY = 0.5, 2.0, 0.95  # per-rank acceptance: prior 0.5 / 2^rank, ~20-step memory
 
+Relative = Callable[[int], float]  # M scored tokens -> t(M) / t(1)
+
+
+def path_shape(parents: list[int], path: list[int]) -> tuple[list[int], list[int]]:
+    """What a verified tree says about acceptance per sibling rank: for each node on the
+    accepted path (the root first), how many children it had, and the rank (position among
+    its siblings) of the child that was accepted."""
+    kids: dict[int, list[int]] = {}
+    for node, parent in enumerate(parents):
+        kids.setdefault(parent, []).append(node)
+    on_path = [ROOT, *path]
+    return [len(kids.get(node, ())) for node in on_path], [kids[p].index(c) for p, c in zip(on_path, path)]
+
+
+class RankAcceptance:
+    """acc[r]: how often a node's rank-r child is the accepted one, among the reached nodes
+    that had a rank-r child (SpecInfer/Sequoia's positional acceptance). Counts decay by
+    ``decay`` per observed node (1: plain counts, as a replay of a whole run uses); a rank
+    never drafted keeps its prior, so chains alone say nothing against trees."""
+
+    def __init__(self, width: int, decay: float = DECAY):
+        self.decay = decay
+        self.seen = [0.0] * width  # times the rank-r child was the accepted one
+        self.tried = [0.0] * width  # reached nodes with a rank-r child
+
+    def observe(self, widths: list[int], ranks: list[int]) -> None:
+        """One verified tree, as `path_shape` describes it."""
+        for j, width in enumerate(widths):
+            if width:
+                self.fade()
+                self.tried = [t + (r < width) for r, t in enumerate(self.tried)]
+                if j < len(ranks) and ranks[j] < len(self.seen):
+                    self.seen[ranks[j]] += 1
+
+    def fade(self) -> None:
+        self.seen = [s * self.decay for s in self.seen]
+        self.tried = [t * self.decay for t in self.tried]
+
+    def rates(self) -> list[float]:
+        """acc[r] (prior 0.5 / 2^r), made non-increasing in r (a lower-ranked token is the
+        likelier one), which is what makes taking the most valuable nodes first optimal."""
+        rates = [(seen + PRIOR_ACCEPT / 2**r * PRIOR_WEIGHT) / (tried + PRIOR_WEIGHT)
+                 for r, (seen, tried) in enumerate(zip(self.seen, self.tried))]
+        return [min(rates[: r + 1]) for r in range(len(rates))]
+
+
+def tree_value(paths, acc: list[float]) -> float:
+    """Expected tokens a step with the static tree ``paths`` commits: 1 + the sum over nodes
+    of the product of acc[rank] along the node's path."""
+    value = {(): 1.0}
+    for path in sorted(paths, key=len):
+        value[path] = value[path[:-1]] * acc[path[-1]]
+    return sum(value.values())
+
+
+def tree_cost(paths, draft_cost: float, relative: Relative) -> float:
+    """A step's cost in target forwards: one draft forward per level + scoring the tree."""
+    return draft_cost * max((len(p) for p in paths), default=0) + relative(len(paths) + 1)
+
+
+def best_tree(acc: list[float], relative: Relative, draft_cost: float, max_nodes: int, max_depth: int,
+              max_width: int) -> tuple[list[tuple[int, ...]], float, float]:
+    """(paths, expected tokens, cost) of the static tree with the highest predicted speed
+    (tokens / cost) within the limits. For each depth cap the best tree of n nodes is the n
+    most valuable nodes (a node is worth no more than its parent or its lower-ranked
+    sibling), taken from a heap, so no tree within the limits is predicted faster."""
+    best, best_value, best_cost = [], 1.0, tree_cost([], draft_cost, relative)
+    for cap in range(1, max_depth + 1):
+        paths, frontier = [], [(-acc[0], (0,))]
+        while frontier and len(paths) < max_nodes:
+            worth, path = heapq.heappop(frontier)
+            paths.append(path)
+            if path[-1] + 1 < max_width:  # its next sibling
+                heapq.heappush(frontier, (worth / acc[path[-1]] * acc[path[-1] + 1], (*path[:-1], path[-1] + 1)))
+            if len(path) < cap:  # its first child
+                heapq.heappush(frontier, (worth * acc[0], (*path, 0)))
+            value, cost = tree_value(paths, acc), tree_cost(paths, draft_cost, relative)
+            if value / cost > best_value / best_cost:
+                best, best_value, best_cost = list(paths), value, cost
+    return best, best_value, best_cost
+
 
 class Auto(TreePolicy):
     """The tree size from the cost model: each step, the static tree (at most ``max_nodes``
     nodes, ``max_depth`` levels, ``max_width`` children per node) with the highest
-    predicted speed, tokens per step / cost per step in target forwards:
+    predicted speed, tokens per step / cost per step in target forwards (`best_tree`):
 
         (1 + sum over nodes of the product of acc[rank] along its path)
         / (draft_cost x levels + t(nodes + 1) / t(1))
 
-    acc[r] is the rate at which a node's rank-r child is the accepted one (SpecInfer/Sequoia's
-    positional acceptance), learnt from every verified tree; t is the target's measured
+    acc[r] is learnt from every verified tree (`RankAcceptance`); t is the target's measured
     cost table when decoding greedily (`spec_zoo.costs`), else 1 + ``scoring_cost`` per extra
-    token (sampled text must not depend on measured timings). For each depth cap the best
-    tree of n nodes takes the n most valuable nodes (a node is worth no more than its parent
-    or its lower-ranked sibling), so no fixed tree within the limits is predicted faster."""
+    token (sampled text must not depend on measured timings). ``prediction`` keeps the
+    (tokens, cost) predicted for the last tree, so a benchmark can set it against what was
+    measured."""
 
     name = "auto"
 
@@ -274,20 +354,20 @@ class Auto(TreePolicy):
         self.max_nodes, self.max_depth, self.max_width = max_nodes, max_depth, max_width
         self.draft_cost, self.scoring_cost = draft_cost, scoring_cost
         self.target = None
-        self.seen = [0.0] * max_width  # decayed: times the rank-r child was the accepted one
-        self.tried = 0.0  # decayed: nodes with children reached by the verifier
+        self.stats = RankAcceptance(max_width)
         self.paths: list[tuple[int, ...]] = []
-        self.predicted = 1.0  # predicted speed of the last tree, in tokens per target forward
+        self.prediction = (1.0, 1.0)  # (expected tokens, cost in target forwards) of the last tree
+
+    @property
+    def predicted(self) -> float:
+        """Predicted speed of the last tree, in tokens per target forward."""
+        return self.prediction[0] / self.prediction[1]
 
     def attach(self, target) -> None:
         self.target = target
 
     def acceptance(self) -> list[float]:
-        """acc[r], made non-increasing in r (a lower-ranked token is the likelier one), which
-        is what makes taking the most valuable nodes first optimal."""
-        rates = [(seen + PRIOR_ACCEPT / 2**r * PRIOR_WEIGHT) / (self.tried + PRIOR_WEIGHT)
-                 for r, seen in enumerate(self.seen)]
-        return [min(rates[: r + 1]) for r in range(len(rates))]
+        return self.stats.rates()
 
     def relative_cost(self, tokens: int, greedy: bool) -> float:
         table = getattr(self.target, "cost_table", None) if greedy else None
@@ -295,46 +375,23 @@ class Auto(TreePolicy):
 
     def speed(self, paths, acc: list[float], greedy: bool) -> float:
         """Predicted tokens per target forward of the static tree ``paths``."""
-        value = {(): 1.0}
-        for path in sorted(paths, key=len):
-            value[path] = value[path[:-1]] * acc[path[-1]]
-        levels = max((len(p) for p in paths), default=0)
-        return sum(value.values()) / (self.draft_cost * levels + self.relative_cost(len(paths) + 1, greedy))
+        return tree_value(paths, acc) / tree_cost(paths, self.draft_cost, lambda m: self.relative_cost(m, greedy))
 
-    def plan(self, acc: list[float], greedy: bool, depth: int) -> tuple[list[tuple[int, ...]], float]:
-        """(paths, predicted speed) of the best tree at most ``depth`` deep."""
-        best, best_speed = [], self.speed([], acc, greedy)
-        for cap in range(1, min(depth, self.max_depth) + 1):
-            paths, frontier = [], [(-acc[0], (0,))]
-            while frontier and len(paths) < self.max_nodes:
-                worth, path = heapq.heappop(frontier)
-                paths.append(path)
-                if path[-1] + 1 < self.max_width:  # its next sibling
-                    heapq.heappush(frontier, (worth / acc[path[-1]] * acc[path[-1] + 1], (*path[:-1], path[-1] + 1)))
-                if len(path) < cap:  # its first child
-                    heapq.heappush(frontier, (worth * acc[0], (*path, 0)))
-                speed = self.speed(paths, acc, greedy)
-                if speed > best_speed:
-                    best, best_speed = list(paths), speed
-        return best, best_speed
+    def plan(self, acc: list[float], greedy: bool, depth: int) -> tuple[list[tuple[int, ...]], tuple[float, float]]:
+        """(paths, (expected tokens, cost)) of the best tree at most ``depth`` deep."""
+        paths, value, cost = best_tree(acc, lambda m: self.relative_cost(m, greedy), self.draft_cost,
+                                       self.max_nodes, min(depth, self.max_depth), self.max_width)
+        return paths, (value, cost)
 
     def build(self, expand: Expand, state: DecodeState, sampled: bool) -> Draft:
-        self.paths, self.predicted = self.plan(self.acceptance(), state.sampling.greedy, state.max_depth)
+        self.paths, self.prediction = self.plan(self.acceptance(), state.sampling.greedy, state.max_depth)
         return Static(self.paths).build(expand, state, sampled) if self.paths else Draft.empty()
 
     def observe(self, draft: Draft, verdict: Verdict) -> None:
         if not len(draft):  # nothing learnt: let the evidence fade so drafting is tried again
-            self.seen, self.tried = [s * DECAY for s in self.seen], self.tried * DECAY
+            self.stats.fade()
             return
-        rank = {}
-        for parent in [ROOT, *range(len(draft))]:
-            rank.update({child: r for r, child in enumerate(draft.children(parent))})
-        for node, accepted in zip([ROOT, *verdict.path], [*verdict.path, None]):
-            if draft.children(node):
-                self.seen = [s * DECAY for s in self.seen]
-                self.tried = self.tried * DECAY + 1
-                if accepted is not None:
-                    self.seen[rank[accepted]] += 1
+        self.stats.observe(*path_shape(draft.parents, verdict.path))
 
 
 def build_tree_policy(spec) -> TreePolicy | None:
