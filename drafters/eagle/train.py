@@ -7,6 +7,14 @@ step costs one decoder layer. Two losses: the distillation loss of ``cfg.loss`` 
 target's next-token distributions, plus ``head.regress`` x a smooth-L1 regression of the
 head's predicted feature onto the target's (EAGLE's feature loss: it is what makes the
 head's own features usable as input for the second and later draft tokens).
+
+Training-time test (EAGLE-3, ``head.ttt_steps=k`` > 1): the head is also unrolled over
+its own predicted features, as it drafts: at step s every position i reads its token and
+the head's step-(s-1) feature of position i-1, and attends to the true-feature context up
+to i-s+1 plus its own steps at i-s+2..i (the keys a depth-s draft sees at decode time).
+All k steps are trained on the same teacher distributions; held-out metrics report the
+greedy acceptance at every depth up to max(k, 3) (``alpha_depth<s>``: depth s given the
+tokens before it were accepted), with or without the unrolled training.
 """
 
 from __future__ import annotations
@@ -15,12 +23,13 @@ from pathlib import Path
 
 import torch
 from omegaconf import DictConfig
+from transformers import DynamicCache
 
 from spec_zoo.drafters.eagle.head import EagleHead
 from spec_zoo.errors import ConfigError
-from spec_zoo.layers import causal_mask
 from spec_zoo.train.heads import HeadRecipe, HeadStudent
-from spec_zoo.train.loop import train_module
+from spec_zoo.train.loop import teacher_positions, train_module
+from spec_zoo.train.losses import agreement, divergence
 
 
 class EagleStudent(HeadStudent):
@@ -30,20 +39,41 @@ class EagleStudent(HeadStudent):
         super().__init__(target_model, head)
         self.regression = torch.zeros(())
 
-    def target_states(self, ids: torch.Tensor) -> torch.Tensor:
-        return self.stack.inner(input_ids=ids, use_cache=False).last_hidden_state
-
-    def hidden(self, ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        """Block outputs [B, L, H] of right-padded ``ids``; sets ``self.regression``."""
+    def unroll(self, ids: torch.Tensor, attention_mask: torch.Tensor, steps: int, regress_steps: int):
+        """Block outputs [B, L, H] of right-padded ``ids`` at draft depths 1..``steps`` (see the
+        module docstring); sets ``self.regression`` (feature loss, mean over the first ``regress_steps``)."""
         feats = self.cached_states(ids, attention_mask.sum(1).tolist())
-        before = torch.nn.functional.pad(feats[:, :-1], (0, 0, 1, 0))  # position i reads f_{i-1}
-        hidden = self.lm.inputs(self.stack.embed(ids), before)
+        embeds = self.stack.embed(ids)
         T = ids.shape[1]
         positions = torch.arange(T, device=ids.device)[None]
-        out = self.lm(hidden, self.stack.rotary(hidden, positions), None, causal_mask(0, T, hidden.dtype, hidden.device))
+        rotary = self.stack.rotary(embeds, positions)
+        cache = DynamicCache()
         valid = attention_mask.bool()
-        self.regression = torch.nn.functional.smooth_l1_loss(self.lm.feature(out)[valid], feats[valid])
-        return out
+        features, outs, regression = feats, [], []
+        for s in range(steps):
+            before = torch.nn.functional.pad(features[:, :-1], (0, 0, 1, 0))  # position i reads f_{i-1}
+            out = self.lm(self.lm.inputs(embeds, before), rotary, cache, ttt_mask(T, s, embeds.dtype, embeds.device))
+            features = self.lm.feature(out)
+            outs.append(out)
+            if s < regress_steps:
+                regression.append(torch.nn.functional.smooth_l1_loss(features[valid], feats[valid]))
+        self.regression = torch.stack(regression).mean()
+        return outs
+
+    def hidden(self, ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        """Block outputs [B, L, H] from true features (depth 1); sets ``self.regression``."""
+        return self.unroll(ids, attention_mask, 1, 1)[0]
+
+
+def ttt_mask(T: int, step: int, dtype, device) -> torch.Tensor:
+    """Additive [1, 1, T, (step + 1) T] mask of unroll step ``step`` (0-based) over the keys of
+    steps 0..step: query i sees step 0 at positions <= i - step and step t at i - step + t."""
+    i = torch.arange(T)[:, None]
+    j = torch.arange(T)[None]
+    allowed = [j <= i - step] + [j == i - step + t for t in range(1, step + 1)]
+    mask = torch.zeros(T, (step + 1) * T, dtype=dtype)
+    mask.masked_fill_(~torch.cat(allowed, 1), torch.finfo(dtype).min)
+    return mask[None, None].to(device)
 
 
 class EagleRecipe(HeadRecipe):
@@ -51,14 +81,35 @@ class EagleRecipe(HeadRecipe):
 
     desc, section, student = "eagle head", "head", EagleStudent
 
+    def __init__(self, ttt_steps: int = 1):
+        self.ttt_steps = ttt_steps
+
     def check(self, cfg: DictConfig) -> None:
         super().check(cfg)
         if float(cfg.head.regress) < 0:
             raise ConfigError(f"head.regress={cfg.head.regress}; the feature-loss weight must be >= 0.")
+        if int(cfg.head.ttt_steps) < 1:
+            raise ConfigError(f"head.ttt_steps={cfg.head.ttt_steps}; use 1 (true features only) or the draft "
+                              "depth to train at (e.g. 3).")
 
     def build(self, cfg: DictConfig, target_model, init_layer: int, vocab_ids) -> EagleHead:
         h = cfg.head
         return EagleHead(target_model, init_layer, bool(h.mlp), vocab_ids, bool(h.train_head))
+
+    def batch_metrics(self, student: EagleStudent, data, rows, full_vocab: int, kind: str,
+                      with_agreement: bool = False) -> dict:
+        """Per-position values: ``loss`` = the mean over the ``ttt_steps`` unrolled depths; with
+        ``with_agreement`` also each depth's greedy acceptance ``alpha_depth<s>`` (up to max(k, 3))."""
+        ids, mask, where, t_ids, t_index, t_logp = teacher_positions(student, data, rows, full_vocab)
+        depth = max(self.ttt_steps, 3) if with_agreement else self.ttt_steps
+        outs = student.unroll(ids, mask, depth, self.ttt_steps)
+        logits = [student.head(o.reshape(-1, o.shape[-1])[where]) for o in outs]
+        out = {"loss": torch.stack([divergence(x, t_index, t_logp, kind) for x in logits[: self.ttt_steps]]).mean(0)}
+        if with_agreement:
+            out["alpha_greedy"], out["alpha_sampled"] = agreement(logits[0], student.vocab_ids, t_ids, t_index, t_logp)
+            for s, x in enumerate(logits):
+                out[f"alpha_depth{s + 1}"] = agreement(x, student.vocab_ids, t_ids, t_index, t_logp)[0]
+        return out
 
     def extra_loss(self, student: EagleStudent, cfg: DictConfig) -> torch.Tensor:
         return float(cfg.head.regress) * student.regression
@@ -66,4 +117,4 @@ class EagleRecipe(HeadRecipe):
 
 def train_eagle(cfg: DictConfig, target=None) -> Path:
     """Run ``spec-zoo-train eagle`` (conf/train_eagle.yaml); return the head dir."""
-    return train_module(cfg, EagleRecipe(), target)
+    return train_module(cfg, EagleRecipe(int(cfg.head.ttt_steps)), target)

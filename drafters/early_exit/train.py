@@ -25,6 +25,10 @@ from spec_zoo.train.loop import train_module
 class ExitStudent(HeadStudent):
     """An `ExitAdapter` (``lm``) reading the frozen target's states entering layer E."""
 
+    @property
+    def states_name(self) -> str:
+        return f"layer{self.lm.exit_layer}"
+
     def target_states(self, ids: torch.Tensor) -> torch.Tensor:
         T = ids.shape[1]
         hidden = self.stack.embed(ids)

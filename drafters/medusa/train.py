@@ -37,9 +37,6 @@ LABELS = ("tokens", "distributions")
 class MedusaStudent(HeadStudent):
     """`MedusaHeads` (``lm``) reading the frozen target's last-layer states."""
 
-    def target_states(self, ids: torch.Tensor) -> torch.Tensor:
-        return self.stack.inner(input_ids=ids, use_cache=False).last_hidden_state
-
     def hidden(self, ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         return self.cached_states(ids, attention_mask.sum(1).tolist())
 

@@ -2,17 +2,18 @@
 with its next-token distributions (top-k log-probabilities) at every generated position.
 
 On-policy data (DistillSpec): the draft is trained on the text the target itself writes,
-which is what it will be asked to predict at decode time. Generation is batched
-(left-padded ``model.generate``), and every ``shard_prompts`` prompts are written to a
-safetensors shard in the cache, so an interrupted run resumes and a rerun with the same
-settings reuses the data.
+which is what it will be asked to predict at decode time. `generate_batch` writes the
+continuations of many prompts in one left-padded ``model.generate`` (each row stops at
+its own EOS or at the length limit); the shared, resumable store of these batches is
+`spec_zoo.train.store`.
 
-Layout of one shard (N sequences, T = max_new_tokens, k = top_k):
+Layout of a batch / shard (N sequences, T = max_new_tokens, k = top_k):
     ids        int32 [N, L]   prompt + continuation, right-padded with -1
     prompt_len int32 [N]
     gen_len    int32 [N]      generated tokens (EOS included when hit)
     topk_ids   int32 [N, T, k] token ids of the target's top-k at each generated position
     topk_logp  float16 [N, T, k] their log-probabilities under the full softmax
+    category   int32 [N]      the prompt's mixture category (-1: outside the mixture)
 Row t of ``topk_*`` is the target's distribution of token ``prompt_len + t`` given the
 tokens before it (t < gen_len). The mass outside the top-k is 1 - sum(exp(topk_logp)).
 """
@@ -33,9 +34,8 @@ from spec_zoo.errors import ConfigError
 PACKAGED_PROMPTS = Path(__file__).parent / "data" / "prompts.jsonl"
 
 
-def load_prompts(path, num: int, sources=None, seed: int = 0) -> list[str]:
-    """``num`` prompts (all when 0) from a JSONL file with a ``prompt`` field, in a
-    seeded random order; ``sources``: keep records whose ``source`` starts with one of these."""
+def read_records(path) -> list[dict]:
+    """The JSON records of a JSONL prompts file, each with a ``prompt``."""
     path = Path(path).expanduser()
     if not path.is_file():
         raise ConfigError(f"data.prompts={str(path)!r} does not exist; give a JSONL file with a `prompt` field per line.")
@@ -46,12 +46,18 @@ def load_prompts(path, num: int, sources=None, seed: int = 0) -> list[str]:
                 continue
             try:
                 rec = json.loads(line)
-                prompt = rec["prompt"]
+                rec["prompt"]
             except (json.JSONDecodeError, KeyError, TypeError):
                 raise ConfigError(f"data.prompts={str(path)!r}: line {i + 1} is not a JSON object with a `prompt`.") from None
-            if sources and not any(str(rec.get("source", "")).startswith(s) for s in sources):
-                continue
-            records.append(prompt)
+            records.append(rec)
+    return records
+
+
+def load_prompts(path, num: int, sources=None, seed: int = 0) -> list[str]:
+    """``num`` prompts (all when 0) from a JSONL file with a ``prompt`` field, in a
+    seeded random order; ``sources``: keep records whose ``source`` starts with one of these."""
+    records = [r["prompt"] for r in read_records(path)
+               if not sources or any(str(r.get("source", "")).startswith(s) for s in sources)]
     if not records:
         raise ConfigError(f"data.prompts={str(path)!r} has no prompts (after data.sources={sources}).")
     order = torch.randperm(len(records), generator=torch.Generator().manual_seed(seed)).tolist()
@@ -84,13 +90,15 @@ class TeacherData:
     gen_len: torch.Tensor
     topk_ids: torch.Tensor
     topk_logp: torch.Tensor
+    category: torch.Tensor
 
     def __len__(self) -> int:
         return self.ids.shape[0]
 
     def subset(self, index) -> "TeacherData":
         index = torch.as_tensor(index, dtype=torch.long)
-        return TeacherData(*(t[index] for t in (self.ids, self.prompt_len, self.gen_len, self.topk_ids, self.topk_logp)))
+        return TeacherData(*(t[index] for t in (self.ids, self.prompt_len, self.gen_len, self.topk_ids, self.topk_logp,
+                                                 self.category)))
 
     @property
     def positions(self) -> int:
@@ -157,51 +165,21 @@ def generate_batch(model, prompts: list[list[int]], max_new_tokens: int, top_k: 
     }
 
 
-def _concat(parts: list[dict]) -> TeacherData:
+def join_batches(parts: list[dict]) -> dict:
+    """Batches (dicts in the layout above) as one, sequences padded to the widest."""
+    width = max(p["ids"].shape[1] for p in parts)
+    return {k: torch.cat([torch.nn.functional.pad(p[k], (0, width - p[k].shape[1]), value=-1) if k == "ids" else p[k]
+                          for p in parts]) for k in parts[0]}
+
+
+def from_parts(parts: list[dict]) -> TeacherData:
+    """Batches or shards as one `TeacherData` (sequences without a category get -1)."""
     width = max(p["ids"].shape[1] for p in parts)
     ids = torch.cat([torch.nn.functional.pad(p["ids"], (0, width - p["ids"].shape[1]), value=-1) for p in parts])
     cat = {k: torch.cat([p[k] for p in parts]) for k in ("prompt_len", "gen_len", "topk_ids", "topk_logp")}
-    return TeacherData(ids.long(), cat["prompt_len"].long(), cat["gen_len"].long(), cat["topk_ids"].long(), cat["topk_logp"].float())
-
-
-def teacher_data(model, prompts: list[list[int]], *, cache_dir, key: str, max_new_tokens: int, top_k: int,
-                 temperature: float, batch_size: int, eos_ids: list[int], pad_id: int, seed: int,
-                 shard_prompts: int = 128, progress: bool = True) -> TeacherData:
-    """Generate (or load from ``cache_dir/key``) the teacher data of ``prompts``."""
-    from tqdm import tqdm
-
-    root = Path(cache_dir).expanduser() / key
-    root.mkdir(parents=True, exist_ok=True)
-    # batches are made of prompts of similar length (less padding), in a fixed order
-    order = sorted(range(len(prompts)), key=lambda i: (len(prompts[i]), i))
-    shards = [order[s : s + shard_prompts] for s in range(0, len(order), shard_prompts)]
-    parts = []
-    bar = tqdm(total=len(prompts), desc="teacher data", unit="prompt", disable=not progress, dynamic_ncols=True)
-    for n, shard in enumerate(shards):
-        path = root / f"shard-{n:05d}.safetensors"
-        if path.is_file():
-            try:
-                parts.append(load_file(path))
-                bar.update(len(shard))
-                continue
-            except Exception:  # a torn write from an interrupted run: regenerate it
-                path.unlink()
-        pieces = []
-        for b in range(0, len(shard), batch_size):
-            batch = [prompts[i] for i in shard[b : b + batch_size]]
-            pieces.append(generate_batch(model, batch, max_new_tokens, top_k, temperature, eos_ids, pad_id,
-                                         seed * 1_000_003 + n * 1000 + b))
-            bar.update(len(batch))
-        width = max(p["ids"].shape[1] for p in pieces)
-        part = {k: torch.cat([torch.nn.functional.pad(p[k], (0, width - p[k].shape[1]), value=-1) if k == "ids" else p[k]
-                              for p in pieces]) for k in pieces[0]}
-        tmp = path.with_suffix(".tmp")
-        save_file(part, str(tmp))
-        os.replace(tmp, path)
-        parts.append(part)
-    bar.close()
-    (root / "DONE").write_text(json.dumps({"prompts": len(prompts)}))
-    return _concat(parts)
+    category = torch.cat([p.get("category", torch.full((len(p["prompt_len"]),), -1)) for p in parts])
+    return TeacherData(ids.long(), cat["prompt_len"].long(), cat["gen_len"].long(), cat["topk_ids"].long(),
+                       cat["topk_logp"].float(), category.long())
 
 
 # -- student-written continuations, scored by the target (DistillSpec's on-policy student data)
@@ -276,14 +254,12 @@ def score_continuations(model, prompts: list[list[int]], continuations: list[lis
 
 def _save_parts(parts: list[dict], path: Path) -> TeacherData:
     """Join batches into one shard, write it atomically to ``path`` and return it."""
-    width = max(p["ids"].shape[1] for p in parts)
-    part = {k: torch.cat([torch.nn.functional.pad(p[k], (0, width - p[k].shape[1]), value=-1) if k == "ids" else p[k]
-                          for p in parts]) for k in parts[0]}
+    part = join_batches(parts)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
     save_file(part, str(tmp))
     os.replace(tmp, path)
-    return _concat([part])
+    return from_parts([part])
 
 
 def student_data(student, model, prompts: list[list[int]], *, cache_dir, key: str, max_new_tokens: int,
@@ -295,7 +271,7 @@ def student_data(student, model, prompts: list[list[int]], *, cache_dir, key: st
     path = Path(cache_dir).expanduser() / key / "student.safetensors"
     if path.is_file():
         try:
-            return _concat([load_file(path)])
+            return from_parts([load_file(path)])
         except Exception:
             path.unlink()
     parts = []
@@ -326,7 +302,7 @@ def forced_data(model, sequences: list[list[int]], *, cache_dir, key: str, top_k
     path = Path(cache_dir).expanduser() / key / "forced.safetensors"
     if path.is_file():
         try:
-            return _concat([load_file(path)])
+            return from_parts([load_file(path)])
         except Exception:  # a torn write: redo it
             path.unlink()
     # the prefix all sequences share (a chat template's header and system prompt) is
@@ -351,4 +327,5 @@ def concat_data(a: TeacherData, b: TeacherData) -> TeacherData:
     grow = lambda t, v: torch.nn.functional.pad(t, (0, 0, 0, rows - t.shape[1]), value=v)  # noqa: E731
     return TeacherData(torch.cat([pad(a.ids), pad(b.ids)]), torch.cat([a.prompt_len, b.prompt_len]),
                        torch.cat([a.gen_len, b.gen_len]), torch.cat([grow(a.topk_ids, 0), grow(b.topk_ids, 0)]),
-                       torch.cat([grow(a.topk_logp, float("-inf")), grow(b.topk_logp, float("-inf"))]))
+                       torch.cat([grow(a.topk_logp, float("-inf")), grow(b.topk_logp, float("-inf"))]),
+                       torch.cat([a.category, b.category]))

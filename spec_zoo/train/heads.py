@@ -19,7 +19,10 @@ from spec_zoo.layers import DecoderStack
 
 class HeadStudent(torch.nn.Module):
     """The `Student` interface of the training loop over a head (``lm``); subclasses say
-    which target states it reads (`target_states`) and how (`hidden`)."""
+    which target states it reads (`target_states`, named `states_name` in the teacher-data
+    store; by default the last-layer features) and how (`hidden`)."""
+
+    states_name = "final"
 
     def __init__(self, target_model, head: BlockHead):
         super().__init__()
@@ -34,7 +37,13 @@ class HeadStudent(torch.nn.Module):
 
     def target_states(self, ids: torch.Tensor) -> torch.Tensor:
         """The frozen target's states the head reads, [B, T, H], for a right-padded batch."""
-        raise NotImplementedError
+        return self.stack.inner(input_ids=ids, use_cache=False).last_hidden_state
+
+    def preload(self, data, states: list[torch.Tensor]) -> None:
+        """Take `target_states` of ``data``'s sequences from the store instead of computing them."""
+        lengths = (data.prompt_len + data.gen_len).tolist()
+        for i, n in enumerate(lengths):
+            self._cache[tuple(data.ids[i, :n].tolist())] = states[i].to(self.lm.head.dtype)
 
     @torch.no_grad()
     def cached_states(self, ids: torch.Tensor, lengths: list[int]) -> torch.Tensor:

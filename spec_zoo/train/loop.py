@@ -1,8 +1,9 @@
 """The generic training pipeline every recipe plugs into (``spec-zoo-train <recipe>``):
 
-1. load the target; read and encode training prompts;
+1. load the target; draw and encode training prompts from the mixture (`spec_zoo.train.mixture`);
 2. teacher data: the target's continuations of the prompts + its top-k next-token
-   distributions at every generated position (batched generation, cached on disk);
+   distributions at every generated position, and the target states a head reads
+   (batched, from the shared, resumable store `spec_zoo.train.store`);
 3. build the module the recipe trains (``recipe.make``): a draft model, an exit adapter,
    an EAGLE head, ...;
 4. train it on the loss of ``cfg.loss`` (fkl / rkl / tvd), with a progress bar showing the
@@ -27,20 +28,10 @@ from pathlib import Path
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from spec_zoo.artefacts import describe_target
 from spec_zoo.errors import ConfigError
-from spec_zoo.train.data import (
-    PACKAGED_PROMPTS,
-    TeacherData,
-    concat_data,
-    data_key,
-    encode_prompts,
-    forced_data,
-    load_prompts,
-    student_data,
-    teacher_data,
-)
+from spec_zoo.train.data import TeacherData, concat_data, data_key, forced_data, student_data
 from spec_zoo.train.losses import LOSSES, agreement, divergence
+from spec_zoo.train.store import TeacherSet
 
 
 def check_config(cfg: DictConfig, recipe) -> None:
@@ -207,34 +198,14 @@ def train_module(cfg: DictConfig, recipe, target=None) -> Path:
     # -- data ---------------------------------------------------------------------
     d = cfg.data
     n_forced = int(d.get("forced_prompts", 0))
-    if d.get("token_ids") is not None:  # tests / pre-tokenized prompts (the last n_forced are read, not continued)
-        prompt_ids = [list(map(int, p)) for p in d.token_ids]
-    else:
-        if target.tokenizer is None:
-            raise ConfigError("the target has no tokenizer; give data.token_ids (pre-tokenized prompts).")
-        path = d.prompts or PACKAGED_PROMPTS
-        wanted = int(d.num_prompts) + n_forced
-        texts = load_prompts(path, wanted * 2, list(d.sources) if d.sources else None, int(d.seed))
-        prompt_ids = encode_prompts(target.tokenizer, texts, bool(d.chat), int(d.max_prompt_tokens))[:wanted]
-    forced_ids = prompt_ids[len(prompt_ids) - n_forced :] if n_forced else []
-    prompt_ids = prompt_ids[: len(prompt_ids) - len(forced_ids)]
-    if len(prompt_ids) < 2:
-        raise ConfigError(f"only {len(prompt_ids)} usable prompts; raise data.num_prompts or data.max_prompt_tokens.")
-    gen_cfg = getattr(model, "generation_config", None)
-    eos = getattr(gen_cfg, "eos_token_id", None)
-    eos_ids = sorted(set(eos if isinstance(eos, (list, tuple)) else ([eos] if eos is not None else [])))
-    if target.tokenizer is not None and target.tokenizer.eos_token_id is not None:
-        eos_ids = sorted(set(eos_ids) | {int(target.tokenizer.eos_token_id)})
-    pad_id = next((x for x in (getattr(target.tokenizer, "pad_token_id", None), getattr(gen_cfg, "pad_token_id", None)) if x is not None), eos_ids[0] if eos_ids else 0)
-    target_info = describe_target(model, cfg.target.path or cfg.target.name)
-    settings = {"target": target_info["fingerprint"], "prompts": [len(p) for p in prompt_ids], "first": prompt_ids[:3],
-                "max_new_tokens": int(d.max_new_tokens), "top_k": int(d.top_k), "temperature": float(d.temperature),
-                "seed": int(d.seed), "eos": eos_ids}
     t_data = time.time()
-    data = teacher_data(model, prompt_ids, cache_dir=d.cache_dir, key=data_key(settings),
-                        max_new_tokens=int(d.max_new_tokens), top_k=int(d.top_k), temperature=float(d.temperature),
-                        batch_size=int(d.batch_size), eos_ids=eos_ids, pad_id=int(pad_id), seed=int(d.seed),
-                        progress=bool(cfg.progress))
+    teacher = TeacherSet(cfg, target, int(d.num_prompts) + n_forced)
+    prompt_ids, n_prompts = teacher.prompts, len(teacher.prompts) - n_forced  # the last n_forced are read, not continued
+    forced_ids = prompt_ids[n_prompts:] if n_forced else []
+    if n_prompts < 2:
+        raise ConfigError(f"only {n_prompts} usable prompts; raise data.num_prompts or data.max_prompt_tokens.")
+    target_info, settings = teacher.identity["target"], {**teacher.identity, "sequences": n_prompts}
+    data = teacher.fill(n_prompts, bool(cfg.progress))
     data_s = time.time() - t_data
     order = torch.randperm(len(data), generator=torch.Generator().manual_seed(int(d.seed)))
     n_held = int(round(len(data) * float(d.heldout)))
@@ -251,6 +222,11 @@ def train_module(cfg: DictConfig, recipe, target=None) -> Path:
 
     # -- student ------------------------------------------------------------------
     student = recipe.make(cfg, target, train)
+    if hasattr(student, "states_name"):  # a head reading target states: from the store (computed once per shard)
+        t_states = time.time()
+        student.preload(data, teacher.store.states(student.states_name, student.target_states, int(d.batch_size),
+                                                   bool(cfg.progress)))
+        data_s += time.time() - t_states
     full_vocab = target.vocab_size
     n_student = int(round(continued * float(d.get("student_fraction", 0.0))))
     if n_student:  # on-policy for the student too: its own continuations, scored by the target
@@ -260,8 +236,8 @@ def train_module(cfg: DictConfig, recipe, target=None) -> Path:
         skey = data_key({**settings, "student": OmegaConf.to_container(cfg.student), "vocab": vocab, "n": n_student})
         extra = student_data(student, model, prompts, cache_dir=d.cache_dir, key=skey,
                              max_new_tokens=int(d.max_new_tokens), top_k=int(d.top_k),
-                             temperature=float(d.temperature), batch_size=int(d.batch_size), eos_ids=eos_ids,
-                             pad_id=int(pad_id), seed=int(d.seed), progress=bool(cfg.progress))
+                             temperature=float(d.temperature), batch_size=int(d.batch_size), eos_ids=teacher.eos_ids,
+                             pad_id=teacher.pad_id, seed=int(d.seed), progress=bool(cfg.progress))
         train = concat_data(train, extra)
         data_s += time.time() - t_student
     kind = str(cfg.loss)
@@ -310,7 +286,8 @@ def train_module(cfg: DictConfig, recipe, target=None) -> Path:
     train_s = time.time() - t_train
     after = evaluate(student, held, full_vocab, kind, metrics=metrics)
     record = {
-        "data": {"prompts": str(d.prompts or "spec_zoo/train/data/prompts.jsonl"), "sequences": len(data) + len(forced_ids),
+        "data": {"prompts": str(d.prompts or "spec_zoo/train/data/prompts.jsonl"), "store": str(teacher.store.root),
+                 "mixture": teacher.taken, "sequences": len(data) + len(forced_ids),
                  "train_sequences": len(train), "heldout_sequences": len(held), "positions": data.positions + forced_positions,
                  "student_sequences": n_student, "forced_prompts": int(d.get("forced_prompts", 0)),
                  "max_new_tokens": int(d.max_new_tokens), "top_k": int(d.top_k), "temperature": float(d.temperature),

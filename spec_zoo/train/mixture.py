@@ -1,0 +1,99 @@
+"""The prompt mixture: which task categories the teacher data covers, in what proportions.
+
+A draft agrees with the target only on the kind of text it was trained on, so the
+training prompts are drawn per category (chat, code, math, ...; each a list of ``source``
+prefixes of the prompts file) in configured shares. The order is *prefix-stable*: the
+first N prompts of a mixture are the same for every N and already hold the shares, so a
+store filled for 1,024 prompts is a prefix of the one for 2,048 (`spec_zoo.train.store`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import torch
+
+from spec_zoo.errors import ConfigError
+from spec_zoo.train.data import PACKAGED_PROMPTS, encode_prompts, read_records
+
+
+def categories(d) -> dict[str, dict]:
+    """``{name: {"share", "sources"}}`` of ``data.mixture``; with ``data.use_mixture=false``, a
+    single category ``all`` made of ``data.sources`` (every record when null)."""
+    mixture = d.mixture if d.get("use_mixture", True) else None
+    if not mixture:
+        return {"all": {"share": 1.0, "sources": list(d.get("sources") or [])}}
+    if d.get("sources"):
+        raise ConfigError("data.sources is set but data.use_mixture=true, whose categories name their sources: "
+                          "set data.sources=null, or data.use_mixture=false to filter one seeded order of prompts.")
+    out = {}
+    for name, c in mixture.items():
+        share = float(c["share"])
+        if share < 0:
+            raise ConfigError(f"data.mixture.{name}.share={share}; a share must be >= 0.")
+        if share > 0:
+            out[str(name)] = {"share": share, "sources": [str(s) for s in c["sources"]]}
+    if not out:
+        raise ConfigError("data.mixture has no category with a share > 0.")
+    total = sum(c["share"] for c in out.values())
+    return {k: {**c, "share": round(c["share"] / total, 6)} for k, c in out.items()}
+
+
+def file_digest(path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()[:16]
+
+
+def describe(d, cats: dict) -> dict:
+    """What fixes the prompt list (the store's identity, besides the target): file, categories, encoding."""
+    if d.get("token_ids") is not None:
+        digest = hashlib.sha256(repr([list(map(int, p)) for p in d.token_ids]).encode()).hexdigest()[:16]
+        return {"file": "data.token_ids", "sha256": digest, "categories": [["token_ids", 1.0, []]]}
+    path = Path(d.prompts or PACKAGED_PROMPTS).expanduser()
+    if not path.is_file():
+        raise ConfigError(f"data.prompts={str(path)!r} does not exist; give a JSONL file with a `prompt` field per line.")
+    return {"file": path.name, "sha256": file_digest(path), "categories": [[k, c["share"], c["sources"]] for k, c in cats.items()],
+            "chat": bool(d.chat),
+            "max_prompt_tokens": int(d.max_prompt_tokens), "seed": int(d.seed)}
+
+
+def mixture_prompts(tokenizer, d, cats: dict, num: int) -> tuple[list[list[int]], list[int], dict[str, int]]:
+    """The first ``num`` prompts of the mixture: (token ids, category index per prompt,
+    prompts taken per category). Each category's records come in a seeded order and are
+    encoded lazily (prompts over ``data.max_prompt_tokens`` are skipped); the next prompt
+    is taken from the category furthest below its share; an exhausted category drops out."""
+    path = Path(d.prompts or PACKAGED_PROMPTS).expanduser()
+    records = read_records(path)
+    names = list(cats)
+    pools = []
+    for c, name in enumerate(names):
+        prefixes = cats[name]["sources"]
+        pool = [r["prompt"] for r in records
+                if not prefixes or any(str(r.get("source", "")).startswith(p) for p in prefixes)]
+        if not pool:
+            raise ConfigError(f"data.mixture: category {name!r} matches no record of {path.name} "
+                              f"(sources {prefixes}); fix its sources or set its share to 0.")
+        order = torch.randperm(len(pool), generator=torch.Generator().manual_seed(int(d.seed) * 1000 + c)).tolist()
+        pools.append([pool[i] for i in order])
+    cursor, taken = [0] * len(names), [0] * len(names)
+    prompts, cat_of = [], []
+    live = set(range(len(names)))
+    while len(prompts) < num and live:
+        n = len(prompts) + 1
+        c = max(sorted(live), key=lambda j: cats[names[j]]["share"] * n - taken[j])
+        ids = None
+        while ids is None and cursor[c] < len(pools[c]):
+            enc = encode_prompts(tokenizer, [pools[c][cursor[c]]], bool(d.chat), int(d.max_prompt_tokens))
+            cursor[c] += 1
+            ids = enc[0] if enc else None
+        if ids is None:
+            live.discard(c)
+            continue
+        prompts.append(ids)
+        cat_of.append(c)
+        taken[c] += 1
+    return prompts, cat_of, {names[c]: taken[c] for c in range(len(names))}

@@ -1,0 +1,232 @@
+"""The teacher-data store: one directory of target continuations every recipe reads
+(distilled draft, exit adapter, EAGLE head, Medusa heads), generated once.
+
+* ``manifest.json`` names what the data is of: the target (name, sizes, embedding
+  fingerprint, as artefacts record it), the prompt mixture (prompts file digest,
+  categories and shares, chat template, prompt-length limit, seed) and the generation
+  settings. Opening a store for another target, mixture or settings fails with an
+  ``error:`` naming the fix: mixing teacher data of two targets would train a draft on
+  neither.
+* ``shard-<start>-<end>.safetensors``: prompts start..end-1 of the mixture's
+  prefix-stable order, in the layout of `spec_zoo.train.data` (tokens, top-k log-probs,
+  categories). A shard is written atomically once complete, so an interrupted fill
+  resumes after the last one written; a run asking for more prompts appends shards.
+* ``shard-<start>-<end>.<name>.safetensors``: hidden states a recipe reads (``final``:
+  the target's last-layer features; ``layer<E>``: the states entering layer E), one
+  batched teacher-forced pass per shard, flat [positions, H] in sequence order.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from spec_zoo.artefacts import describe_target, fingerprint_matches, read_record
+from spec_zoo.errors import ConfigError
+from spec_zoo.train.data import TeacherData, from_parts, generate_batch, join_batches
+from spec_zoo.train.mixture import categories, describe, mixture_prompts
+
+FORMAT, VERSION = "spec-zoo-teacher-data", 1
+_SHARD = re.compile(r"shard-(\d{7})-(\d{7})\.safetensors")
+
+
+class TeacherStore:
+    """A store directory opened for one identity (target, prompts, generation); see the module docstring."""
+
+    def __init__(self, root: Path, identity: dict):
+        self.root, self.identity = root, identity
+        self.used: list[tuple[Path, int]] = []  # (shard, rows taken) behind the last `fill`
+
+    @classmethod
+    def open(cls, root, identity: dict) -> "TeacherStore":
+        root = Path(root).expanduser()
+        root.mkdir(parents=True, exist_ok=True)
+        manifest = root / "manifest.json"
+        fix = f"set data.store to another directory (or delete {root} to regenerate it)"
+        if manifest.is_file():
+            _check(read_record(manifest, FORMAT, VERSION, "teacher-data store", fix), identity, root, fix)
+        else:
+            _write_json(manifest, {"format": FORMAT, "format_version": VERSION, **identity, "sequences": 0})
+        return cls(root, identity)
+
+    def shards(self) -> dict[int, int]:
+        """Complete shards on disk: start -> end (the longest one per start)."""
+        found: dict[int, int] = {}
+        for p in self.root.iterdir():
+            if m := _SHARD.fullmatch(p.name):
+                start, end = int(m[1]), int(m[2])
+                found[start] = max(end, found.get(start, end))
+        return found
+
+    def fill(self, model, prompts: list[list[int]], categories: list[int], *, batch_size: int, eos_ids: list[int],
+             pad_id: int, seed: int, shard_prompts: int = 128, progress: bool = True) -> TeacherData:
+        """The teacher data of ``prompts`` (the first ones of the mixture's order), from the
+        shards on disk and new ones generated for the rest."""
+        from tqdm import tqdm
+
+        g = self.identity["generation"]
+        N, pos, parts, self.used = len(prompts), 0, [], []
+        bar = tqdm(total=N, desc="teacher data", unit="prompt", disable=not progress, dynamic_ncols=True)
+        while pos < N:
+            existing = self.shards()
+            if pos in existing:
+                path = self.root / f"shard-{pos:07d}-{existing[pos]:07d}.safetensors"
+                part = self._load(path, prompts[pos : existing[pos]], pos)
+                if part is None:  # a torn file: regenerate it
+                    continue
+            else:
+                nxt = min([s for s in existing if s > pos], default=N)
+                end = min(pos + shard_prompts, N, nxt)
+                path = self.root / f"shard-{pos:07d}-{end:07d}.safetensors"
+                part = _generate(model, prompts[pos:end], categories[pos:end], batch_size, g, eos_ids, pad_id,
+                                 seed * 1_000_003 + pos)
+                _save(part, path)
+                _write_json(self.root / "manifest.json", {"format": FORMAT, "format_version": VERSION,
+                                                          **self.identity, "sequences": max(self.shards().values())})
+            rows = min(len(part["gen_len"]), N - pos)
+            parts.append({k: v[:rows] for k, v in part.items()})
+            self.used.append((path, rows))
+            pos += rows
+            bar.update(rows)
+        bar.close()
+        return from_parts(parts)
+
+    def _load(self, path: Path, expected: list[list[int]], start: int) -> dict | None:
+        try:
+            part = load_file(path)
+        except Exception:
+            path.unlink()
+            return None
+        for i, want in enumerate(expected):
+            if part["ids"][i, : int(part["prompt_len"][i])].tolist() != want:
+                raise ConfigError(f"data.store={str(self.root)!r}: {path.name} holds another prompt at position "
+                                  f"{start + i} than this config's mixture makes (the prompts file, tokenizer or chat "
+                                  "template changed?); set data.store to another directory or delete that one.")
+        return part
+
+    def states(self, name: str, compute, batch_size: int, progress: bool = True) -> list[torch.Tensor]:
+        """Hidden states ``compute(ids [B, T]) -> [B, T, H]`` of every sequence of the last
+        `fill` ([length, H] each, in its order), read from disk or computed once per shard
+        (batched, right-padded: causal attention keeps padding out of the real positions)."""
+        from tqdm import tqdm
+
+        out = []
+        for path, rows in tqdm(self.used, desc=f"target states ({name})", disable=not progress, dynamic_ncols=True):
+            file = path.with_name(f"{path.stem}.{name}.safetensors")
+            part = load_file(path)
+            lengths = (part["prompt_len"] + part["gen_len"]).tolist()
+            flat = None
+            if file.is_file():
+                try:
+                    flat = load_file(file)["states"]
+                except Exception:
+                    file.unlink()
+            if flat is None:
+                flat = _states(compute, part["ids"], lengths, batch_size)
+                _save({"states": flat}, file)
+            out += list(torch.split(flat, lengths))[:rows]
+        return out
+
+
+class TeacherSet:
+    """A config's teacher data (``cfg.data``, ``cfg.target``): the first ``wanted`` prompts
+    of its mixture (all of ``data.token_ids`` when given), the target's EOS and padding
+    ids, and the store (``data.store``) opened for them."""
+
+    def __init__(self, cfg, target, wanted: int):
+        d, model = cfg.data, target.model
+        cats = categories(d)
+        if d.get("token_ids") is not None:  # tests / pre-tokenized prompts
+            self.prompts = [list(map(int, p)) for p in d.token_ids]
+            self.categories, self.names = [0] * len(self.prompts), ["token_ids"]
+            self.taken = {"token_ids": len(self.prompts)}
+        else:
+            if target.tokenizer is None:
+                raise ConfigError("the target has no tokenizer; give data.token_ids (pre-tokenized prompts).")
+            self.prompts, self.categories, self.taken = mixture_prompts(target.tokenizer, d, cats, wanted)
+            self.names = list(cats)
+            short = [f"{k} {self.taken[k]} of {round(c['share'] * wanted)}" for k, c in cats.items()
+                     if self.taken[k] < round(c["share"] * wanted) - 1]
+            if short:  # the file has too few prompts of a category (under data.max_prompt_tokens): others fill in
+                print(f"warning: data.mixture: too few prompts in {Path(d.prompts or 'the packaged file').name} for "
+                      f"{', '.join(short)}; a larger file (data.prompts) keeps the shares", file=sys.stderr)
+        gen_cfg = getattr(model, "generation_config", None)
+        eos = getattr(gen_cfg, "eos_token_id", None)
+        eos_ids = set(eos if isinstance(eos, (list, tuple)) else ([eos] if eos is not None else []))
+        if target.tokenizer is not None and target.tokenizer.eos_token_id is not None:
+            eos_ids.add(int(target.tokenizer.eos_token_id))
+        self.eos_ids = sorted(eos_ids)
+        pads = (getattr(target.tokenizer, "pad_token_id", None), getattr(gen_cfg, "pad_token_id", None))
+        self.pad_id = int(next((x for x in pads if x is not None), self.eos_ids[0] if self.eos_ids else 0))
+        self.model, self.batch_size, self.seed = model, int(d.batch_size), int(d.seed)
+        self.identity = {
+            "target": describe_target(model, cfg.target.path or cfg.target.name),
+            "prompts": describe(d, cats),
+            "generation": {"max_new_tokens": int(d.max_new_tokens), "top_k": int(d.top_k),
+                           "temperature": float(d.temperature), "eos": self.eos_ids},
+        }
+        self.store = TeacherStore.open(d.store, self.identity)
+
+    def fill(self, n: int, progress: bool = True) -> TeacherData:
+        """The teacher data of the first ``n`` prompts (generated where the store lacks them)."""
+        return self.store.fill(self.model, self.prompts[:n], self.categories[:n], batch_size=self.batch_size,
+                               eos_ids=self.eos_ids, pad_id=self.pad_id, seed=self.seed, progress=progress)
+
+
+@torch.no_grad()
+def _states(compute, ids: torch.Tensor, lengths: list[int], batch_size: int) -> torch.Tensor:
+    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
+    per_seq: list[torch.Tensor | None] = [None] * len(lengths)
+    for b in range(0, len(order), batch_size):
+        rows = order[b : b + batch_size]
+        T = max(lengths[i] for i in rows)
+        states = compute(ids[rows, :T].long().clamp(min=0))
+        for j, i in enumerate(rows):
+            per_seq[i] = states[j, : lengths[i]]
+    return torch.cat(per_seq).contiguous()
+
+
+def _generate(model, prompts, categories, batch_size, g: dict, eos_ids, pad_id, seed) -> dict:
+    """One shard: batches of similar-length prompts (less padding), back in prompt order."""
+    order = sorted(range(len(prompts)), key=lambda i: (len(prompts[i]), i))
+    pieces = [generate_batch(model, [prompts[i] for i in order[b : b + batch_size]], g["max_new_tokens"], g["top_k"],
+                             g["temperature"], eos_ids, pad_id, seed + b)
+              for b in range(0, len(order), batch_size)]
+    part = join_batches(pieces)
+    back = torch.empty(len(order), dtype=torch.long)
+    back[torch.tensor(order)] = torch.arange(len(order))
+    part = {k: v[back] for k, v in part.items()}
+    part["category"] = torch.tensor(categories, dtype=torch.int32)
+    return part
+
+
+def _save(tensors: dict, path: Path) -> None:
+    tmp = path.with_suffix(".tmp")
+    save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp))
+    os.replace(tmp, path)
+
+
+def _write_json(path: Path, data: dict) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(data, indent=1))
+    os.replace(tmp, path)
+
+
+def _check(manifest: dict, identity: dict, root: Path, fix: str) -> None:
+    have, want = manifest.get("target") or {}, identity["target"]
+    if (any(have.get(k) != want[k] for k in ("vocab_size", "hidden_size"))
+            or not fingerprint_matches(have.get("fingerprint") or [], want["fingerprint"])):
+        raise ConfigError(f"data.store={str(root)!r} holds teacher data of target {have.get('name')!r}, not of this "
+                          f"target ({want['name']!r}); {fix}.")
+    for key, what in (("prompts", "prompt mixture"), ("generation", "generation settings")):
+        if manifest.get(key) != identity[key]:
+            diff = sorted(k for k in set(identity[key]) | set(manifest.get(key) or {})
+                          if (manifest.get(key) or {}).get(k) != identity[key].get(k))
+            raise ConfigError(f"data.store={str(root)!r} holds teacher data of another {what} (differs in "
+                              f"{', '.join(diff)}); {fix}, or restore the settings in its manifest.json.")
