@@ -1,6 +1,7 @@
 """``spec-zoo-bench``: the Hydra entry point (conf/bench.yaml). Validates everything cheap
 (dataset, methods, sampling, model config) before loading a model, then runs the
-benchmark into ``out/results.jsonl`` and writes ``out/summary.md``."""
+benchmark into ``out/results.jsonl`` (with ``traces=true`` also ``out/traces.jsonl``) and
+writes ``out/summary.md``."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from omegaconf import DictConfig, OmegaConf
 from spec_zoo.api import CONF_DIR
 from spec_zoo.bench.dataset import load_dataset, prompt_encoder
 from spec_zoo.bench.methods import build_method, resolve_methods
-from spec_zoo.bench.records import check_schema, read_records
+from spec_zoo.bench.records import TRACE_FILE, check_schema, read_records
 from spec_zoo.bench.runner import run_benchmark, run_context
 from spec_zoo.bench.summary import Summary, summarize, summarize_file
 from spec_zoo.cli import _quiet_transformers, checked_command_line
@@ -88,7 +89,7 @@ def bench(cfg: DictConfig) -> Summary:
         methods, questions, prompt_encoder(plain, gen.chat), results_path,
         target=target, context=run_context(cfg.model.name, data.name, sampling.temperature, target.device),
         max_new_tokens=gen.max_new_tokens, repeats=cfg.repeats, seed=cfg.seed, greedy=sampling.greedy,
-        warmup_tokens=cfg.warmup_tokens, progress=cfg.progress,
+        warmup_tokens=cfg.warmup_tokens, progress=cfg.progress, traces_path=out / TRACE_FILE if cfg.traces else None,
     )
     summary = summarize(records)
     write_summary(summary, out)

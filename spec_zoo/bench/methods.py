@@ -37,6 +37,7 @@ from spec_zoo.errors import ConfigError
 from spec_zoo.registry import compose_option, option_names
 from spec_zoo.sampling import SamplingParams
 from spec_zoo.target import Target
+from spec_zoo.trees import Auto, path_shape
 
 ENGINES = ("spec_zoo", "transformers")
 _SPEC_KEYS = {"engine", "runtime", "drafter", "verifier", "assistant", "params"}
@@ -193,6 +194,57 @@ class Measurement:
 
     output_ids: list[int]
     fields: dict  # prompt_tokens, new_tokens, wall_s, tokens_per_s, target_forwards, tau, alpha, ...
+    trace: dict | None = None  # per-step columns (`StepTrace.columns`) of a spec-zoo decoder
+
+
+class StepTrace:
+    """What each step of one generation drafted and accepted, for replaying the run under
+    another cost table (`spec_zoo.report.projection`): the accepted path's tree shape
+    (`spec_zoo.trees.path_shape`) and, for ``tree=auto``, the (tokens, cost) its policy
+    predicted. Read in the drafter's ``on_commit``, after the step's timed phases (the
+    decoder has no other hook; the drafter is restored on exit)."""
+
+    def __init__(self, drafter):
+        self.drafter, self.steps = drafter, []
+        policy = getattr(drafter, "tree", None)
+        self.policy = policy if isinstance(policy, Auto) else None
+
+    def __enter__(self) -> StepTrace:
+        inner = self.drafter.on_commit
+
+        def on_commit(draft, verdict, step):
+            self.steps.append((draft.parents, verdict.path, self._prediction(draft)))
+            inner(draft, verdict, step)
+
+        self.drafter.on_commit = on_commit
+        return self
+
+    def __exit__(self, *exc) -> None:
+        del self.drafter.on_commit
+
+    def _prediction(self, draft) -> tuple[float, float] | None:
+        if self.policy is None:
+            return None
+        if not len(draft) and self.policy.paths:  # the last step drafts nothing: no tree was planned
+            return 1.0, 1.0
+        return self.policy.prediction
+
+    @property
+    def predicted_speedup(self) -> float | None:
+        """What ``tree=auto`` predicted for the run: its expected tokens over its predicted
+        cost in target forwards, summed over steps (None for other drafters)."""
+        predictions = [p for _, _, p in self.steps if p is not None]
+        return sum(t for t, _ in predictions) / sum(c for _, c in predictions) if predictions else None
+
+    def columns(self, stats) -> dict:
+        """One list per quantity, entry i for step i (``stats``: the run's `RunStats`)."""
+        shapes = [path_shape(parents, path) for parents, path, _ in self.steps]
+        return {
+            "drafted": [s.drafted for s in stats.steps], "depth": [s.depth for s in stats.steps],
+            "committed": [s.committed for s in stats.steps], "draft_s": [s.draft_s for s in stats.steps],
+            "verify_s": [s.verify_s for s in stats.steps], "widths": [w for w, _ in shapes],
+            "ranks": [r for _, r in shapes], "predicted": [p and list(p) for _, _, p in self.steps],
+        }
 
 
 class Method(ABC):
@@ -216,9 +268,12 @@ class SpecZooMethod(Method):
         self.decoder, self.stop_strings, self.eos_token_ids = decoder, tuple(stop_strings), eos_token_ids
 
     def run(self, prompt_ids, max_new_tokens, seed):
-        out = self.decoder.generate(prompt_ids, max_new_tokens, self.stop_strings, self.eos_token_ids, seed)
+        with StepTrace(self.decoder.drafter) as trace:
+            out = self.decoder.generate(prompt_ids, max_new_tokens, self.stop_strings, self.eos_token_ids, seed)
         stats = out.stats
-        return Measurement(out.ids, {**stats.as_dict(), "drafted": stats.drafted, "accepted": stats.accepted})
+        fields = {**stats.as_dict(), "drafted": stats.drafted, "accepted": stats.accepted,
+                  "predicted_speedup": trace.predicted_speedup}
+        return Measurement(out.ids, fields, trace.columns(stats))
 
 
 class TransformersMethod(Method):
@@ -282,7 +337,7 @@ class TransformersMethod(Method):
             "prompt_tokens": len(prompt_ids), "new_tokens": len(new), "wall_s": wall,
             "tokens_per_s": len(new) / wall if wall > 0 else 0.0,
             "target_forwards": None, "tau": None, "alpha": None, "drafted": None, "accepted": None,
-            "draft_s": None, "verify_s": None, "accept_per_position": None,
+            "draft_s": None, "verify_s": None, "accept_per_position": None, "predicted_speedup": None,
         }
         return Measurement(new, fields)
 

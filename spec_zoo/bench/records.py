@@ -1,6 +1,11 @@
 """The results file (DESIGN.md "Benchmark results", a contract): JSON Lines, one record per
 (method, prompt, turn, repeat), appended and flushed as soon as it is measured, so an
-interrupted run loses at most the record being written and a rerun resumes."""
+interrupted run loses at most the record being written and a rerun resumes.
+
+With ``traces=true`` the bench also appends each spec-zoo record's per-step trace to
+``traces.jsonl`` beside it (`TRACE_FILE`: the record's key fields and ``steps``, one list
+per quantity), written just before its record, so a resumed run never has a record whose
+trace was lost; a trace written twice (interrupted before its record) is read once."""
 
 from __future__ import annotations
 
@@ -17,12 +22,18 @@ BASELINE = "ar"
 #: bump when a field changes meaning or disappears (adding fields keeps the version)
 SCHEMA_VERSION = 1
 
+#: the per-step traces beside a results file (``traces=true``)
+TRACE_FILE = "traces.jsonl"
+
+#: the fields of a record that name it (`record_key`), which its trace repeats
+KEY_FIELDS = ("method", "question_id", "turn", "repeat", "config_hash")
+
 #: every record has exactly these fields, in this order
 FIELDS = (
     "schema_version", "method", "drafter", "verifier", "lossless", "params", "model", "dataset", "category",
     "question_id", "turn", "repeat", "prompt_tokens", "new_tokens", "wall_s", "tokens_per_s",
     "target_forwards", "tau", "alpha", "drafted", "accepted", "draft_s", "verify_s",
-    "accept_per_position", "output_ids", "matches_baseline", "top2_margin_at_mismatch",
+    "accept_per_position", "predicted_speedup", "output_ids", "matches_baseline", "top2_margin_at_mismatch",
     "temperature", "seed", "max_new_tokens", "device", "platform", "machine", "threads", "torch_version",
     "spec_zoo_version", "config_hash",
 )
@@ -37,7 +48,7 @@ def method_label(record: dict) -> str:
 def record_key(record: dict) -> tuple:
     """What makes a record unique: a rerun skips (method, question, turn, repeat) already
     measured under the same configuration."""
-    return record["method"], record["question_id"], record["turn"], record["repeat"], record["config_hash"]
+    return tuple(record[f] for f in KEY_FIELDS)
 
 
 def read_records(path) -> list[dict]:
@@ -55,6 +66,11 @@ def read_records(path) -> list[dict]:
         except json.JSONDecodeError:
             warnings.warn(f"{path}:{line_no} is not a complete JSON record (interrupted write?); ignoring it.")
     return records
+
+
+def read_traces(path) -> dict[tuple, dict]:
+    """The per-step traces of a traces file by `record_key` ({} when it does not exist)."""
+    return {record_key(t): t["steps"] for t in read_records(path)}
 
 
 def check_schema(records: Iterable[dict], source="results") -> list[dict]:

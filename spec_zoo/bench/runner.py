@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import platform
 from collections.abc import Callable, Sequence
+from contextlib import nullcontext
 
 import torch
 from tqdm.auto import tqdm
@@ -22,6 +23,7 @@ from spec_zoo.bench.methods import Method
 from spec_zoo.bench.records import (
     BASELINE,
     FIELDS,
+    KEY_FIELDS,
     SCHEMA_VERSION,
     RecordWriter,
     check_schema,
@@ -89,12 +91,14 @@ def run_benchmark(
     warmup_tokens: int = 8,
     on_record: Callable[[dict], None] | None = None,
     progress: bool = True,
+    traces_path=None,
 ) -> list[dict]:
     """Measure every method on every question turn, ``repeats`` times; return the records
     of this configuration (those found in ``results_path`` plus the new ones).
 
     ``methods[0]`` must be the baseline (``ar``). ``context`` holds the shared fields
     (see `run_context`). ``on_record`` sees each new record after it is written.
+    ``traces_path``: append each new record's per-step trace there (`records.TRACE_FILE`).
     """
     if not methods or methods[0].name != BASELINE:
         raise ValueError(f"methods[0] must be the baseline {BASELINE!r}")
@@ -111,7 +115,8 @@ def run_benchmark(
             method.run(prompt, min(warmup_tokens, max_new_tokens), seed)
 
     records = []
-    with RecordWriter(results_path) as writer, tqdm(total=len(plan), desc="bench", disable=not progress) as bar:
+    with (RecordWriter(results_path) as writer, RecordWriter(traces_path) if traces_path else nullcontext() as traces,
+          tqdm(total=len(plan), desc="bench", disable=not progress) as bar):
         for question, repeat, turn, method in plan:
             if turn == 1 and method is methods[0]:
                 answers: dict[str, list[list[int]]] = {m.name: [] for m in methods}  # each method's own answers
@@ -122,11 +127,13 @@ def run_benchmark(
                 prompt = encode(question.turns[:turn], mine)
                 # comparable to the baseline only on the same prompt: the same earlier answers
                 comparable = greedy and mine == base[: turn - 1]
-                values = _measure(method, prompt, max_new_tokens, seed + repeat, target,
-                                  base[turn - 1] if method is not methods[0] else None, comparable)
+                values, trace = _measure(method, prompt, max_new_tokens, seed + repeat, target,
+                                         base[turn - 1] if method is not methods[0] else None, comparable)
                 values.update(context, category=question.category, question_id=question.question_id,
                               turn=turn, repeat=repeat)
                 record = {f: values[f] for f in FIELDS}
+                if traces is not None and trace is not None:  # before its record: a resume re-measures both
+                    traces.write({**{f: record[f] for f in KEY_FIELDS}, "steps": trace})
                 writer.write(record)
                 if on_record:
                     on_record(record)
@@ -148,9 +155,10 @@ def _lossless(method: Method) -> bool | None:
 
 
 def _measure(method: Method, prompt: list[int], max_new_tokens: int, seed: int, target: Target,
-             baseline_ids: list[int] | None, comparable: bool) -> dict:
-    """Run ``method`` once and return its record's method and measurement fields;
-    ``baseline_ids`` is None when ``method`` is the baseline itself."""
+             baseline_ids: list[int] | None, comparable: bool) -> tuple[dict, dict | None]:
+    """Run ``method`` once; return its record's method and measurement fields, and its
+    per-step trace (None: not a spec-zoo decoder). ``baseline_ids`` is None when ``method``
+    is the baseline itself."""
     measured = method.run(prompt, max_new_tokens, seed)
     if baseline_ids is None:
         baseline_ids = measured.output_ids
@@ -165,4 +173,4 @@ def _measure(method: Method, prompt: list[int], max_new_tokens: int, seed: int, 
         "verifier": method.verifier, "lossless": _lossless(method), "params": method.params, "output_ids": measured.output_ids,
         "matches_baseline": matches, "top2_margin_at_mismatch": margin, "seed": seed,
         "max_new_tokens": max_new_tokens, "config_hash": method.config_hash,
-    }
+    }, measured.trace
