@@ -121,6 +121,7 @@ def choices() -> dict[str, tuple]:
 
 
 COMPONENT_GROUPS = ("drafter", "verifier")  # keys = the constructor's parameters
+DRAFTER_GROUPS = ("tree",)  # option groups (conf/tree/) a drafter takes as a key (drafter.tree=topk)
 
 
 def fail(key: str, problem: str, fix: str) -> ConfigError:
@@ -394,6 +395,10 @@ def _override_error(config_name: str, before: list[str], override: str, err: Exc
 
     key, _, value = override.partition("=")
     key = key.lstrip("+~")
+    if key in DRAFTER_GROUPS:  # its options are chosen inside a drafter, not at the top
+        return fail(key, "is a drafter's setting, not a top-level option",
+                    f"pass drafter.{key}={value or 'NAME'} with a drafter that drafts trees, e.g. drafter=small_model "
+                    f"drafter.{key}={value or 'NAME'} (spec-zoo-bench: params: {{{key}: {value or 'NAME'}}} of a method)")
     text = str(err)
     options = option_names(key) if "." not in key else []
     if isinstance(err, MissingConfigException) or (options and "Config group override" in text):

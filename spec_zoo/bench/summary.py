@@ -12,11 +12,13 @@ match rate: share of comparable records whose output equals the baseline's (Spec
             (margin < NEAR_TIE) is told apart from a broken method.
 speedup CI: paired prompt-level bootstrap 95% interval, and the median over repeats
             (`spec_zoo.bench.stats`).
-predicted:  the classic cost model (Leviathan et al.): tau * t_ar / (t_draft + t_ar), with
-            t_draft the measured draft seconds per target forward and t_ar the paired
-            baseline's seconds per token, i.e. assuming a verify forward costs one plain
-            decoding step. Measured below predicted = what scoring several tokens per forward
-            (and the loop's own work) really costs.
+predicted:  what the method itself predicted when its records say (``predicted_speedup``:
+            tree=auto's cost model, pooled as tokens over predicted time); else the classic
+            cost model (Leviathan et al.): tau * t_ar / (t_draft + t_ar), with t_draft the
+            measured draft seconds per target forward and t_ar the paired baseline's seconds
+            per token, i.e. assuming a verify forward costs one plain decoding step.
+            Measured below predicted = what scoring several tokens per forward (and the
+            loop's own work) really costs. prediction error: predicted / measured - 1.
 "overall" pools every category. Pure functions of the records: usable on any results file,
 or on records merged from several (each record's ``_source`` keeps its baseline pairing
 within its own file).
@@ -57,6 +59,9 @@ class Cell:
     timed_forwards: int = 0  # target_forwards of the records reporting draft_s / verify_s
     draft_s: float = 0.0
     verify_s: float = 0.0
+    own_predicted: int = 0  # records carrying the method's own predicted_speedup ...
+    own_tokens: int = 0  # ... their new tokens, and those over the predicted speedup
+    own_time: float = 0.0
     pairs: list = field(default_factory=list)  # stats.Pair per paired record (for the bootstrap)
     position_sums: list = field(default_factory=list)  # sum over records of accept_per_position[j]
     position_counts: list = field(default_factory=list)
@@ -82,6 +87,10 @@ class Cell:
                 self.timed_forwards += r["target_forwards"]
                 self.draft_s += r["draft_s"]
                 self.verify_s += r["verify_s"]
+        if r.get("predicted_speedup"):
+            self.own_predicted += 1
+            self.own_tokens += r["new_tokens"]
+            self.own_time += r["new_tokens"] / r["predicted_speedup"]
         for j, rate in enumerate(r.get("accept_per_position") or []):
             if j == len(self.position_sums):
                 self.position_sums.append(0.0)
@@ -139,12 +148,22 @@ class Cell:
 
     @property
     def predicted_speedup(self) -> float | None:
-        """Cost model: tau * t_ar / (t_draft + t_ar), t_draft = draft seconds per target forward,
-        t_ar = the baseline's seconds per token (a verify forward assumed to cost one plain step)."""
+        """What every record's method predicted itself (tree=auto), pooled as tokens over
+        predicted time; else the classic model: tau * t_ar / (t_draft + t_ar), t_draft = draft
+        seconds per target forward, t_ar = the baseline's seconds per token (a verify forward
+        assumed to cost one plain step)."""
+        if self.own_predicted == self.records and self.own_time:
+            return self.own_tokens / self.own_time
         if not (self.timed_forwards and self.base_tokens and self.base_wall_s and self.tau):
             return None
         t_ar = self.base_wall_s / self.base_tokens
         return self.tau * t_ar / (self.draft_s / self.timed_forwards + t_ar)
+
+    @property
+    def prediction_error(self) -> float | None:
+        """Predicted over measured speedup, minus 1 (+0.10: predicted 10% too fast)."""
+        predicted, measured = self.predicted_speedup, self.speedup
+        return predicted / measured - 1 if predicted is not None and measured else None
 
     @property
     def accept_per_position(self) -> list[float]:
@@ -201,8 +220,9 @@ class Summary:
             ("Speedup, median over repeats", "speedup_median", "{:.2f}x"),
             (f"Output equal to `{self.baseline}` (Spec-Bench `equal`; near-tie: top-2 logit margin < {NEAR_TIE})",
              "equality", "{}"),
-            ("Predicted speedup (cost model: tau x t_ar / (t_draft + t_ar), verify = one plain step)",
-             "predicted_speedup", "{:.2f}x"),
+            ("Predicted speedup (tree=auto: its own cost model; others: tau x t_ar / (t_draft + t_ar), "
+             "verify = one plain step)", "predicted_speedup", "{:.2f}x"),
+            ("Prediction error (predicted / measured speedup - 1)", "prediction_error", "{:+.0%}"),
         ]
         lines = ["# Benchmark summary", ""]
         lines += [f"> warning: {w}" for w in self.warnings]

@@ -78,7 +78,7 @@ def project(argv=None) -> int:
     except ConfigError as err:
         print(f"spec-zoo-project: error: {err}", file=sys.stderr)
         return 2
-    rows = project(records, table.relative, args.max_nodes, args.max_depth, args.max_width)
+    rows = project(records, table, args.max_nodes, args.max_depth, args.max_width)
     print(format_projection(rows, table, args.costs, args.paths), end="")
     return 0
 

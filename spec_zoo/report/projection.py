@@ -106,10 +106,13 @@ class Projection:
     tree: Pick
 
 
-def project(records: Sequence[dict], relative: Relative, max_nodes: int = 64, max_depth: int = 8,
+def project(records: Sequence[dict], table: CostTable, max_nodes: int = 64, max_depth: int = 8,
             max_width: int = 4) -> list[Projection]:
-    """Per method (a row as the report labels it), the replay and the picks under ``relative``
-    (t(M)/t(1)) for traced ``records`` (`traced_records`)."""
+    """Per method (a row as the report labels it), the replay and the picks under ``table``
+    for traced ``records`` (`traced_records`). A pick scores at most as many tokens as the
+    table holds: past it, `CostTable.relative` extrapolates the last step, which a noisy
+    table may slope downwards."""
+    relative, max_nodes = table.relative, min(max_nodes, len(table.seconds) - 1)
     base = {prompt_key(r): r for r in records if r["method"] == BASELINE}
     unit = {}
     for source in {r["_source"] for r in base.values()}:
