@@ -1,7 +1,8 @@
 """``spec-zoo-train <command> [key=value ...]``: Hydra entry points for draft training.
 
 Commands: ``distill`` (conf/train_distill.yaml), ``early_exit`` (conf/train_early_exit.yaml),
-``eagle`` (conf/train_eagle.yaml), ``medusa`` (conf/train_medusa.yaml).
+``eagle`` (conf/train_eagle.yaml), ``medusa`` (conf/train_medusa.yaml), and ``report``
+(conf/train_report.yaml): held-out acceptance of trained artefacts by position and category.
 """
 
 from __future__ import annotations
@@ -56,7 +57,14 @@ def _medusa(cfg: DictConfig) -> None:
     _run(train_medusa, cfg, "train_medusa")
 
 
-COMMANDS = {"distill": _distill, "early_exit": _early_exit, "eagle": _eagle, "medusa": _medusa}
+@hydra.main(config_path=CONF_DIR, config_name="train_report", version_base="1.3")
+def _report(cfg: DictConfig) -> None:
+    from spec_zoo.train.report import run_report
+
+    _run(run_report, cfg, "train_report")
+
+
+COMMANDS = {"distill": _distill, "early_exit": _early_exit, "eagle": _eagle, "medusa": _medusa, "report": _report}
 
 
 def main() -> None:

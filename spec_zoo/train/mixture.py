@@ -48,6 +48,10 @@ def file_digest(path) -> str:
     return h.hexdigest()[:16]
 
 
+def text_digest(texts) -> str:
+    return hashlib.sha256("\n\0".join(sorted(texts)).encode()).hexdigest()[:16]
+
+
 def describe(d, cats: dict) -> dict:
     """What fixes the prompt list (the store's identity, besides the target): file, categories, encoding."""
     if d.get("token_ids") is not None:
@@ -61,11 +65,14 @@ def describe(d, cats: dict) -> dict:
             "max_prompt_tokens": int(d.max_prompt_tokens), "seed": int(d.seed)}
 
 
-def mixture_prompts(tokenizer, d, cats: dict, num: int) -> tuple[list[list[int]], list[int], dict[str, int]]:
+def mixture_prompts(tokenizer, d, cats: dict, num: int,
+                    heldout: frozenset | None = None) -> tuple[list[list[int]], list[int], dict[str, int]]:
     """The first ``num`` prompts of the mixture: (token ids, category index per prompt,
     prompts taken per category). Each category's records come in a seeded order and are
     encoded lazily (prompts over ``data.max_prompt_tokens`` are skipped); the next prompt
-    is taken from the category furthest below its share; an exhausted category drops out."""
+    is taken from the category furthest below its share; an exhausted category drops out.
+    ``heldout``: evaluation prompts instead, from the far end of each category's order and
+    never one of these texts (the prompts a draft was trained on)."""
     path = Path(d.prompts or PACKAGED_PROMPTS).expanduser()
     records = read_records(path)
     names = list(cats)
@@ -73,12 +80,13 @@ def mixture_prompts(tokenizer, d, cats: dict, num: int) -> tuple[list[list[int]]
     for c, name in enumerate(names):
         prefixes = cats[name]["sources"]
         pool = [r["prompt"] for r in records
-                if not prefixes or any(str(r.get("source", "")).startswith(p) for p in prefixes)]
+                if (not prefixes or any(str(r.get("source", "")).startswith(p) for p in prefixes))
+                and not (heldout and r["prompt"] in heldout)]
         if not pool:
             raise ConfigError(f"data.mixture: category {name!r} matches no record of {path.name} "
                               f"(sources {prefixes}); fix its sources or set its share to 0.")
         order = torch.randperm(len(pool), generator=torch.Generator().manual_seed(int(d.seed) * 1000 + c)).tolist()
-        pools.append([pool[i] for i in order])
+        pools.append([pool[i] for i in (order[::-1] if heldout is not None else order)])
     cursor, taken = [0] * len(names), [0] * len(names)
     prompts, cat_of = [], []
     live = set(range(len(names)))

@@ -30,7 +30,7 @@ from safetensors.torch import load_file, save_file
 from spec_zoo.artefacts import describe_target, fingerprint_matches, read_record
 from spec_zoo.errors import ConfigError
 from spec_zoo.train.data import TeacherData, from_parts, generate_batch, join_batches
-from spec_zoo.train.mixture import categories, describe, mixture_prompts
+from spec_zoo.train.mixture import categories, describe, mixture_prompts, text_digest
 
 FORMAT, VERSION = "spec-zoo-teacher-data", 1
 _SHARD = re.compile(r"shard-(\d{7})-(\d{7})\.safetensors")
@@ -136,10 +136,11 @@ class TeacherStore:
 
 class TeacherSet:
     """A config's teacher data (``cfg.data``, ``cfg.target``): the first ``wanted`` prompts
-    of its mixture (all of ``data.token_ids`` when given), the target's EOS and padding
-    ids, and the store (``data.store``) opened for them."""
+    of its mixture (all of ``data.token_ids`` when given; ``heldout``: evaluation prompts,
+    see `mixture_prompts`; ``per_category``: only the first that many of each category), the
+    target's EOS and padding ids, and the store (``data.store``) opened for them."""
 
-    def __init__(self, cfg, target, wanted: int):
+    def __init__(self, cfg, target, wanted: int, heldout: frozenset | None = None, per_category: int = 0):
         d, model = cfg.data, target.model
         cats = categories(d)
         if d.get("token_ids") is not None:  # tests / pre-tokenized prompts
@@ -149,13 +150,16 @@ class TeacherSet:
         else:
             if target.tokenizer is None:
                 raise ConfigError("the target has no tokenizer; give data.token_ids (pre-tokenized prompts).")
-            self.prompts, self.categories, self.taken = mixture_prompts(target.tokenizer, d, cats, wanted)
+            self.prompts, self.categories, self.taken = mixture_prompts(target.tokenizer, d, cats, wanted, heldout)
             self.names = list(cats)
             short = [f"{k} {self.taken[k]} of {round(c['share'] * wanted)}" for k, c in cats.items()
                      if self.taken[k] < round(c["share"] * wanted) - 1]
             if short:  # the file has too few prompts of a category (under data.max_prompt_tokens): others fill in
                 print(f"warning: data.mixture: too few prompts in {Path(d.prompts or 'the packaged file').name} for "
                       f"{', '.join(short)}; a larger file (data.prompts) keeps the shares", file=sys.stderr)
+        if per_category:
+            keep = [i for i, c in enumerate(self.categories) if self.categories[:i].count(c) < per_category]
+            self.prompts, self.categories = [self.prompts[i] for i in keep], [self.categories[i] for i in keep]
         gen_cfg = getattr(model, "generation_config", None)
         eos = getattr(gen_cfg, "eos_token_id", None)
         eos_ids = set(eos if isinstance(eos, (list, tuple)) else ([eos] if eos is not None else []))
@@ -167,7 +171,8 @@ class TeacherSet:
         self.model, self.batch_size, self.seed = model, int(d.batch_size), int(d.seed)
         self.identity = {
             "target": describe_target(model, cfg.target.path or cfg.target.name),
-            "prompts": describe(d, cats),
+            "prompts": {**describe(d, cats), **({} if heldout is None else {"heldout": text_digest(heldout)}),
+                        **({"per_category": per_category} if per_category else {})},
             "generation": {"max_new_tokens": int(d.max_new_tokens), "top_k": int(d.top_k),
                            "temperature": float(d.temperature), "eos": self.eos_ids},
         }

@@ -1,0 +1,163 @@
+"""Teacher data at scale (issue 13), on tiny random targets: batched generation equals the
+one-at-a-time path, the shared store refuses another target or mixture and resumes,
+training-time test trains the EAGLE head's deeper draft positions, and the acceptance
+report runs end to end."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+
+from spec_zoo.api import CONF_DIR
+from spec_zoo.drafters.eagle.train import train_eagle, ttt_mask
+from spec_zoo.errors import ConfigError
+from spec_zoo.target import Target
+from spec_zoo.train.data import generate_batch
+from spec_zoo.train.mixture import categories, mixture_prompts
+from spec_zoo.train.report import run_report
+from spec_zoo.train.store import TeacherSet
+from tests.heads import teacher, train_cfg
+from tests.test_distill import _prompts
+from tests.tiny import one_thread  # noqa: F401 (autouse fixture)
+
+# Log-probabilities are stored as float16; batched and single-row forwards differ in the
+# last float32 bits only, so stored values agree to within float16 rounding (~1e-3 relative).
+LOGP_TOL = 1e-2
+
+
+def test_batched_generation_equals_one_prompt_at_a_time():
+    model = teacher()
+    prompts = _prompts(8, seed=5)  # 3..8 tokens: left padding differs per row
+    batched = generate_batch(model, prompts, 24, 8, 0.0, [1], 0, 0)
+    assert len({len(p) for p in prompts}) > 1 and int(batched["gen_len"].min()) < 24  # a row stopped at its EOS
+    for i, p in enumerate(prompts):
+        one = generate_batch(model, [p], 24, 8, 0.0, [1], 0, 0)
+        g = int(one["gen_len"][0])
+        assert int(batched["gen_len"][i]) == g
+        assert batched["ids"][i, : len(p) + g].tolist() == one["ids"][0, : len(p) + g].tolist()
+        assert torch.equal(batched["topk_ids"][i, :g], one["topk_ids"][0, :g])
+        diff = (batched["topk_logp"][i, :g].float() - one["topk_logp"][0, :g].float()).abs().max()
+        assert diff <= LOGP_TOL
+
+
+def _data_cfg(tmp_path, *overrides, config="train_distill"):
+    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+        cfg = compose(config, overrides=["data.max_new_tokens=8", "data.batch_size=4", "data.top_k=8",
+                                         f"data.cache_dir={tmp_path / 'cache'}", "progress=false", *overrides])
+    OmegaConf.update(cfg, "data.token_ids", _prompts(20))
+    return cfg
+
+
+def test_store_refuses_another_target_or_mixture_or_settings(tmp_path):
+    model = teacher()
+    TeacherSet(_data_cfg(tmp_path), Target(model), 20).fill(12, progress=False)
+    with pytest.raises(ConfigError, match="holds teacher data of target .*set data.store to another directory"):
+        TeacherSet(_data_cfg(tmp_path), Target(teacher(seed=4)), 20)
+    other = _data_cfg(tmp_path)
+    OmegaConf.update(other, "data.token_ids", _prompts(20, seed=1))
+    with pytest.raises(ConfigError, match="another prompt mixture .*set data.store to another directory"):
+        TeacherSet(other, Target(model), 20)
+    with pytest.raises(ConfigError, match="another generation settings \\(differs in max_new_tokens\\)"):
+        TeacherSet(_data_cfg(tmp_path, "data.max_new_tokens=9"), Target(model), 20)
+
+
+def test_store_resumes_keeping_written_shards_and_grows(tmp_path):
+    model = teacher()
+    teacher_set = TeacherSet(_data_cfg(tmp_path), Target(model), 20)
+    store = teacher_set.store
+    first = teacher_set.store.fill(model, teacher_set.prompts[:12], teacher_set.categories[:12], batch_size=4,
+                                   eos_ids=[1], pad_id=0, seed=0, shard_prompts=4, progress=False)
+    shards = sorted(p for p in store.root.iterdir() if p.name.startswith("shard-"))
+    assert [p.name for p in shards] == [f"shard-{a:07d}-{a + 4:07d}.safetensors" for a in (0, 4, 8)]
+    shards[2].unlink()  # an interrupted fill: the last shard never landed
+    stamps = {p.name: p.stat().st_mtime_ns for p in shards[:2]}
+    again = TeacherSet(_data_cfg(tmp_path), Target(model), 20)
+    more = again.store.fill(model, again.prompts, again.categories, batch_size=4, eos_ids=[1], pad_id=0, seed=0,
+                            shard_prompts=4, progress=False)
+    assert {p.name: p.stat().st_mtime_ns for p in shards[:2]} == stamps  # kept, not regenerated
+    assert len(more) == 20 and torch.equal(more.ids[:12, : first.ids.shape[1]], first.ids)
+    assert json.loads((store.root / "manifest.json").read_text())["sequences"] == 20
+    states = again.store.states("final", lambda ids: model.model(input_ids=ids).last_hidden_state, 4)
+    one = model.model(input_ids=more.ids[3:4, : int(more.prompt_len[3] + more.gen_len[3])]).last_hidden_state[0]
+    assert len(states) == 20 and torch.allclose(states[3], one, atol=1e-5)
+    assert again.store.states("final", None, 4)[3].equal(states[3])  # read back, not recomputed
+
+
+class _Tokenizer:
+    """Characters as token ids: enough for the mixture without a real tokenizer."""
+
+    chat_template = None
+
+    def __call__(self, text, add_special_tokens=True):
+        return {"input_ids": [ord(c) % 50 + 2 for c in text]}
+
+
+def test_mixture_keeps_shares_in_every_prefix_and_holds_out_the_other_end(tmp_path):
+    path = tmp_path / "prompts.jsonl"
+    rows = [{"prompt": f"{src} prompt {i}", "source": src} for src in ("chat-a", "code-b", "math-c") for i in range(30)]
+    path.write_text("\n".join(json.dumps(r) for r in rows))
+    cfg = OmegaConf.create({"data": {"prompts": str(path), "use_mixture": True, "sources": None, "chat": False,
+                                     "max_prompt_tokens": 64, "seed": 0, "mixture": {
+                                         "chat": {"share": 0.5, "sources": ["chat"]},
+                                         "code": {"share": 0.25, "sources": ["code"]},
+                                         "math": {"share": 0.25, "sources": ["math"]}}}})
+    cats = categories(cfg.data)
+    prompts, cat_of, taken = mixture_prompts(_Tokenizer(), cfg.data, cats, 40)
+    assert taken == {"chat": 20, "code": 10, "math": 10}
+    shorter = mixture_prompts(_Tokenizer(), cfg.data, cats, 8)
+    assert shorter[0] == prompts[:8] and sorted(shorter[1]) == [0, 0, 0, 0, 1, 1, 2, 2]
+    held = mixture_prompts(_Tokenizer(), cfg.data, cats, 12, heldout=frozenset())
+    assert not {tuple(p) for p in held[0]} & {tuple(p) for p in prompts[:40]}  # the far end: disjoint here
+    cfg.data.sources = ["chat"]
+    with pytest.raises(ConfigError, match="data.use_mixture=false"):
+        categories(cfg.data)
+
+
+def test_ttt_mask_sees_what_a_depth_s_draft_sees():
+    m = ttt_mask(5, 2, torch.float32, "cpu")[0, 0] == 0  # step 2 (depth 3): keys of steps 0, 1, 2
+    assert m[4].tolist() == [True, True, True, False, False] + [False] * 3 + [True, False] + [False] * 4 + [True]
+    assert (ttt_mask(4, 0, torch.float32, "cpu")[0, 0] == 0).equal(torch.ones(4, 4, dtype=torch.bool).tril())
+
+
+def _ttt_cfg(tmp_path, ttt):
+    cfg = train_cfg("train_eagle", tmp_path, "head.vocab_size=48", f"head.ttt_steps={ttt}", "train.steps=60",
+                    "train.eval_every=60", "data.forced_prompts=0", "data.max_new_tokens=24",
+                    f"output.dir={tmp_path / f'ttt{ttt}'}")
+    OmegaConf.update(cfg, "data.token_ids", _prompts(96))
+    return cfg
+
+
+def test_training_time_test_raises_acceptance_at_depths_two_and_three(tmp_path):
+    """Same data, steps and seed: unrolling over the head's own features (k = 3) trains the
+    positions it drafts from them; plain training (k = 1) only the first."""
+    model = teacher()
+    runs = {k: json.loads((train_eagle(_ttt_cfg(tmp_path, k), target=Target(model)) / "eagle.json").read_text())
+            for k in (1, 3)}
+    ttt, plain = runs[3], runs[1]
+    assert ttt["heldout_after"]["loss"] < ttt["heldout_before"]["loss"]
+    assert ttt["config"]["head"]["ttt_steps"] == 3
+    for depth in (2, 3):
+        gain = ttt["heldout_after"][f"alpha_depth{depth}"] - plain["heldout_after"][f"alpha_depth{depth}"]
+        assert gain > 0.02, (depth, gain)
+
+
+def test_acceptance_report_runs_on_a_tiny_model(tmp_path):
+    model = teacher()
+    head = train_eagle(train_cfg("train_eagle", tmp_path, "head.vocab_size=48", "train.steps=10",
+                                 "data.forced_prompts=0"), target=Target(model))
+    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+        cfg = compose("train_report", overrides=[
+            f"report.artefacts=[{head}]", "report.per_category=6", f"report.out={tmp_path / 'report'}",
+            f"data.cache_dir={tmp_path / 'cache'}", "data.max_new_tokens=12", "data.top_k=8", "progress=false",
+            "threads=1"])
+    OmegaConf.update(cfg, "data.token_ids", _prompts(10, seed=9))
+    md = run_report(cfg, target=Target(model))
+    result = json.loads((md.parent / "acceptance.json").read_text())
+    alpha = result["artefacts"][str(head)]["alpha"]["all"]
+    assert result["settings"]["prompts"] == {"token_ids": 6} and len(alpha) == 3
+    assert alpha[0][1] > 0 and all(0 <= a <= r for a, r in alpha) and alpha[1][1] == alpha[0][0]
+    assert "| pos 1 | pos 2 | pos 3 |" in md.read_text() and (md.parent / "acceptance.png").stat().st_size > 0
