@@ -294,6 +294,15 @@ def test_static_choices_are_checked():
     assert isinstance(build_tree_policy({"policy": "dynamic", "budget": 4}), Dynamic)
 
 
+def test_a_tree_at_the_top_level_names_drafter_tree():
+    """`spec-zoo tree=topk`: the policy is a drafter's key; the one-line error says so."""
+    from spec_zoo.schema import check_command_line
+
+    for config in ("config", "bench"):
+        with pytest.raises(ConfigError, match=r"^tree: .*drafter\.tree=topk"):
+            check_command_line(config, ["tree=topk"])
+
+
 def assert_tree_forward_matches_paths(runner, model, committed, policy, atol=1e-5):
     """DraftTreeForward: each node's logits (one forward per level) equal a plain forward of
     the committed tokens + the path to that node; the next score crops the tree's KV away."""

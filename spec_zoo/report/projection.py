@@ -37,11 +37,11 @@ from spec_zoo.trees import RankAcceptance, Relative, best_tree
 
 def load_table(path) -> CostTable:
     """The cost table at ``path`` (`CostTable` JSON), refused in one line when it is not one."""
-    table = CostTable.load(Path(path))
-    if not all(isinstance(s, (int, float)) and not isinstance(s, bool) for s in table.seconds):
+    try:
+        return CostTable.load(Path(path))
+    except TypeError:  # read, but its timings are not numbers
         raise ConfigError(f"--costs {path}: `seconds` must be a list of numbers (t(M) for M = 1, 2, ...); "
-                          "give a table `spec-zoo costs` wrote, or docs/trees/roofline_gpu.json.")
-    return table
+                          "give a table `spec-zoo costs` wrote, or docs/trees/roofline_gpu.json.") from None
 
 
 def traced_records(paths: Sequence) -> list[dict]:
@@ -156,7 +156,7 @@ def _project(name, records, base, unit, relative, max_nodes, max_depth, max_widt
         name, len(records), sum(r["new_tokens"] for r in records) / forwards,
         sum(sum(r["_steps"]["drafted"]) for r in records) / forwards,
         speedup(_wall, _wall), speedup(replayed), acc, stats.tried, draft_cost,
-        pick(1, max_depth), pick(max_width, max_nodes))
+        pick(1, min(max_depth, max_nodes)), pick(max_width, max_nodes))
 
 
 def _wall(record: dict) -> float:
