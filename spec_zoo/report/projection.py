@@ -98,6 +98,7 @@ class Projection:
     tau: float
     nodes: float  # drafted nodes per step, as run
     measured: float  # speedup over ar measured in the run
+    priced: float  # share of the method's measured time that the table re-prices (scoring after the first step)
     replay: float  # the run's drafts under the table
     acceptance: list[float]  # acc[r] per sibling rank
     evidence: list[float]  # reached nodes that had a rank-r child (0: acc[r] is the prior)
@@ -155,7 +156,8 @@ def _project(name, records, base, unit, relative, max_nodes, max_depth, max_widt
     return Projection(
         name, len(records), sum(r["new_tokens"] for r in records) / forwards,
         sum(sum(r["_steps"]["drafted"]) for r in records) / forwards,
-        speedup(_wall, _wall), speedup(replayed), acc, stats.tried, draft_cost,
+        speedup(_wall, _wall), sum(sum(r["_steps"]["verify_s"][1:]) for r in records) / sum(map(_wall, records)),
+        speedup(replayed), acc, stats.tried, draft_cost,
         pick(1, min(max_depth, max_nodes)), pick(max_width, max_nodes))
 
 
@@ -172,19 +174,21 @@ def format_projection(rows: Sequence[Projection], table: CostTable, table_path, 
         f"cost table {table_path} ({table.model}, runtime {table.runtime}, {table.dtype}, machine {table.machine}); "
         f"t(M)/t(1) at M = {curve}.",
         "",
-        "measured: speedup over ar in the traced run. replay: the run's own drafts, their scoring priced by the table. "
+        "measured: speedup over ar in the traced run. priced by the table: the share of its measured time the table "
+        "re-prices (scoring after the first step). replay: the run's own drafts, their scoring priced by the table. "
         "best chain / tree: what the cost model picks under the table from the run's acceptance per sibling rank "
         "(in parentheses: a rank never drafted, its prior) and draft cost per level (in plain steps, measured in the "
         "run). The first step (prefill) and the loop's own work stay as measured.",
         "",
-        "| method | records | as run: tau, nodes/step | measured | replay | replay vs measured | acceptance by rank "
-        "| draft cost | best chain | best tree |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| method | records | as run: tau, nodes/step | measured | priced by the table | replay | replay vs measured "
+        "| acceptance by rank | draft cost | best chain | best tree |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for p in rows:
         acc = "/".join(f"{a:.2f}" if n else f"({a:.2f})" for a, n in zip(p.acceptance, p.evidence))
         lines.append(
-            f"| {p.method} | {p.records} | {p.tau:.2f}, {p.nodes:.1f} | {p.measured:.2f}x | {p.replay:.2f}x | "
+            f"| {p.method} | {p.records} | {p.tau:.2f}, {p.nodes:.1f} | {p.measured:.2f}x | {p.priced:.0%} | "
+            f"{p.replay:.2f}x | "
             f"{(p.replay / p.measured - 1) * 100:+.0f}% | {acc} | {p.draft_cost:.2f} | "
             f"{p.chain.describe()}: {p.chain.speedup:.2f}x | {p.tree.describe()}: {p.tree.speedup:.2f}x |")
     return "\n".join(lines) + "\n"
