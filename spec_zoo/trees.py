@@ -373,10 +373,6 @@ class Auto(TreePolicy):
         table = getattr(self.target, "cost_table", None) if greedy else None
         return table.relative(tokens) if table is not None else 1.0 + self.scoring_cost * (tokens - 1)
 
-    def speed(self, paths, acc: list[float], greedy: bool) -> float:
-        """Predicted tokens per target forward of the static tree ``paths``."""
-        return tree_value(paths, acc) / tree_cost(paths, self.draft_cost, lambda m: self.relative_cost(m, greedy))
-
     def plan(self, acc: list[float], greedy: bool, depth: int) -> tuple[list[tuple[int, ...]], tuple[float, float]]:
         """(paths, (expected tokens, cost)) of the best tree at most ``depth`` deep."""
         paths, value, cost = best_tree(acc, lambda m: self.relative_cost(m, greedy), self.draft_cost,

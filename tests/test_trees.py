@@ -23,7 +23,18 @@ from spec_zoo.sampling import logits_to_probs, sample
 from spec_zoo.target import Target
 from spec_zoo.testing import P_MIN, SETTINGS, assert_greedy_identity, sampling_model
 from spec_zoo.testing import sampling_pvalue as _check
-from spec_zoo.trees import Auto, Chain, DraftTreeForward, Dynamic, MultiDraft, Static, TopK, build_tree_policy
+from spec_zoo.trees import (
+    Auto,
+    Chain,
+    DraftTreeForward,
+    Dynamic,
+    MultiDraft,
+    Static,
+    TopK,
+    build_tree_policy,
+    tree_cost,
+    tree_value,
+)
 from spec_zoo.verifiers.block import BlockVerifier
 from spec_zoo.verifiers.rejection import RejectionVerifier
 from tests.drafts import eagle_head, exit_adapter, noisy_copy
@@ -370,9 +381,12 @@ def test_auto_never_predicts_worse_than_a_fixed_tree(table, seen, tried):
     predicted = tokens / cost
     fixed = [TopK(w, d).paths for w in range(1, 5) for d in range(1, 7) if len(TopK(w, d).paths) <= 16]
     fixed += [POLICIES["static"]().paths, []]
-    best_fixed = max(auto.speed(p, acc, greedy=True) for p in fixed)
-    assert predicted >= best_fixed - 1e-12
-    assert predicted == pytest.approx(auto.speed(paths, acc, greedy=True))
+
+    def speed(p):
+        return tree_value(p, acc) / tree_cost(p, auto.draft_cost, TABLES[table].relative)
+
+    assert predicted >= max(map(speed, fixed)) - 1e-12
+    assert predicted == pytest.approx(speed(paths))
     Static(paths or [[0]])  # a valid static tree
 
 
