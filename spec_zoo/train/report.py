@@ -15,6 +15,7 @@ continuation (the issue's "second position given the first").
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -26,7 +27,6 @@ from spec_zoo.train.data import PACKAGED_PROMPTS, read_records
 from spec_zoo.train.loop import _load_target, teacher_positions
 from spec_zoo.train.store import TeacherSet
 
-SHIPPED = Path(__file__).resolve().parents[1] / "drafters"
 KINDS = {"distill.json": "distilled", "eagle.json": "eagle", "adapter.json": "early_exit", "medusa.json": "medusa"}
 
 
@@ -123,7 +123,11 @@ def measure(student, kind: str, data, names: list[str], full_vocab: int, depth: 
 
 
 def shipped() -> list[Path]:
-    return sorted(p.parent for p in SHIPPED.glob("*/artefacts/*/*.json") if p.name in KINDS)
+    """Every artefact shipped in a method package (``drafters/<method>/artefacts/<name>/``)."""
+    import spec_zoo.drafters
+
+    root = Path(spec_zoo.drafters.__file__).parent
+    return sorted(p.parent for p in root.glob("*/artefacts/*/*.json") if p.name in KINDS)
 
 
 def run_report(cfg: DictConfig, target=None) -> Path:
@@ -132,6 +136,8 @@ def run_report(cfg: DictConfig, target=None) -> Path:
     if int(r.per_category) < 1 or int(r.depth) < 1:
         raise ConfigError(f"report.per_category={r.per_category}, report.depth={r.depth}; both must be >= 1.")
     paths = [Path(p).expanduser() for p in r.artefacts] if r.artefacts else shipped()
+    if not paths:
+        raise ConfigError("report.artefacts: no artefacts given and none shipped; give report.artefacts=[DIR, ...].")
     kinds = [artefact_kind(p) for p in paths]
     torch.set_num_threads(int(cfg.threads))
     target = target or _load_target(cfg)
@@ -143,9 +149,10 @@ def run_report(cfg: DictConfig, target=None) -> Path:
     results = {}
     for path, kind in zip(paths, kinds):
         student = load_student(path, kind, target.model)
-        results[str(path)] = {"kind": kind, "alpha": measure(student, kind, data, teacher.names, target.vocab_size,
-                                                             int(r.depth))}
-        print(f"{path.name}: position 1 alpha {_alpha(results[str(path)]['alpha']['all'][0]):.3f}", file=sys.stderr)
+        name = os.path.relpath(path) if path.resolve().is_relative_to(Path.cwd()) else str(path)
+        results[name] = {"kind": kind, "alpha": measure(student, kind, data, teacher.names, target.vocab_size,
+                                                        int(r.depth))}
+        print(f"{path.name}: position 1 alpha {_alpha(results[name]['alpha']['all'][0]):.3f}", file=sys.stderr)
     out = Path(r.out).expanduser()
     out.mkdir(parents=True, exist_ok=True)
     sizes = {n: sum(1 for c in teacher.categories if teacher.names[c] == n) for n in teacher.names}
@@ -183,7 +190,8 @@ def _markdown(results: dict, meta: dict, names: list[str]) -> str:
                   "|" + "---|" * (1 + D)]
         for n in [*names, "all"]:
             if n in res["alpha"]:
-                lines.append(f"| {n} | " + " | ".join(f"{_alpha(p):.3f} ({p[0]}/{p[1]})" for p in res["alpha"][n]) + " |")
+                lines.append(f"| {n} | " + " | ".join(f"{_alpha(p):.3f} ({p[0]}/{p[1]})" if p[1] else "- (0/0)"
+                                                      for p in res["alpha"][n]) + " |")
         lines.append("")
     lines += ["![acceptance by position](acceptance.png)", ""]
     return "\n".join(lines)
@@ -199,6 +207,7 @@ def _plot(results: dict, path: Path) -> None:
     for name, res in results.items():
         alpha = [_alpha(p) for p in res["alpha"]["all"]]
         ax.plot(range(1, len(alpha) + 1), alpha, marker="o", label=Path(name).name)
+    ax.set_xticks(range(1, len(next(iter(results.values()))["alpha"]["all"]) + 1))
     ax.set_xlabel("draft position (given the earlier ones accepted)")
     ax.set_ylabel("held-out greedy acceptance")
     ax.set_ylim(0, 1)
