@@ -9,15 +9,16 @@ gpt-fast's recipe (static cache + ``torch.compile``) on the model's own modules.
 
 `CompiledTarget` keeps `Target`'s contract and changes only how a forward runs:
 
-- The cache is a transformers `StaticCache` of ``max_cache_len`` positions. Cropping moves
+- The cache is a transformers `StaticCache` of ``max_cache_len`` positions (+ one key block). Cropping moves
   its length; committing a tree path gathers the accepted rows into place (`Target.commit`).
 - The last committed token and the draft nodes (M rows) go through one compiled graph whose
   row count and attention span are dynamic dimensions: one compile serves every M, with the
   same kernels (a graph per M let inductor pick another GEMM for one row). A single row runs
   padded to 2 (``buckets``); padding rows attend to the cache only and their KV lands past
   the sequence, where the mask hides it until it is overwritten.
-- Attention (`rowwise_attention`) reads the slots in use, rounded up to ``key_block``, each
-  row in its own order, so a row's arithmetic depends neither on M nor on the tree around it.
+- Attention (`rowwise_attention`) reads the committed prefix's slots, rounded up to
+  ``key_block``, in slot order, and each row's draft path root first, so a row's arithmetic
+  depends neither on M nor on the tree around it.
 - Committed tokens before the last one (the prompt) are prefilled eagerly into the same
   cache: one long forward that runs once per prompt and would cost a compile per length.
   Plain and speculative decoding prefill alike, so they still match bit for bit.
@@ -45,30 +46,37 @@ from spec_zoo.layers import DecoderStack, causal_mask
 from spec_zoo.target import Target
 
 KEY_BLOCK = 64  # attention spans a multiple of this many cache slots (a multiple of every SIMD width)
+DRAFT_BLOCK = 16  # draft paths are gathered in blocks of this many slots (float32 lanes of AVX-512, 2x AVX2's)
 DEFAULT_BUCKETS = (2,)  # a single row runs as 2: the row count is a dynamic dimension, which cannot be 1
 
 
-def rowwise_attention(module, query, key, value, attention_mask, scaling, dropout=0.0, key_order=None, **kwargs):
+def rowwise_attention(module, query, key, value, attention_mask, scaling, dropout=0.0, draft_slots=None,
+                      draft_mask=None, **kwargs):
     """Attention whose every output row is computed on its own, as fused multiply-and-sum
     reductions over the key axis: inductor generates the same loop for a row whatever the
     number of rows, which the CPU SDPA kernel (another blocking per query length) does not.
 
-    ``key_order`` [M, L] (slot indices) makes a row read the cache in its own order: a tree
-    node reads its ancestors right after the committed prefix, where its path scored as a
-    chain (or plain decoding) has them, so it is summed in the same order, bit for bit.
-    query [B, H, M, D]; key, value [B, Hkv, L, D]; attention_mask additive [B, 1, M, L]
-    (in ``key_order``'s order)."""
+    The keys come in two parts, one softmax over both (their max and sums combined; a part
+    a row cannot see adds exact zeros). The committed prefix: the first S cache slots
+    (S = ``attention_mask``'s last dim), read by every row in slot order, a plain vectorised
+    reduction. The draft nodes: ``draft_slots`` [M, N] lists each row's path root first, so
+    a tree node sums its ancestors in the order its path scored as a chain (or plain decoding)
+    does, bit for bit; only these N slots are gathered (gathering all S made attention 5x
+    slower). query [B, H, M, D]; key, value [B, Hkv, slots, D]; attention_mask additive
+    [B, 1, 1, S]; draft_mask additive [M, N]."""
     b, heads, m, d = query.shape
     groups = heads // key.shape[1]
+    span = attention_mask.shape[-1]
     q = query.reshape(b, key.shape[1], groups, m, 1, d)
-    if key_order is None:
-        key, value = key[:, :, None, None], value[:, :, None, None]
-    else:  # [B, Hkv, 1, M, L, D]: the first L slots, each row in its order (fused into the reductions)
-        key, value = key[:, :, key_order].unsqueeze(2), value[:, :, key_order].unsqueeze(2)
-    scores = (q * key).sum(-1) * scaling + attention_mask[:, :, None]  # [B, Hkv, G, M, L]
-    weights = torch.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
-    out = (weights.unsqueeze(-1) * value).sum(-2)  # [B, Hkv, G, M, D]
-    return out.reshape(b, heads, m, d).transpose(1, 2), None
+    prefix_k, prefix_v = key[:, :, None, None, :span], value[:, :, None, None, :span]  # [B, Hkv, 1, 1, S, D]
+    draft_k, draft_v = key[:, :, draft_slots].unsqueeze(2), value[:, :, draft_slots].unsqueeze(2)  # [B, Hkv, 1, M, N, D]
+    prefix = ((q * prefix_k).sum(-1) * scaling).float() + attention_mask[:, :, None]  # [B, Hkv, G, M, S]
+    drafts = ((q * draft_k).sum(-1) * scaling).float() + draft_mask  # [B, Hkv, G, M, N]
+    top = torch.maximum(prefix.amax(-1, keepdim=True), drafts.amax(-1, keepdim=True))
+    prefix, drafts = torch.exp(prefix - top), torch.exp(drafts - top)
+    total = prefix.sum(-1, keepdim=True) + drafts.sum(-1, keepdim=True)
+    out = ((prefix.unsqueeze(-1) * prefix_v).sum(-2) + (drafts.unsqueeze(-1) * draft_v).sum(-2)) / total
+    return out.to(query.dtype).reshape(b, heads, m, d).transpose(1, 2), None
 
 
 AttentionInterface.register("spec_zoo_rowwise", rowwise_attention)
@@ -124,7 +132,9 @@ class CompiledTarget(Target):
 
     def _fresh_cache(self):
         if getattr(self, "cache", None) is None:
-            cache = StaticCache(config=self.config, max_cache_len=self.max_cache_len)
+            # one key block of slack: the prefix span rounds up past the sequence and must stay
+            # shorter than the cache (a slice of all of it is another, contiguous, graph case)
+            cache = StaticCache(config=self.config, max_cache_len=self.max_cache_len + self.key_block)
             heads = self.config.num_key_value_heads
             head_dim = getattr(self.config, "head_dim", None) or self.config.hidden_size // self.config.num_attention_heads
             cache.early_initialization(1, heads, head_dim, self.dtype, self.device)  # allocated before compiling
@@ -154,7 +164,7 @@ class CompiledTarget(Target):
 
     def causal_mask(self, past: int, q: int) -> torch.Tensor:
         """Over every slot of the static cache: the positions past the sequence are hidden."""
-        mask = torch.full((1, 1, q, self.max_cache_len), torch.finfo(self.dtype).min, dtype=self.dtype)
+        mask = torch.full((1, 1, q, self.max_cache_len + self.key_block), torch.finfo(self.dtype).min, dtype=self.dtype)
         mask[..., : past + q] = causal_mask(past, q, self.dtype, "cpu") if q > 1 else 0.0
         return mask.to(self.device)
 
@@ -167,45 +177,46 @@ class CompiledTarget(Target):
 
     def _compiled_rows(self, tokens: list[int], draft: Draft, past: int):
         """Logits and states of the last committed token (row 0) and the draft nodes."""
-        rows = len(tokens)
-        size = self.bucket(rows)
-        # attention reads the first `slots` cache slots only, a multiple of key_block, and the
+        rows, n = len(tokens), len(draft)
+        size, block, hidden = self.bucket(rows), self.key_block, torch.finfo(self.dtype).min
+        # attention reads the prefix's first `span` slots, a multiple of key_block, and the
         # same lanes for a slot whatever the length, so rows stay bit-identical as it grows
-        slots = min(self.max_cache_len, -(-(past + size) // self.key_block) * self.key_block)
-        # each row reads the cache in its own order (see rowwise_attention): the prefix, then
-        # its path's nodes root first; it sees the prefix, the committed token and its path
-        order = torch.arange(slots).repeat(size, 1)
-        seen = torch.full((size,), past + 1)
+        span = -(-(past + 1) // block) * block
+        mask = torch.zeros(1, 1, 1, span, dtype=self.dtype)  # not a view: dynamo would guard its base's size
+        mask[..., past + 1:] = hidden
+        # each node reads its path's slots root first (see rowwise_attention); row 0 and
+        # padding rows see the prefix only
+        slots = torch.zeros(size, max(DRAFT_BLOCK, -(-n // DRAFT_BLOCK) * DRAFT_BLOCK), dtype=torch.long)
+        draft_mask = torch.full(slots.shape, hidden, dtype=torch.float32)
         for node, depth in enumerate(draft.depths):
-            path = torch.tensor(draft.path_to(node))
-            order[1 + node, past + 1 : past + 2 + depth] = past + 1 + path
-            seen[1 + node] = past + 2 + depth
-        allowed = torch.arange(slots)[None] < seen[:, None]
+            slots[1 + node, : depth + 1] = past + 1 + torch.tensor(draft.path_to(node))
+            draft_mask[1 + node, : depth + 1] = 0.0
         positions = torch.full((size,), past, dtype=torch.long)
         positions[1:rows] = past + 1 + torch.tensor(draft.depths, dtype=torch.long)
-        mask = torch.zeros(allowed.shape, dtype=self.dtype).masked_fill_(~allowed, torch.finfo(self.dtype).min)
         ids = torch.zeros(size, dtype=torch.long)
         ids[:rows] = torch.tensor(tokens, dtype=torch.long)
         crop_all(self.cache, past)  # the graph appends at every layer's length
-        logits, states = self._graph()(*self._dynamic(ids, positions, mask, order))
+        logits, states = self._graph()(*self._dynamic(ids, positions, mask, slots, draft_mask))
         crop_all(self.cache, past + rows)  # padding rows' KV lies past the sequence, masked until overwritten
         return logits[:rows], states[:rows]
 
-    def _dynamic(self, ids, positions, mask, order):
-        """The graph's inputs, with the row count and the attention span marked dynamic: one
-        compiled graph serves every shape (and one kernel family: a graph per row count would
-        let inductor pick another GEMM for one row, whose rows differ in the last bits)."""
-        to, top = self.device, self.max_cache_len
-        ids, positions, mask, order = ids[None].to(to), positions[None].to(to), mask[None, None].to(to), order.to(to)
-        for tensor, row_dim in ((ids, 1), (positions, 1), (mask, 2), (order, 0)):
-            torch._dynamo.mark_dynamic(tensor, row_dim, min=2, max=top)
-        torch._dynamo.mark_dynamic(mask, 3, min=2, max=top)
-        torch._dynamo.mark_dynamic(order, 1, min=2, max=top)
-        return ids, positions, mask, order
+    def _dynamic(self, ids, positions, mask, slots, draft_mask):
+        """The graph's inputs, with the row count, the prefix span and the draft width marked
+        dynamic: one compiled graph serves every shape (and one kernel family: a graph per
+        row count would let inductor pick another GEMM for one row, whose rows differ in the
+        last bits)."""
+        to, top = self.device, self.max_cache_len + self.key_block - 1
+        ids, positions, mask = ids[None].to(to), positions[None].to(to), mask.to(to)
+        slots, draft_mask = slots.to(to), draft_mask.to(to)
+        for tensor, dim in ((ids, 1), (positions, 1), (mask, 3), (slots, 0), (slots, 1), (draft_mask, 0),
+                            (draft_mask, 1)):
+            torch._dynamo.mark_dynamic(tensor, dim, min=2, max=top)
+        return ids, positions, mask, slots, draft_mask
 
-    def _rows(self, ids, positions, mask, key_order):
+    def _rows(self, ids, positions, mask, draft_slots, draft_mask):
         stack = self._stack
-        hidden = stack.run(stack.embed(ids), 0, stack.num_layers, positions, self.cache, mask, key_order=key_order)
+        hidden = stack.run(stack.embed(ids), 0, stack.num_layers, positions, self.cache, mask,
+                           draft_slots=draft_slots, draft_mask=draft_mask)
         out = stack.inner.norm(hidden)[0]
         return self.model.lm_head(out), out
 
@@ -237,10 +248,12 @@ class CompiledTarget(Target):
         use_spec_zoo_inductor_cache()
         graph = self._with_rowwise_attention(torch.compile(self._rows, fullgraph=True))
         length = int(self.cache.layers[0].get_seq_length())
-        size, slots = 2, min(self.max_cache_len, 2 * self.key_block)
+        # distinct sizes, so dynamo gives each dimension its own symbol
+        size, span, width = 2, min(2 * self.key_block, self.max_cache_len + self.key_block - 1), 3 * DRAFT_BLOCK
         where = min(length, self.max_cache_len - size)
         inputs = self._dynamic(torch.zeros(size, dtype=torch.long), torch.full((size,), where),
-                               torch.zeros(size, slots, dtype=self.dtype), torch.arange(slots).repeat(size, 1))
+                               torch.zeros(1, 1, 1, span, dtype=self.dtype), torch.zeros(size, width, dtype=torch.long),
+                               torch.zeros(size, width))
         print("spec-zoo: compiling the target (once per process; minutes on a small CPU) ...",
               file=sys.stderr, flush=True)
         start = time.perf_counter()

@@ -19,7 +19,7 @@ from spec_zoo.draft import Draft
 from spec_zoo.draft_length import DraftLength, scoring_costs
 from spec_zoo.errors import ConfigError
 from spec_zoo.models import check_runtime
-from spec_zoo.runtime import CompiledTarget
+from spec_zoo.runtime import DRAFT_BLOCK, CompiledTarget
 from spec_zoo.testing import PROMPT, SETTINGS, goodness_of_fit, hf_greedy, sample_counts, sampling_model
 from spec_zoo.testing import exact_distribution as exact
 from spec_zoo.verifiers.greedy import GreedyVerifier
@@ -69,6 +69,19 @@ def test_tree_nodes_score_as_their_paths_do(compiled):
         path = draft.path_to(node)
         compiled.reset()
         chain = compiled.score(PROMPT, Draft.chain(draft.tokens[path])).logits
+        assert torch.equal(logits[node + 1], chain[-1]), f"node {node}"
+
+
+def test_a_wide_tree_scores_its_paths_as_chains_do(compiled):
+    """A tree wider than one gathered block of draft slots (DRAFT_BLOCK) still gives a node the
+    logits its path gets as a chain, bit for bit: the extra block only adds exact zeros."""
+    width = DRAFT_BLOCK + 4
+    draft = Draft(torch.tensor([j % 8 for j in range(width + 2)]), [-1] * width + [0, width])
+    compiled.reset()
+    logits = compiled.score(PROMPT, draft).logits
+    for node in (0, width - 1, width, width + 1):
+        compiled.reset()
+        chain = compiled.score(PROMPT, Draft.chain(draft.tokens[draft.path_to(node)])).logits
         assert torch.equal(logits[node + 1], chain[-1]), f"node {node}"
 
 
