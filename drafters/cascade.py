@@ -20,6 +20,7 @@ import torch
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from spec_zoo.draft import ROOT, Draft
+from spec_zoo.draft_length import TIME_DECAY, timed_table
 from spec_zoo.errors import ConfigError
 from spec_zoo.interfaces import DecodeState, Drafter, Verdict
 from spec_zoo.stats import StepStats
@@ -226,8 +227,13 @@ class CascadeDrafter(ComposedDrafter):
     keeps decayed counts of steps it drafted, tokens those steps committed (1 + accepted)
     and tokens drafted, and estimates its speedup as committed tokens / cost in target
     forwards, a step costing 1 + ``cost`` x drafted. A member below ``min_speedup`` is
-    skipped; its counts fade every step, so it is asked again after a few. The rule uses
-    counts and configured costs only, never timings, so a seeded run is reproducible.
+    skipped; its counts fade every step, so it is asked again after a few. When sampling,
+    the rule uses counts and configured costs only, never timings, so a seeded run is
+    reproducible. In greedy runs with a measured cost table (the text cannot depend on the
+    choice there), a member's steps are priced by their measured time instead, in plain
+    steps: seconds over t1, t1 being each step's scoring time over the table's t(M)/t(1);
+    so a member whose drafting is dear on this machine (a head run eagerly next to a
+    compiled target, a long document) is priced at what it costs.
 
     members:     drafter option names (``[ngram, eagle]``), dicts with ``_target_``, or `Drafter`s.
     params:      per-member overrides, keyed by member name (``{ngram: {num_draft: 8}}``; a
@@ -266,13 +272,19 @@ class CascadeDrafter(ComposedDrafter):
                               "that lose time, 0 = never skip).")
 
     def _reset_evidence(self) -> None:
-        # per member: [steps, committed tokens, drafted tokens], decayed
-        self._evidence = [[0.0, 0.0, 0.0] for _ in self.members]
+        # per member: [steps, committed tokens, drafted tokens, timed tokens, timed seconds], decayed
+        self._evidence = [[0.0] * 5 for _ in self.members]
+        self._plain = [0.0, 0.0]  # decayed sum and weight of a plain step's seconds (t1)
+        self._table, self._timed_steps = None, 0
 
     def speedup(self, i: int) -> float:
-        """Estimated tokens per target-forward-equivalent when member ``i`` drafts."""
-        steps, tokens, drafted = self._evidence[i]
-        return (PRIOR_TOKENS + tokens) / (1.0 + steps + self.costs[i] * (PRIOR_DRAFTED + drafted))
+        """Estimated tokens per target-forward-equivalent when member ``i`` drafts: from its
+        measured seconds when timings may steer and were taken, else from counts and costs."""
+        steps, tokens, drafted, timed_tokens, seconds = self._evidence[i]
+        prior = 1.0 + self.costs[i] * PRIOR_DRAFTED
+        if self._table is not None and self._plain[1] > 0 and seconds > 0:
+            return (PRIOR_TOKENS + timed_tokens) / (prior + seconds * self._plain[1] / self._plain[0])
+        return (PRIOR_TOKENS + tokens) / (prior + steps + self.costs[i] * drafted)
 
     def begin(self, state: DecodeState) -> None:
         super().begin(state)
@@ -281,7 +293,7 @@ class CascadeDrafter(ComposedDrafter):
 
     def propose(self, state: DecodeState) -> Draft:
         self._collect(state)
-        self._chosen = None
+        self._chosen, self._table = None, timed_table()
         for i in range(len(self.members)):
             if self.speedup(i) < self.min_speedup:
                 continue
@@ -294,9 +306,18 @@ class CascadeDrafter(ComposedDrafter):
     def on_commit(self, draft: Draft, verdict: Verdict, step: StepStats) -> None:
         for counts in self._evidence:
             counts[:] = [c * DECAY for c in counts]
+        # the first step's time holds the prompt's prefill: not a sample of a step
+        timed = self._table is not None and self._timed_steps > 0
+        self._timed_steps += 1
+        if timed:
+            self._plain = [self._plain[0] * TIME_DECAY + step.verify_s / self._table.relative(len(draft) + 1),
+                           self._plain[1] * TIME_DECAY + 1.0]
         if self._chosen is not None and len(draft):
             counts = self._evidence[self._chosen]
             counts[0] += 1.0
             counts[1] += 1.0 + len(verdict.path)
             counts[2] += len(draft)
+            if timed:
+                counts[3] += 1.0 + len(verdict.path)
+                counts[4] += step.draft_s + step.verify_s
         super().on_commit(draft, verdict, step)

@@ -68,6 +68,11 @@ def scoring_costs(table):
         _SCORING_COSTS.reset(token)
 
 
+def timed_table():
+    """The cost table steps are priced with while timings may steer (greedy runs), else None."""
+    return _SCORING_COSTS.get() if _CLOCK_STEERS.get() else None
+
+
 class DraftLength:
     """Chooses the draft length for the next step and learns from what was accepted."""
 
@@ -126,7 +131,7 @@ class DraftLength:
         if not self.adaptive or bucket not in self._evidence:
             return self.initial
         a, (jump, cost) = self.acceptance(bucket), self.costs()
-        table = _SCORING_COSTS.get() if _CLOCK_STEERS.get() else None
+        table = timed_table()
         best_k, best, expected = 0, 1.0, 1.0
         for k in range(1, self.maximum + 1):
             expected += a**k

@@ -8,11 +8,14 @@ step, enumerated), what members see, the cascade's own rule, YAML composition, b
 
 from __future__ import annotations
 
+import time
+
 import pytest
 import torch
 
 from spec_zoo import Draft, Drafter, SamplingParams, SpeculativeDecoder, Target
 from spec_zoo.api import build_decoder, compose_config
+from spec_zoo.costs import CostTable
 from spec_zoo.draft import ROOT
 from spec_zoo.drafters.cascade import CascadeDrafter, member_verdict
 from spec_zoo.drafters.merge import MergeDrafter, merge_drafts
@@ -131,6 +134,37 @@ def test_cascade_skips_a_member_that_does_not_pay_then_retries_it():
     steps = out.stats.target_forwards
     assert 2 <= bad.asked < steps / 2  # skipped most steps, but asked again after fading
     assert out.stats.accepted > 0  # the lookup drafted in its place
+
+
+class SlowLookup(NgramDrafter):
+    """Prompt lookup that takes 30 ms to draft: accepted often, yet dear on this machine."""
+
+    asked = 0
+
+    def propose(self, state):
+        self.asked += 1
+        time.sleep(0.03)
+        return super().propose(state)
+
+
+@pytest.mark.parametrize("table", [False, True])
+def test_greedy_cascade_prices_members_by_their_measured_time_when_a_cost_table_exists(table):
+    """By counts, a lookup accepted on this repetitive prompt pays, so it drafts every step;
+    in a greedy run with a cost table its measured steps (30 ms of drafting against a ~ms
+    target step) price it below 1 and it is skipped most steps. The text is the same."""
+    model = tiny_llama(5, sharpness=3.0)
+    target, slow = Target(model), SlowLookup(num_draft=2, adaptive=False)
+    target.cost_table = CostTable([1e-3] * 8, "tiny", "eager", "float32", 1, "test") if table else None
+    decoder = SpeculativeDecoder(target, CascadeDrafter([slow, Fixed([])]))
+    prompt = [5, 6, 7, 8] * 6
+    out = decoder.generate(prompt, max_new_tokens=40, eos_token_ids=[])
+    steps = out.stats.target_forwards
+    if table:
+        assert slow.asked < steps / 2
+    else:
+        assert slow.asked >= steps - 1
+    plain = SpeculativeDecoder(Target(model), Fixed([])).generate(prompt, max_new_tokens=40, eos_token_ids=[])
+    assert out.ids == plain.ids
 
 
 def test_cascade_with_sampled_members_is_reproducible():
