@@ -130,11 +130,16 @@ class CompiledTarget(Target):
         self.max_length = max_cache_len
         self._stack = DecoderStack(model)
 
+    @property
+    def cache_slots(self) -> int:
+        """Slots the static cache holds: ``max_cache_len`` and one key block of slack, so the
+        prefix span (rounded up past the sequence) stays shorter than the cache (a slice of
+        all of it would be another, contiguous, case for the compiler)."""
+        return self.max_cache_len + self.key_block
+
     def _fresh_cache(self):
         if getattr(self, "cache", None) is None:
-            # one key block of slack: the prefix span rounds up past the sequence and must stay
-            # shorter than the cache (a slice of all of it is another, contiguous, graph case)
-            cache = StaticCache(config=self.config, max_cache_len=self.max_cache_len + self.key_block)
+            cache = StaticCache(config=self.config, max_cache_len=self.cache_slots)
             heads = self.config.num_key_value_heads
             head_dim = getattr(self.config, "head_dim", None) or self.config.hidden_size // self.config.num_attention_heads
             cache.early_initialization(1, heads, head_dim, self.dtype, self.device)  # allocated before compiling
@@ -164,7 +169,7 @@ class CompiledTarget(Target):
 
     def causal_mask(self, past: int, q: int) -> torch.Tensor:
         """Over every slot of the static cache: the positions past the sequence are hidden."""
-        mask = torch.full((1, 1, q, self.max_cache_len + self.key_block), torch.finfo(self.dtype).min, dtype=self.dtype)
+        mask = torch.full((1, 1, q, self.cache_slots), torch.finfo(self.dtype).min, dtype=self.dtype)
         mask[..., : past + q] = causal_mask(past, q, self.dtype, "cpu") if q > 1 else 0.0
         return mask.to(self.device)
 
@@ -178,16 +183,16 @@ class CompiledTarget(Target):
     def _compiled_rows(self, tokens: list[int], draft: Draft, past: int):
         """Logits and states of the last committed token (row 0) and the draft nodes."""
         rows, n = len(tokens), len(draft)
-        size, block, hidden = self.bucket(rows), self.key_block, torch.finfo(self.dtype).min
+        size, block, masked = self.bucket(rows), self.key_block, torch.finfo(self.dtype).min
         # attention reads the prefix's first `span` slots, a multiple of key_block, and the
         # same lanes for a slot whatever the length, so rows stay bit-identical as it grows
         span = -(-(past + 1) // block) * block
         mask = torch.zeros(1, 1, 1, span, dtype=self.dtype)  # not a view: dynamo would guard its base's size
-        mask[..., past + 1:] = hidden
+        mask[..., past + 1:] = masked
         # each node reads its path's slots root first (see rowwise_attention); row 0 and
         # padding rows see the prefix only
         slots = torch.zeros(size, max(DRAFT_BLOCK, -(-n // DRAFT_BLOCK) * DRAFT_BLOCK), dtype=torch.long)
-        draft_mask = torch.full(slots.shape, hidden, dtype=torch.float32)
+        draft_mask = torch.full(slots.shape, masked, dtype=torch.float32)
         for node, depth in enumerate(draft.depths):
             slots[1 + node, : depth + 1] = past + 1 + torch.tensor(draft.path_to(node))
             draft_mask[1 + node, : depth + 1] = 0.0
@@ -205,7 +210,7 @@ class CompiledTarget(Target):
         dynamic: one compiled graph serves every shape (and one kernel family: a graph per
         row count would let inductor pick another GEMM for one row, whose rows differ in the
         last bits)."""
-        to, top = self.device, self.max_cache_len + self.key_block - 1
+        to, top = self.device, self.cache_slots - 1
         ids, positions, mask = ids[None].to(to), positions[None].to(to), mask.to(to)
         slots, draft_mask = slots.to(to), draft_mask.to(to)
         for tensor, dim in ((ids, 1), (positions, 1), (mask, 3), (slots, 0), (slots, 1), (draft_mask, 0),
@@ -249,7 +254,7 @@ class CompiledTarget(Target):
         graph = self._with_rowwise_attention(torch.compile(self._rows, fullgraph=True))
         length = int(self.cache.layers[0].get_seq_length())
         # distinct sizes, so dynamo gives each dimension its own symbol
-        size, span, width = 2, min(2 * self.key_block, self.max_cache_len + self.key_block - 1), 3 * DRAFT_BLOCK
+        size, span, width = 2, min(2 * self.key_block, self.cache_slots - 1), 3 * DRAFT_BLOCK
         where = min(length, self.max_cache_len - size)
         inputs = self._dynamic(torch.zeros(size, dtype=torch.long), torch.full((size,), where),
                                torch.zeros(1, 1, 1, span, dtype=self.dtype), torch.zeros(size, width, dtype=torch.long),
