@@ -66,7 +66,8 @@ LIMITS: dict[str, Limit] = {
     "data.forced_prompts": NON_NEGATIVE,
     "data.student_fraction": Limit(low=0, high=1),
     "data.heldout": UNIT,
-    "train.steps": POSITIVE,
+    "train.steps": NON_NEGATIVE,
+    "train.max_seconds": NON_NEGATIVE,
     "train.batch_size": POSITIVE,
     "train.lr": Limit(low=0, low_open=True, example="1e-3"),
     "train.min_lr_ratio": Limit(low=0, high=1),
@@ -116,7 +117,7 @@ def choices() -> dict[str, tuple]:
     from spec_zoo.train.losses import LOSSES
 
     return {"model.dtype": tuple(DTYPES), "model.device": DEVICES, "model.runtime": RUNTIMES,
-            "target.dtype": tuple(DTYPES),
+            "target.dtype": tuple(DTYPES), "device": DEVICES,
             "output.dtype": tuple(DTYPES), "loss": LOSSES}
 
 

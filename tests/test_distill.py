@@ -269,7 +269,7 @@ def test_corrupt_checkpoint_fails_clearly(tmp_path):
 
 
 @pytest.mark.parametrize("override,key", [
-    ("loss=kl", "loss="), ("student.init=teacher", "student.init="), ("train.steps=0", "train.steps="),
+    ("loss=kl", "loss="), ("student.init=teacher", "student.init="), ("train.steps=-1", "train.steps="),
     ("student.lora.enabled=true", "student.lora.enabled"), ("data.heldout=1.5", "data.heldout="),
     ("data.student_fraction=2", "data.student_fraction="),
 ])

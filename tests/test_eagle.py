@@ -155,7 +155,7 @@ def test_corrupt_head_files_fail_clearly(trained, tmp_path):
 def test_bad_config_fails_before_any_model_load(tmp_path, monkeypatch):
     import spec_zoo.train.loop as distill
 
-    monkeypatch.setattr(distill, "_load_target", lambda cfg: pytest.fail("loaded a model"))
+    monkeypatch.setattr(distill, "load_teacher_target", lambda cfg: pytest.fail("loaded a model"))
     for override, message in [("head.regress=-1", "head.regress=-1"), ("head.vocab_size=-2", "head.vocab_size=-2"),
                               ("loss=mse", "loss='mse'")]:
         with pytest.raises(ConfigError, match=message):

@@ -266,7 +266,7 @@ def test_corrupt_heads_files_fail_clearly(trained, tmp_path):
 def test_bad_training_config_fails_before_any_model_load(tmp_path, monkeypatch):
     import spec_zoo.train.loop as loop
 
-    monkeypatch.setattr(loop, "_load_target", lambda cfg: pytest.fail("loaded a model"))
+    monkeypatch.setattr(loop, "load_teacher_target", lambda cfg: pytest.fail("loaded a model"))
     for override, message in [("heads.num_heads=0", "heads.num_heads=0"), ("heads.labels=soft", "heads.labels='soft'"),
                               ("heads.decay=0", "heads.decay=0"), ("heads.vocab_size=-2", "heads.vocab_size=-2")]:
         with pytest.raises(ConfigError, match=message):

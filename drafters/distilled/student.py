@@ -66,7 +66,7 @@ class Student(torch.nn.Module):
         return self.base().lm_head(hidden)
 
     def to_target_ids(self, index: torch.Tensor) -> torch.Tensor:
-        return index if self.vocab_ids is None else self.vocab_ids[index]
+        return index if self.vocab_ids is None else self.vocab_ids.to(index.device)[index]
 
 
 def student_from_target(target_model, layers: int, copy_layers, vocab_ids: torch.Tensor | None,

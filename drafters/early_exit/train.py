@@ -30,7 +30,7 @@ class ExitStudent(HeadStudent):
         return f"layer{self.lm.exit_layer}"
 
     def target_states(self, ids: torch.Tensor) -> torch.Tensor:
-        T = ids.shape[1]
+        ids, T = ids.to(self.stack.model.device), ids.shape[1]
         hidden = self.stack.embed(ids)
         positions = torch.arange(T, device=ids.device)[None]
         return self.stack.run(hidden, 0, self.lm.exit_layer, positions, None,

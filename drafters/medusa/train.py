@@ -58,6 +58,9 @@ class MedusaRecipe(HeadRecipe):
             raise ConfigError(f"heads.labels={h.labels!r}; allowed values: {', '.join(LABELS)}.")
         if not 0.0 < float(h.decay) <= 1.0:
             raise ConfigError(f"heads.decay={h.decay}; the weight of head i is decay^i, use a value in (0, 1].")
+        if str(cfg.get("device", "cpu")) != "cpu":
+            raise ConfigError(f"device={cfg.device}: the Medusa recipe trains on the CPU only (its loss builds "
+                              "CPU tensors); use device=cpu.")
 
     def make(self, cfg: DictConfig, target, train) -> MedusaStudent:
         h = cfg.heads

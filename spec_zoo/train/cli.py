@@ -2,7 +2,8 @@
 
 Commands: ``distill`` (conf/train_distill.yaml), ``early_exit`` (conf/train_early_exit.yaml),
 ``eagle`` (conf/train_eagle.yaml), ``medusa`` (conf/train_medusa.yaml), and ``report``
-(conf/train_report.yaml): held-out acceptance of trained artefacts by position and category.
+(conf/train_report.yaml): held-out acceptance of trained artefacts by position and category, and
+``translations`` (conf/train_translations.yaml): German-to-English prompts written by the target.
 """
 
 from __future__ import annotations
@@ -64,7 +65,15 @@ def _report(cfg: DictConfig) -> None:
     _run(run_report, cfg, "train_report")
 
 
-COMMANDS = {"distill": _distill, "early_exit": _early_exit, "eagle": _eagle, "medusa": _medusa, "report": _report}
+@hydra.main(config_path=CONF_DIR, config_name="train_translations", version_base="1.3")
+def _translations(cfg: DictConfig) -> None:
+    from spec_zoo.train.translations import make_translations
+
+    _run(make_translations, cfg, "train_translations")
+
+
+COMMANDS = {"distill": _distill, "early_exit": _early_exit, "eagle": _eagle, "medusa": _medusa, "report": _report,
+            "translations": _translations}
 
 
 def main() -> None:

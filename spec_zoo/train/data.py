@@ -113,6 +113,18 @@ class TeacherData:
         return counts
 
 
+def stop_and_pad_ids(target) -> tuple[list[int], int]:
+    """(EOS ids that end a continuation, the padding id) of a `spec_zoo.target.Target`."""
+    gen_cfg = getattr(target.model, "generation_config", None)
+    eos = getattr(gen_cfg, "eos_token_id", None)
+    eos_ids = set(eos if isinstance(eos, (list, tuple)) else ([eos] if eos is not None else []))
+    if target.tokenizer is not None and target.tokenizer.eos_token_id is not None:
+        eos_ids.add(int(target.tokenizer.eos_token_id))
+    pads = (getattr(target.tokenizer, "pad_token_id", None), getattr(gen_cfg, "pad_token_id", None))
+    eos_ids = sorted(eos_ids)
+    return eos_ids, int(next((x for x in pads if x is not None), eos_ids[0] if eos_ids else 0))
+
+
 def data_key(settings: dict) -> str:
     return hashlib.sha256(json.dumps(settings, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
@@ -134,16 +146,17 @@ def generate_batch(model, prompts: list[list[int]], max_new_tokens: int, top_k: 
     ids, mask = _pad_batch(prompts, pad_id)
     torch.manual_seed(seed)
     out = model.generate(
-        input_ids=ids, attention_mask=mask, max_new_tokens=max_new_tokens,
+        input_ids=ids.to(model.device), attention_mask=mask.to(model.device), max_new_tokens=max_new_tokens,
         do_sample=temperature > 0, temperature=temperature if temperature > 0 else None, top_k=None, top_p=None,
         eos_token_id=eos_ids or None, pad_token_id=pad_id, return_dict_in_generate=True, output_logits=True,
     )
-    new = out.sequences[:, ids.shape[1] :]
+    new = out.sequences[:, ids.shape[1] :].cpu()
     logits = torch.stack(out.logits, 1).float()  # [B, steps, V], raw (unprocessed) logits
     B, steps, V = logits.shape
     k = V if top_k <= 0 else min(top_k, V)
     logp = logits.log_softmax(-1)
-    vals, idx = torch.topk(logp, k, dim=-1)
+    vals, idx = (t.cpu() for t in torch.topk(logp, k, dim=-1))
+    del logits, logp, out
     gen_len = torch.full((B,), steps, dtype=torch.long)
     for i in range(B):
         hits = [t for t in range(steps) if int(new[i, t]) in eos_ids]
@@ -193,13 +206,15 @@ def student_continuations(student, prompts: list[list[int]], max_new_tokens: int
     from transformers import DynamicCache
 
     ids, mask = _pad_batch(prompts, pad_id)
+    device = next(student.lm.parameters()).device
+    ids, mask = ids.to(device), mask.to(device)
     body = student.base().model
     cache = DynamicCache(config=student.base().config)
     positions = (mask.cumsum(-1) - 1).clamp(min=0)
     embed = student.embed[0] if student.embed[0] is not None else body.embed_tokens
-    gen = torch.Generator().manual_seed(seed)
+    gen = torch.Generator(device=device).manual_seed(seed)
     out: list[list[int]] = [[] for _ in prompts]
-    done = torch.zeros(len(prompts), dtype=torch.bool)
+    done = torch.zeros(len(prompts), dtype=torch.bool)  # (cpu)
     step_ids, attn = ids, mask
     for _ in range(max_new_tokens):
         hidden = body(inputs_embeds=embed(step_ids), attention_mask=attn, position_ids=positions,
@@ -210,7 +225,7 @@ def student_continuations(student, prompts: list[list[int]], max_new_tokens: int
         else:
             nxt = logits.argmax(-1)
         nxt = student.to_target_ids(nxt)
-        for i, t in enumerate(nxt.tolist()):
+        for i, t in enumerate(nxt.cpu().tolist()):
             if not done[i]:
                 out[i].append(t)
                 done[i] = t in eos_ids
@@ -234,7 +249,8 @@ def score_continuations(model, prompts: list[list[int]], continuations: list[lis
     for i, r in enumerate(rows):
         ids[i, : len(r)] = torch.tensor(r)
         mask[i, : len(r)] = 1
-    hidden = model.model(input_ids=ids, attention_mask=mask, use_cache=False).last_hidden_state
+    hidden = model.model(input_ids=ids.to(model.device), attention_mask=mask.to(model.device),
+                         use_cache=False).last_hidden_state
     V = model.get_output_embeddings().weight.shape[0]
     k = V if top_k <= 0 else min(top_k, V)
     topk_ids = torch.zeros((B, max_new_tokens, k), dtype=torch.int32)
@@ -243,7 +259,7 @@ def score_continuations(model, prompts: list[list[int]], continuations: list[lis
         g = len(c)
         logp = model.lm_head(hidden[i, len(p) - 1 : len(p) - 1 + g]).float().log_softmax(-1)
         vals, idx = torch.topk(logp, k, dim=-1)
-        topk_ids[i, :g], topk_logp[i, :g] = idx.to(torch.int32), vals.to(torch.float16)
+        topk_ids[i, :g], topk_logp[i, :g] = idx.to("cpu", torch.int32), vals.to("cpu", torch.float16)
     seq = torch.full((B, width), -1, dtype=torch.int32)
     for i, r in enumerate(rows):
         seq[i, : len(r)] = torch.tensor(r, dtype=torch.int32)

@@ -37,13 +37,13 @@ class HeadStudent(torch.nn.Module):
 
     def target_states(self, ids: torch.Tensor) -> torch.Tensor:
         """The frozen target's states the head reads, [B, T, H], for a right-padded batch."""
-        return self.stack.inner(input_ids=ids, use_cache=False).last_hidden_state
+        return self.stack.inner(input_ids=ids.to(self.stack.model.device), use_cache=False).last_hidden_state
 
     def preload(self, data, states: list[torch.Tensor]) -> None:
         """Take `target_states` of ``data``'s sequences from the store instead of computing them."""
         lengths = (data.prompt_len + data.gen_len).tolist()
         for i, n in enumerate(lengths):
-            self._cache[tuple(data.ids[i, :n].tolist())] = states[i].to(self.lm.head.dtype)
+            self._cache[tuple(data.ids[i, :n].tolist())] = states[i].to(self.lm.head.device, self.lm.head.dtype)
 
     @torch.no_grad()
     def cached_states(self, ids: torch.Tensor, lengths: list[int]) -> torch.Tensor:

@@ -39,7 +39,9 @@ def check_config(cfg: DictConfig, recipe) -> None:
     if cfg.loss not in LOSSES:
         raise ConfigError(f"loss={cfg.loss!r}; allowed values: {', '.join(LOSSES)}.")
     recipe.check(cfg)
-    for key in ("train.steps", "train.batch_size", "data.batch_size", "data.max_new_tokens", "data.max_prompt_tokens"):
+    if int(cfg.train.steps) < 0:
+        raise ConfigError(f"train.steps={cfg.train.steps}; use 0 (teacher data only) or more steps.")
+    for key in ("train.batch_size", "data.batch_size", "data.max_new_tokens", "data.max_prompt_tokens"):
         if int(OmegaConf.select(cfg, key)) < 1:
             raise ConfigError(f"{key}={OmegaConf.select(cfg, key)}; it must be a positive integer.")
     if int(cfg.data.get("forced_prompts", 0)) < 0:
@@ -50,21 +52,32 @@ def check_config(cfg: DictConfig, recipe) -> None:
         raise ConfigError(f"data.heldout={cfg.data.heldout}; use a fraction in [0, 1).")
     if cfg.output.dtype not in ("float32", "float16", "bfloat16"):
         raise ConfigError(f"output.dtype={cfg.output.dtype!r}; allowed values: float32, float16, bfloat16.")
+    device = str(cfg.get("device", "cpu"))
+    if device not in ("cpu", "cuda", "auto"):
+        raise ConfigError(f"device={device!r}; allowed values: cpu, cuda, auto (cuda when available).")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("device=cuda but CUDA is not available here; use device=cpu or device=auto.")
 
 
-def _load_target(cfg: DictConfig):
-    from spec_zoo.models import load_target
+def load_teacher_target(cfg: DictConfig):
+    """The target of ``cfg.target`` on ``cfg.device``."""
+    from spec_zoo.models import load_target, resolve_device
 
     t = cfg.target
-    return load_target(name=t.name, path=t.path, dtype=t.dtype, device="cpu")
+    return load_target(name=t.name, path=t.path, dtype=t.dtype, device=resolve_device(str(cfg.get("device", "cpu"))))
+
+
+def _device(student) -> torch.device:
+    return next(student.lm.parameters()).device
 
 
 def teacher_positions(student, data: TeacherData, rows: torch.Tensor, full_vocab: int):
-    """Teacher targets of a batch of sequences: (flat hidden-state index, t_ids, t_index, t_logp)."""
+    """Teacher targets of a batch of sequences (teacher data stays on the CPU; these move to
+    the student's device): (ids, mask, flat hidden-state index, t_ids, t_index, t_logp)."""
     lut = None
     if student.vocab_ids is not None:
         lut = torch.full((full_vocab,), -1, dtype=torch.long)
-        lut[student.vocab_ids] = torch.arange(student.vocab_ids.numel())
+        lut[student.vocab_ids.cpu()] = torch.arange(student.vocab_ids.numel())
     ids = data.ids[rows]
     L = int((data.prompt_len[rows] + data.gen_len[rows]).max())
     ids = ids[:, :L]
@@ -78,7 +91,8 @@ def teacher_positions(student, data: TeacherData, rows: torch.Tensor, full_vocab
         t_logp.append(data.topk_logp[i, :g])
     t_ids, t_logp = torch.cat(t_ids), torch.cat(t_logp)
     t_index = t_ids if lut is None else lut[t_ids]
-    return ids.clamp(min=0), mask, torch.cat(where), t_ids, t_index, t_logp
+    device = _device(student)
+    return tuple(t.to(device) for t in (ids.clamp(min=0), mask, torch.cat(where), t_ids, t_index, t_logp))
 
 
 def batch_metrics(student, data: TeacherData, rows, full_vocab: int, kind: str, with_agreement=False) -> dict:
@@ -138,12 +152,12 @@ def draft_vocab(target, train: TeacherData, size: int) -> torch.Tensor | None:
     return select_vocab(train.token_counts(target.vocab_size), size, always)
 
 
-def _lr(step: int, cfg: DictConfig) -> float:
+def _lr(step: int, cfg: DictConfig, steps: int) -> float:
     t = cfg.train
     warm = int(t.warmup)
     if step < warm:
         return float(t.lr) * (step + 1) / warm
-    progress = (step - warm) / max(1, int(t.steps) - warm)
+    progress = (step - warm) / max(1, steps - warm)
     return float(t.lr) * (float(t.min_lr_ratio) + (1 - float(t.min_lr_ratio)) * 0.5 * (1 + math.cos(math.pi * progress)))
 
 
@@ -188,11 +202,11 @@ def train_module(cfg: DictConfig, recipe, target=None) -> Path:
 
     check_config(cfg, recipe)
     t0 = time.time()
-    torch.set_num_threads(int(cfg.threads))
+    torch.set_num_threads(int(cfg.threads))  # the CPU's share: data handling on a GPU run
     torch.manual_seed(int(cfg.train.seed))
     out_dir = Path(cfg.output.dir).expanduser()
     if target is None:
-        target = _load_target(cfg)
+        target = load_teacher_target(cfg)
     model = target.model
 
     # -- data ---------------------------------------------------------------------
@@ -222,11 +236,16 @@ def train_module(cfg: DictConfig, recipe, target=None) -> Path:
 
     # -- student ------------------------------------------------------------------
     student = recipe.make(cfg, target, train)
+    student.lm.to(model.device)
     if hasattr(student, "states_name"):  # a head reading target states: from the store (computed once per shard)
         t_states = time.time()
         student.preload(data, teacher.store.states(student.states_name, student.target_states, int(d.batch_size),
                                                    bool(cfg.progress)))
         data_s += time.time() - t_states
+    if int(cfg.train.steps) == 0:  # teacher data (and the states the module reads) only: train later, elsewhere
+        print(f"teacher data ready in {teacher.store.root} ({data_s:.0f}s); train.steps=0: nothing trained",
+              file=sys.stderr)
+        return teacher.store.root
     full_vocab = target.vocab_size
     n_student = int(round(continued * float(d.get("student_fraction", 0.0))))
     if n_student:  # on-policy for the student too: its own continuations, scored by the target
@@ -253,15 +272,16 @@ def train_module(cfg: DictConfig, recipe, target=None) -> Path:
         step, history = _load_checkpoint(ckpt, student, opt, gen)
         print(f"resumed from {ckpt} at step {step}", file=sys.stderr)
     steps, bs = int(cfg.train.steps), int(cfg.train.batch_size)
+    max_s, mark, timed = float(cfg.train.get("max_seconds", 0) or 0), step + 5, step + 25  # timed after a warm-up
     last_eval = history[-1]["alpha_greedy"] if history else before["alpha_greedy"]
-    t_train = time.time()
+    t_train = t_mark = time.time()
     bar = tqdm(total=steps, initial=step, desc=f"{recipe.desc} ({kind})", disable=not cfg.progress, dynamic_ncols=True)
     ema = None
     while step < steps:
         student.lm.train()
         rows = torch.randint(0, len(train), (bs,), generator=gen)
         for g in opt.param_groups:
-            g["lr"] = _lr(step, cfg)
+            g["lr"] = _lr(step, cfg, steps)
         loss = metrics(student, train, rows, full_vocab, kind)["loss"].mean()
         if hasattr(recipe, "extra_loss"):  # a recipe's own term next to the distillation loss
             loss = loss + recipe.extra_loss(student, cfg)
@@ -280,6 +300,15 @@ def train_module(cfg: DictConfig, recipe, target=None) -> Path:
         if step % int(cfg.train.ckpt_every) == 0 and step < steps:
             ckpt_dir.mkdir(parents=True, exist_ok=True)
             _save_checkpoint(ckpt, student, opt, step, gen, history)
+        if step == mark:
+            t_mark = time.time()
+        if max_s and step == timed:  # a wall-time budget: as many steps as fit, on a schedule that ends there
+            fit = step + int((max_s - (time.time() - t_train)) / ((time.time() - t_mark) / (timed - mark)))
+            if fit < steps:
+                steps = max(step, fit)
+                bar.total = steps
+                print(f"train.max_seconds={max_s:g}: {steps} steps fit (of train.steps={cfg.train.steps})",
+                      file=sys.stderr)
         bar.set_postfix(loss=f"{ema:.4f}", heldout_alpha=f"{last_eval:.3f}")
         bar.update(1)
     bar.close()
@@ -302,6 +331,7 @@ def train_module(cfg: DictConfig, recipe, target=None) -> Path:
         "threads": int(cfg.threads),
         "config": OmegaConf.to_container(cfg, resolve=True),
     }
+    student.lm.to("cpu")  # artefacts are written from (and load to) the CPU
     path = recipe.save(student, cfg, target_info, record)
     if ckpt.is_file() and not bool(cfg.train.keep_checkpoints):
         ckpt.unlink()

@@ -61,6 +61,6 @@ def agreement(student_logits: torch.Tensor, vocab_ids: torch.Tensor | None, t_id
     sampled draft token at temperature 1 (a lower bound of it when top-k truncated... an
     upper bound: the TV here is a lower bound of the full one)."""
     top = student_logits.argmax(-1)
-    top_ids = top if vocab_ids is None else vocab_ids[top]
+    top_ids = top if vocab_ids is None else vocab_ids.to(top.device)[top]
     greedy = top_ids == t_ids[:, 0]
     return greedy, 1.0 - divergence(student_logits, t_index, t_logp, "tvd")

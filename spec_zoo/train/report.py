@@ -24,7 +24,7 @@ from omegaconf import DictConfig
 
 from spec_zoo.errors import ConfigError
 from spec_zoo.train.data import PACKAGED_PROMPTS, read_records
-from spec_zoo.train.loop import _load_target, teacher_positions
+from spec_zoo.train.loop import load_teacher_target, teacher_positions
 from spec_zoo.train.store import TeacherSet
 
 KINDS = {"distill.json": "distilled", "eagle.json": "eagle", "adapter.json": "early_exit", "medusa.json": "medusa"}
@@ -140,7 +140,7 @@ def run_report(cfg: DictConfig, target=None) -> Path:
         raise ConfigError("report.artefacts: no artefacts given and none shipped; give report.artefacts=[DIR, ...].")
     kinds = [artefact_kind(p) for p in paths]
     torch.set_num_threads(int(cfg.threads))
-    target = target or _load_target(cfg)
+    target = target or load_teacher_target(cfg)
     exclude = None
     if cfg.data.get("token_ids") is None:
         exclude = frozenset(rec["prompt"] for f in (r.exclude or [PACKAGED_PROMPTS]) for rec in read_records(f))

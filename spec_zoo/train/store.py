@@ -29,7 +29,7 @@ from safetensors.torch import load_file, save_file
 
 from spec_zoo.artefacts import describe_target, fingerprint_matches, read_record
 from spec_zoo.errors import ConfigError
-from spec_zoo.train.data import TeacherData, from_parts, generate_batch, join_batches
+from spec_zoo.train.data import TeacherData, from_parts, generate_batch, join_batches, stop_and_pad_ids
 from spec_zoo.train.mixture import categories, describe, mixture_prompts, text_digest
 
 FORMAT, VERSION = "spec-zoo-teacher-data", 1
@@ -82,7 +82,7 @@ class TeacherStore:
                     continue
             else:
                 nxt = min([s for s in existing if s > pos], default=N)
-                end = min(pos + shard_prompts, N, nxt)
+                end = min(pos + max(shard_prompts, batch_size), N, nxt)  # a shard holds at least one full batch
                 path = self.root / f"shard-{pos:07d}-{end:07d}.safetensors"
                 part = _generate(model, prompts[pos:end], categories[pos:end], batch_size, g, eos_ids, pad_id,
                                  seed * 1_000_003 + pos)
@@ -160,14 +160,7 @@ class TeacherSet:
         if per_category:
             keep = [i for i, c in enumerate(self.categories) if self.categories[:i].count(c) < per_category]
             self.prompts, self.categories = [self.prompts[i] for i in keep], [self.categories[i] for i in keep]
-        gen_cfg = getattr(model, "generation_config", None)
-        eos = getattr(gen_cfg, "eos_token_id", None)
-        eos_ids = set(eos if isinstance(eos, (list, tuple)) else ([eos] if eos is not None else []))
-        if target.tokenizer is not None and target.tokenizer.eos_token_id is not None:
-            eos_ids.add(int(target.tokenizer.eos_token_id))
-        self.eos_ids = sorted(eos_ids)
-        pads = (getattr(target.tokenizer, "pad_token_id", None), getattr(gen_cfg, "pad_token_id", None))
-        self.pad_id = int(next((x for x in pads if x is not None), self.eos_ids[0] if self.eos_ids else 0))
+        self.eos_ids, self.pad_id = stop_and_pad_ids(target)
         self.model, self.batch_size, self.seed = model, int(d.batch_size), int(d.seed)
         self.identity = {
             "target": describe_target(model, cfg.target.path or cfg.target.name),
@@ -191,7 +184,7 @@ def _states(compute, ids: torch.Tensor, lengths: list[int], batch_size: int) -> 
     for b in range(0, len(order), batch_size):
         rows = order[b : b + batch_size]
         T = max(lengths[i] for i in rows)
-        states = compute(ids[rows, :T].long().clamp(min=0))
+        states = compute(ids[rows, :T].long().clamp(min=0)).cpu()
         for j, i in enumerate(rows):
             per_seq[i] = states[j, : lengths[i]]
     return torch.cat(per_seq).contiguous()
