@@ -95,3 +95,32 @@ def test_compiled_runtime_decodes_as_eager_and_speculation_on_it_is_bit_exact(sm
         at = first_difference(ids, reference[:32])
         if at is not None:
             assert top2_margin(smollm2_target, prompt + reference[:at]) < NEAR_TIE
+
+
+def test_translation_prompts_are_the_targets_own_german(smollm2_target, tmp_path):
+    import json
+
+    from hydra import compose, initialize_config_dir
+
+    from spec_zoo.api import CONF_DIR
+    from spec_zoo.train.translations import SOURCE, looks_german, make_translations
+
+    news = [f"The mayor of {city} said that {place} will open again next week." for city in
+            ("Berlin", "London", "Paris", "Madrid", "Rome", "Vienna") for place in
+            ("the new bridge", "the old museum", "the city library", "the main station", "the football stadium")]
+    src = tmp_path / "prompts.jsonl"  # 30 sentences; about one answer in eight looks German
+    src.write_text("".join(json.dumps({"prompt": f"Summarize.\n\nArticle: {' '.join(news[i:i + 10])}",
+                                       "source": "t0-cnn_dailymail"}) + "\n" for i in range(0, 30, 10)))
+    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+        cfg = compose("train_translations", overrides=[
+            f"data.prompts={src}", f"translations.out={tmp_path / 'out.jsonl'}", "translations.num=2",
+            "translations.sources=[t0-cnn_dailymail]", "translations.max_new_tokens=40", "data.batch_size=16",
+            "progress=false", "threads=2"])
+    lines = make_translations(cfg, target=smollm2_target).read_text().splitlines()
+    assert lines[:3] == src.read_text().splitlines()  # the source's records first, unchanged
+    made = [json.loads(line) for line in lines[3:]]
+    assert 1 <= len(made) <= 2, made
+    for record in made:
+        assert record["source"] == SOURCE and record["english"] in news
+        assert record["prompt"].startswith("Translate German to English: ")
+        assert looks_german(record["prompt"].split(": ", 1)[1])

@@ -17,9 +17,10 @@ from spec_zoo.drafters.eagle.train import train_eagle, ttt_mask
 from spec_zoo.errors import ConfigError
 from spec_zoo.target import Target
 from spec_zoo.train.data import generate_batch
-from spec_zoo.train.mixture import categories, mixture_prompts
+from spec_zoo.train.mixture import categories, mixture_prompts, mixture_texts
 from spec_zoo.train.report import run_report
 from spec_zoo.train.store import TeacherSet
+from spec_zoo.train.translations import english_sentences, looks_german
 from tests.heads import teacher, train_cfg
 from tests.test_distill import _prompts
 from tests.tiny import one_thread  # noqa: F401 (autouse fixture)
@@ -112,6 +113,13 @@ def test_mixture_keeps_shares_in_every_prefix_and_holds_out_the_other_end(tmp_pa
     assert shorter[0] == prompts[:8] and sorted(shorter[1]) == [0, 0, 0, 0, 1, 1, 2, 2]
     held = mixture_prompts(_Tokenizer(), cfg.data, cats, 12, heldout=frozenset())
     assert not {tuple(p) for p in held[0]} & {tuple(p) for p in prompts[:40]}  # the far end: disjoint here
+    # ... but not once training takes most of a category; excluding the trained texts keeps it held out
+    trained = mixture_texts(_Tokenizer(), cfg.data, cats, 50)  # 25 of the 30 chat prompts
+    assert [_Tokenizer()(t)["input_ids"] for t in trained[:40]] == prompts
+    near = mixture_prompts(_Tokenizer(), cfg.data, cats, 12, heldout=frozenset())[0]
+    assert {tuple(p) for p in near} & {tuple(_Tokenizer()(t)["input_ids"]) for t in trained}
+    apart = mixture_prompts(_Tokenizer(), cfg.data, cats, 12, heldout=frozenset(trained))[0]
+    assert apart and not {tuple(p) for p in apart} & {tuple(_Tokenizer()(t)["input_ids"]) for t in trained}
     cfg.data.sources = ["chat"]
     with pytest.raises(ConfigError, match="data.use_mixture=false"):
         categories(cfg.data)
@@ -161,3 +169,43 @@ def test_acceptance_report_runs_on_a_tiny_model(tmp_path):
     assert result["settings"]["prompts"] == {"token_ids": 6} and len(alpha) == 3
     assert alpha[0][1] > 0 and all(0 <= a <= r for a, r in alpha) and alpha[1][1] == alpha[0][0]
     assert "| pos 1 | pos 2 | pos 3 |" in md.read_text() and (md.parent / "acceptance.png").stat().st_size > 0
+
+
+def test_translation_sentences_come_from_the_prose_and_only_german_answers_pass(tmp_path):
+    article = ("Summarize this article.\n\nArticle: The council met on Monday to discuss the new budget plan for "
+               "schools. It was short. Officials said the plan would take effect next year across the region.")
+    records = [{"prompt": article, "source": "t0-cnn_dailymail"},
+               {"prompt": "A sentence from another source that is long enough to count.", "source": "gsm8k-train"}]
+    assert sorted(english_sentences(records, ["t0-cnn"], seed=0)) == [
+        "Officials said the plan would take effect next year across the region.",
+        "The council met on Monday to discuss the new budget plan for schools."]
+    assert looks_german("Der Rat hat am Montag über den neuen Haushalt für die Schulen beraten.")
+    assert not looks_german("The council met on Monday to discuss the new budget for the schools.")
+    assert not looks_german("die der die der die der die der die der")  # a loop, not a sentence
+    # the mixture's translation category is off until its share is set (the prompts come from the command)
+    assert "translation" not in categories(_data_cfg(tmp_path).data)
+    assert "translation" in categories(_data_cfg(tmp_path, "data.mixture.translation.share=0.1").data)
+
+
+def test_data_only_run_fills_the_store_and_its_states_and_trains_nothing(tmp_path):
+    cfg = train_cfg("train_eagle", tmp_path, "head.vocab_size=48", "train.steps=0", "data.forced_prompts=0")
+    root = train_eagle(cfg, target=Target(teacher()))
+    names = [p.name for p in root.iterdir()]
+    assert "manifest.json" in names and any(n.endswith(".final.safetensors") for n in names)
+    assert not (tmp_path / "head").exists()
+
+
+def test_max_seconds_cuts_the_steps_to_what_fits(tmp_path):
+    cfg = train_cfg("train_eagle", tmp_path, "head.vocab_size=48", "train.steps=100000", "train.max_seconds=1",
+                    "train.eval_every=100000", "data.forced_prompts=0")
+    record = json.loads((train_eagle(cfg, target=Target(teacher())) / "eagle.json").read_text())
+    assert 25 <= record["steps"] < 100000  # timed over steps 5..25, then as many as fit in the budget
+
+
+def test_device_is_checked_before_any_model_loads(tmp_path, monkeypatch):
+    import spec_zoo.train.loop as loop
+
+    monkeypatch.setattr(loop, "load_teacher_target", lambda cfg: pytest.fail("loaded a model"))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(ConfigError, match="device=cuda but CUDA is not available here; use device=cpu"):
+        train_eagle(train_cfg("train_eagle", tmp_path, "device=cuda"))

@@ -73,6 +73,18 @@ def mixture_prompts(tokenizer, d, cats: dict, num: int,
     is taken from the category furthest below its share; an exhausted category drops out.
     ``heldout``: evaluation prompts instead, from the far end of each category's order and
     never one of these texts (the prompts a draft was trained on)."""
+    ids, cat_of, taken, _ = _draw(tokenizer, d, cats, num, heldout)
+    return ids, cat_of, taken
+
+
+def mixture_texts(tokenizer, d, cats: dict, num: int) -> list[str]:
+    """The texts of the first ``num`` prompts of the mixture: what a recipe with
+    ``data.num_prompts=num`` and these data settings trained on."""
+    return _draw(tokenizer, d, cats, num, None)[3]
+
+
+def _draw(tokenizer, d, cats: dict, num: int, heldout: frozenset | None):
+    """`mixture_prompts` and the texts it encoded."""
     path = Path(d.prompts or PACKAGED_PROMPTS).expanduser()
     records = read_records(path)
     names = list(cats)
@@ -88,20 +100,22 @@ def mixture_prompts(tokenizer, d, cats: dict, num: int,
         order = torch.randperm(len(pool), generator=torch.Generator().manual_seed(int(d.seed) * 1000 + c)).tolist()
         pools.append([pool[i] for i in (order[::-1] if heldout is not None else order)])
     cursor, taken = [0] * len(names), [0] * len(names)
-    prompts, cat_of = [], []
+    prompts, cat_of, texts = [], [], []
     live = set(range(len(names)))
     while len(prompts) < num and live:
         n = len(prompts) + 1
         c = max(sorted(live), key=lambda j: cats[names[j]]["share"] * n - taken[j])
         ids = None
         while ids is None and cursor[c] < len(pools[c]):
-            enc = encode_prompts(tokenizer, [pools[c][cursor[c]]], bool(d.chat), int(d.max_prompt_tokens))
+            text = pools[c][cursor[c]]
+            enc = encode_prompts(tokenizer, [text], bool(d.chat), int(d.max_prompt_tokens))
             cursor[c] += 1
             ids = enc[0] if enc else None
         if ids is None:
             live.discard(c)
             continue
         prompts.append(ids)
+        texts.append(text)
         cat_of.append(c)
         taken[c] += 1
-    return prompts, cat_of, {names[c]: taken[c] for c in range(len(names))}
+    return prompts, cat_of, {names[c]: taken[c] for c in range(len(names))}, texts
