@@ -173,7 +173,7 @@ TABLE = [  # (console script, arguments, the key the one-line error must name)
     ("spec-zoo-bench", ["progress=maybe"], "progress"),
     ("spec-zoo-bench", ["summarize=/no/such/results.jsonl"], "summarize"),
     ("spec-zoo-bench", ["generation.max_new_tokens=abc"], "generation.max_new_tokens"),
-    ("spec-zoo-train", ["distill", "train.steps=0"], "train.steps"),
+    ("spec-zoo-train", ["distill", "train.steps=-1"], "train.steps"),
     ("spec-zoo-train", ["distill", "train.lr=fast"], "train.lr"),
     ("spec-zoo-train", ["distill", "data.heldout=1.5"], "data.heldout"),
     ("spec-zoo-train", ["distill", "train.stepz=3"], "train.stepz"),
@@ -234,7 +234,7 @@ def test_bad_value_gives_one_line_naming_the_key_and_exit_2(script, args, key, t
 @pytest.mark.parametrize("script, args, key", [
     ("spec-zoo", ["drafter=ngram", "drafter.num_draft=four"], "drafter.num_draft"),
     ("spec-zoo-bench", ["warmup_tokens=-3"], "warmup_tokens"),
-    ("spec-zoo-train", ["distill", "train.steps=0"], "train.steps"),
+    ("spec-zoo-train", ["distill", "train.steps=-1"], "train.steps"),
     ("spec-zoo-report", ["--seed", "abc", "x"], "--seed"),
 ])
 def test_console_scripts_fail_in_one_line(script, args, key, tmp_path):
