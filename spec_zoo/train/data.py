@@ -214,7 +214,7 @@ def student_continuations(student, prompts: list[list[int]], max_new_tokens: int
     embed = student.embed[0] if student.embed[0] is not None else body.embed_tokens
     gen = torch.Generator(device=device).manual_seed(seed)
     out: list[list[int]] = [[] for _ in prompts]
-    done = torch.zeros(len(prompts), dtype=torch.bool)  # (cpu)
+    done = torch.zeros(len(prompts), dtype=torch.bool)
     step_ids, attn = ids, mask
     for _ in range(max_new_tokens):
         hidden = body(inputs_embeds=embed(step_ids), attention_mask=attn, position_ids=positions,

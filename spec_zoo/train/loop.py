@@ -52,9 +52,11 @@ def check_config(cfg: DictConfig, recipe) -> None:
         raise ConfigError(f"data.heldout={cfg.data.heldout}; use a fraction in [0, 1).")
     if cfg.output.dtype not in ("float32", "float16", "bfloat16"):
         raise ConfigError(f"output.dtype={cfg.output.dtype!r}; allowed values: float32, float16, bfloat16.")
+    from spec_zoo.models import DEVICES
+
     device = str(cfg.get("device", "cpu"))
-    if device not in ("cpu", "cuda", "auto"):
-        raise ConfigError(f"device={device!r}; allowed values: cpu, cuda, auto (cuda when available).")
+    if device not in DEVICES:
+        raise ConfigError(f"device={device!r}; allowed values: {', '.join(DEVICES)} (auto: cuda when available).")
     if device == "cuda" and not torch.cuda.is_available():
         raise ConfigError("device=cuda but CUDA is not available here; use device=cpu or device=auto.")
 
@@ -202,7 +204,7 @@ def train_module(cfg: DictConfig, recipe, target=None) -> Path:
 
     check_config(cfg, recipe)
     t0 = time.time()
-    torch.set_num_threads(int(cfg.threads))  # the CPU's share: data handling on a GPU run
+    torch.set_num_threads(int(cfg.threads))
     torch.manual_seed(int(cfg.train.seed))
     out_dir = Path(cfg.output.dir).expanduser()
     if target is None:
