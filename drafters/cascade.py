@@ -20,9 +20,10 @@ import torch
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from spec_zoo.draft import ROOT, Draft
-from spec_zoo.draft_length import TIME_DECAY, timed_table
+from spec_zoo.draft_length import TIME_DECAY
 from spec_zoo.errors import ConfigError
 from spec_zoo.interfaces import DecodeState, Drafter, Verdict
+from spec_zoo.registry import build_component
 from spec_zoo.stats import StepStats
 
 KEY = "drafter.members"
@@ -100,8 +101,6 @@ def resolve_members(members, params, owner: type, ancestry: tuple[type, ...] = (
 def build_members(resolved: list[tuple[str, object]], ancestry: tuple[type, ...]) -> list[Drafter]:
     """Instantiate resolved members (draft models load here), errors naming the member. A
     nested composed drafter is built directly, told its ancestry (which YAML cannot carry)."""
-    from spec_zoo.api import build_component
-
     built = []
     for i, (label, entry) in enumerate(resolved):
         try:
@@ -293,7 +292,7 @@ class CascadeDrafter(ComposedDrafter):
 
     def propose(self, state: DecodeState) -> Draft:
         self._collect(state)
-        self._chosen, self._table = None, timed_table()
+        self._chosen, self._table = None, state.cost_table
         for i in range(len(self.members)):
             if self.speedup(i) < self.min_speedup:
                 continue

@@ -96,7 +96,7 @@ class NgramDrafter(Drafter):
             after = self._index.get(tuple(tokens[-n:]))
             if after:
                 self._matched = n
-                k = min(self.length.choose(n), state.max_depth, self.max_nodes)
+                k = min(self.length.choose(n, state), state.max_depth, self.max_nodes)
                 found = list(after.values())[::-1]  # most recent first
                 if self.order == "frequent":
                     found.sort(key=lambda entry: -entry[1])  # stable: recency breaks ties

@@ -13,9 +13,8 @@ from spec_zoo.chain import ChainDrafter
 from spec_zoo.draft import Draft
 from spec_zoo.draft_length import DraftLength
 from spec_zoo.errors import ConfigError
-from spec_zoo.interfaces import DecodeState, Verdict
+from spec_zoo.interfaces import DecodeState
 from spec_zoo.sampling import check_sample_mode, drafts_sampled
-from spec_zoo.stats import StepStats
 from spec_zoo.target import Target
 from spec_zoo.trees import DraftTreeForward, TopK, build_tree_policy
 
@@ -87,8 +86,6 @@ class SmallModelDrafter(ChainDrafter):
         self.runner = on_runtime(runtime, model, tokenizer)  # compiled: the draft's steps cost less too
 
     def attach(self, target: Target) -> None:
-        if self.tree is not None:
-            self.tree.attach(target)
         mine, theirs = self.runner.vocab_size, target.vocab_size
         same_tokenizer = True
         if self.runner.tokenizer is not None and target.tokenizer is not None:
@@ -123,10 +120,4 @@ class SmallModelDrafter(ChainDrafter):
             tokens.append(token)
             return self._next_logits(tokens)
 
-        return self.draft_chain(state, self._next_logits(tokens), min(self.length.choose(), state.max_depth), advance)
-
-    def on_commit(self, draft: Draft, verdict: Verdict, step: StepStats) -> None:
-        if self.tree is None:  # the length rule models chains
-            super().on_commit(draft, verdict, step)
-        else:
-            self.tree.observe(draft, verdict)
+        return self.draft_chain(state, self._next_logits(tokens), min(self.length.choose(state=state), state.max_depth), advance)

@@ -6,52 +6,23 @@ from __future__ import annotations
 import contextlib
 import difflib
 import functools
-import importlib.resources
 import inspect
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from hydra.errors import InstantiationException
-from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
+from spec_zoo.costs import cached_table
 from spec_zoo.decoder import Output, SpeculativeDecoder
-from spec_zoo.errors import ConfigError
+from spec_zoo.errors import ConfigError, first_line
 from spec_zoo.interfaces import Drafter, Verifier
 from spec_zoo.models import check_model_config, load_target
-from spec_zoo.registry import option_names, register_plugins
+from spec_zoo.registry import build_component, compose, option_names, register_plugins
 from spec_zoo.sampling import SamplingParams
-from spec_zoo.schema import compose, constructor_params, fail, locate, validate
+from spec_zoo.schema import constructor_params, fail, locate, validate
 from spec_zoo.target import Target
 
-CONF_DIR = str(importlib.resources.files("spec_zoo.conf"))
 GENERATION_KEYS = ("top_k", "top_p", "stop_strings", "chat")
-
-
-def build_component(node: DictConfig, key: str):
-    """``hydra.utils.instantiate`` with config mistakes turned into a `ConfigError`
-    naming ``key`` (Hydra wraps whatever the constructor raised). Keys and types were
-    checked against the constructor already (`spec_zoo.schema`); what is left is a file
-    that cannot be read."""
-    try:
-        return instantiate(node)
-    except InstantiationException as e:
-        cause = e.__cause__
-        if isinstance(cause, ConfigError):
-            raise cause from None
-        where = next((f"{key}.{k}" for k in ("path", "head", "adapter") if isinstance(node.get(k), str)), None)
-        if where and isinstance(cause, (OSError, ValueError, KeyError)):
-            raise ConfigError(f"{where}: {node.get(where.split('.')[-1])} could not be loaded ({_first_line(cause)}); "
-                              "point it at a complete, uncorrupted model directory.") from None
-        if isinstance(cause, (ImportError, TypeError)):
-            raise ConfigError(f"{key}._target_: {node.get('_target_')} could not be built ({_first_line(cause)}); "
-                              f"check the {key}.* keys against its constructor.") from None
-        raise
-
-
-def _first_line(err: BaseException) -> str:
-    text = str(err).strip().splitlines()
-    return f"{type(err).__name__}: {text[0]}" if text else type(err).__name__
 
 
 def check_model_dir(path: str, key: str = "model.path") -> None:
@@ -66,7 +37,7 @@ def check_model_dir(path: str, key: str = "model.path") -> None:
         raise ConfigError(f"{key}: {path} has no config.json; point it at a Hugging Face model dir "
                           "(config.json + *.safetensors).") from None
     except (OSError, ValueError) as err:
-        raise ConfigError(f"{key}: {path}/config.json is not valid JSON ({_first_line(err)}); "
+        raise ConfigError(f"{key}: {path}/config.json is not valid JSON ({first_line(err)}); "
                           "re-download or re-save the model.") from None
     if not isinstance(config, dict) or "model_type" not in config:
         raise ConfigError(f"{key}: {path}/config.json has no model_type; it is not a Hugging Face model config.")
@@ -82,7 +53,7 @@ def check_model_dir(path: str, key: str = "model.path") -> None:
                 f.keys()
         except Exception as err:  # safetensors raises its own error type for any corruption
             raise ConfigError(f"{key}: {file.name} in {path} is not a readable safetensors file "
-                              f"({_first_line(err)}); re-download or re-save the model.") from None
+                              f"({first_line(err)}); re-download or re-save the model.") from None
 
 
 def load_checked_target(model_cfg) -> Target:
@@ -95,7 +66,7 @@ def load_checked_target(model_cfg) -> Target:
     except (OSError, ValueError, KeyError) as err:
         if isinstance(err, ConfigError) or path is None:
             raise
-        raise ConfigError(f"model.path: {path} could not be loaded ({_first_line(err)}); "
+        raise ConfigError(f"model.path: {path} could not be loaded ({first_line(err)}); "
                           "point it at a complete Hugging Face model dir.") from None
 
 
@@ -109,7 +80,7 @@ def read_prompt(cfg: DictConfig) -> str | list[int]:
         try:
             text = path.read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError) as err:
-            raise fail("prompt_file", f"cannot read {cfg.prompt_file} ({_first_line(err)})",
+            raise fail("prompt_file", f"cannot read {cfg.prompt_file} ({first_line(err)})",
                        "give a readable UTF-8 text file") from None
         if not text.strip():
             raise fail("prompt_file", f"{cfg.prompt_file} is empty", "put the prompt text in it")
@@ -150,7 +121,7 @@ def build_decoder(
         drafter = build_component(cfg.drafter, "drafter")
     if target is None:
         target = load_checked_target(cfg.model)
-    return SpeculativeDecoder(target, drafter, verifier, sampling, seed=cfg.seed)
+    return SpeculativeDecoder(target, drafter, verifier, sampling, seed=cfg.seed, cost_table=cached_table(target))
 
 
 def label(cfg: DictConfig, decoder: SpeculativeDecoder, drafter_choice: str | None) -> str:

@@ -66,4 +66,7 @@ class ChainDrafter(Drafter):
         return Draft.chain(drafted, torch.stack(qs) if qs else None)
 
     def on_commit(self, draft: Draft, verdict: Verdict, step: StepStats) -> None:
-        self.length.update(len(draft), len(verdict.path), seconds=step.draft_s + step.verify_s)
+        if self.tree is None:  # the length rule models chains
+            self.length.update(len(draft), len(verdict.path), seconds=step.draft_s + step.verify_s)
+        else:
+            self.tree.observe(draft, verdict)

@@ -8,8 +8,9 @@ import sys
 import hydra
 from omegaconf import DictConfig
 
-from spec_zoo.api import CONF_DIR, build_decoder, label, run
+from spec_zoo.api import build_decoder, label, run
 from spec_zoo.errors import ConfigError
+from spec_zoo.registry import CONF_DIR
 from spec_zoo.schema import check_command_line
 
 
@@ -146,7 +147,8 @@ def make_draft(argv: list[str] | None = None) -> None:
     """``spec-zoo-make-draft``: save the default target cut to its first N layers, the
     untrained default draft of ``drafter=small_model`` (made on first use anyway; this makes
     it ahead of time, or with another N). The trained draft ships as ``drafter=distilled``."""
-    from spec_zoo.models import cache_root, load_target, make_truncated_draft
+    from spec_zoo.models import load_target, make_truncated_draft
+    from spec_zoo.paths import cache_root
 
     parser = argparse.ArgumentParser(prog="spec-zoo-make-draft", description=make_draft.__doc__)
     parser.add_argument("--layers", type=int, default=4, help="layers to keep (default: 4)")

@@ -5,7 +5,7 @@ the machine at hand, and that curve is stepwise (compiled on a CPU: flat up to 4
 then a jump; a GPU: flat to dozens), which no straight-line fit expresses. The table is
 measured once per machine, model shape, runtime, dtype and thread count, cached as JSON
 under ``$SPEC_ZOO_CACHE/costs/`` (`table_path`) and re-measured with ``spec-zoo costs``
-(which also plots it); a target picks its table up from there (`Target.cost_table`).
+(which also plots it); whoever builds a decoder passes the table in (`cached_table`; `spec_zoo.api.build_decoder` does).
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ import torch
 
 from spec_zoo.draft import Draft
 from spec_zoo.errors import ConfigError
+from spec_zoo.paths import cache_root
 
 
 @dataclass
@@ -72,8 +73,6 @@ def _what_costs(target) -> tuple[str, str, str]:
 def table_path(target) -> Path:
     """Where the table of ``target`` on this machine lives, keyed by host, model shape,
     runtime, dtype and threads."""
-    from spec_zoo.models import cache_root
-
     shape, runtime, dtype = _what_costs(target)
     return cache_root() / "costs" / f"{platform.node()}-{shape}-{runtime}-{dtype}-{torch.get_num_threads()}t.json"
 

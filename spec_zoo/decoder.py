@@ -11,17 +11,23 @@ import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
 from spec_zoo.draft import Draft
-from spec_zoo.draft_length import clock_steers, scoring_costs
 from spec_zoo.errors import ConfigError
-from spec_zoo.interfaces import DecodeState, Drafter, Verifier
+from spec_zoo.interfaces import DecodeState, Drafter, Verdict, Verifier
 from spec_zoo.registry import build_option
-from spec_zoo.sampling import SamplingParams
+from spec_zoo.sampling import SamplingParams, stop_string_list
 from spec_zoo.stats import RunStats, StepStats
 from spec_zoo.target import Target
+
+if TYPE_CHECKING:
+    from spec_zoo.costs import CostTable
+
+#: called after every step's commit with the step's draft, verdict and complete `StepStats`
+StepObserver = Callable[[Draft, Verdict, StepStats], None]
 
 
 @dataclass
@@ -34,7 +40,14 @@ class Output:
 
 
 class SpeculativeDecoder:
-    """Composes a target, a drafter and a verifier under sampling parameters."""
+    """Composes a target, a drafter and a verifier under sampling parameters.
+
+    cost_table: the target's measured scoring costs t(M) on this machine (`spec_zoo.costs`;
+                `spec_zoo.api.build_decoder` looks it up): greedy runs price draft lengths and
+                trees with it. None: drafters use their configured priors.
+    observers:  callables told of every step after its commit (`StepObserver`): how a
+                benchmark traces a run without touching the drafter.
+    """
 
     def __init__(
         self,
@@ -43,8 +56,11 @@ class SpeculativeDecoder:
         verifier: Verifier | None = None,
         sampling: SamplingParams | None = None,
         seed: int = 0,
+        cost_table: CostTable | None = None,
     ):
         self.target = target
+        self.cost_table = cost_table
+        self.observers: list[StepObserver] = []
         self.sampling = sampling or SamplingParams()
         # the defaults are the shipped options drafter=none and verifier=auto, built by name:
         # the core imports no drafter or verifier
@@ -135,7 +151,10 @@ class SpeculativeDecoder:
         tokens = list(prompt_ids)
         generated: list[int] = []
         stats = RunStats(prompt_tokens=len(prompt_ids))
-        state = DecodeState(tokens, len(prompt_ids), max_new_tokens - 1, self.sampling, generator)
+        # sampled output must not depend on timings; greedy steps are priced by the cost table
+        steer = self.sampling.greedy
+        state = DecodeState(tokens, len(prompt_ids), max_new_tokens - 1, self.sampling, generator,
+                            timings_steer=steer, cost_table=self.cost_table if steer else None)
         self.target.reset()
         start = time.perf_counter()
         self.drafter.begin(state)
@@ -143,17 +162,13 @@ class SpeculativeDecoder:
         while True:
             state.max_depth = max_new_tokens - len(generated) - 1
             t0 = time.perf_counter()
-            # sampled output must not depend on timings; greedy steps are priced by the cost table
-            with clock_steers(self.sampling.greedy), scoring_costs(self.target.cost_table):
-                draft = self.drafter.propose(state) if state.max_depth > 0 else Draft.empty()
+            draft = self.drafter.propose(state) if state.max_depth > 0 else Draft.empty()
             draft = draft.truncated(state.max_depth)
             t1 = time.perf_counter()
             scores = self.target.score(tokens, draft, hidden=self.drafter.needs_target_hidden)
             verdict = self.verifier.verify(draft, scores.logits, self.sampling, generator)
             self.target.commit(verdict.path)
             t2 = time.perf_counter()
-            step = StepStats(len(draft), len(verdict.path), draft.depth, 0, t1 - t0, t2 - t1)
-            self.drafter.on_commit(draft, verdict, step)
             if self.drafter.needs_target_hidden:
                 m = scores.new_committed
                 rows = list(range(m)) + [m + i for i in verdict.path]
@@ -173,7 +188,10 @@ class SpeculativeDecoder:
                 finish = "stop_string" if hit else finish
             tokens += step_tokens
             generated += step_tokens
-            step.committed = len(step_tokens)
+            step = StepStats(len(draft), len(verdict.path), draft.depth, len(step_tokens), t1 - t0, t2 - t1)
+            self.drafter.on_commit(draft, verdict, step)
+            for observe in self.observers:
+                observe(draft, verdict, step)
             stats.steps.append(step)
             yield step_tokens
             if finish != "length" or len(generated) >= max_new_tokens:
@@ -184,10 +202,19 @@ class SpeculativeDecoder:
         return Output(generated, text, stats, finish, prompt_ids)
 
     def _cut_at_stop(self, generated: list[int], step: list[int], stop_strings: Sequence[str]):
-        """Cut ``step`` just after the token that completes a stop string, if any does."""
+        """Cut ``step`` just after the token that completes a stop string, if any does.
+
+        A stop string completed now ends in ``step`` and starts at most its length before it,
+        so only a tail of ``generated`` is decoded with it: the shortest whose text is at least
+        the longest stop string, plus one token (a token decoded alone may lose a leading space
+        or half a character). The work per step is bounded by the stop strings, not the output."""
         tok = self._tokenizer()
+        longest, start = max(map(len, stop_strings)), len(generated)
+        while start > 0 and len(tok.decode(generated[start:], skip_special_tokens=True)) < longest:
+            start -= 1
+        tail = generated[max(start - 1, 0):]
         for k in range(1, len(step) + 1):
-            text = tok.decode(generated + step[:k], skip_special_tokens=True)
+            text = tok.decode(tail + step[:k], skip_special_tokens=True)
             if any(s in text for s in stop_strings):
                 return step[:k], True
         return step, False
@@ -227,21 +254,6 @@ class SpeculativeDecoder:
         yield from pieces
 
 
-def stop_string_list(stop_strings: str | Sequence[str] | None) -> tuple[str, ...]:
-    """Stop strings as a tuple: one plain string is one stop string (not its characters);
-    an empty one would match before any text, so it is refused."""
-    if stop_strings is None:
-        return ()
-    items = (stop_strings,) if isinstance(stop_strings, str) else tuple(stop_strings)
-    for s in items:
-        if not isinstance(s, str) or not s:
-            raise ConfigError(
-                f"generation.stop_strings: {s!r} is not a non-empty string; give text to stop at, "
-                "e.g. generation.stop_strings=['\\n\\n'] (or [] for none)."
-            )
-    return items
-
-
 def _warn_chat_markers(prompt: str, tokenizer) -> None:
     """Special tokens typed into a chat prompt become real turn markers once templated:
     say so, since the model then sees a conversation the user may not have meant."""
@@ -255,24 +267,32 @@ def _warn_chat_markers(prompt: str, tokenizer) -> None:
 
 
 class _TextStreamer:
-    """Turns committed token chunks into text deltas, holding back incomplete characters."""
+    """Turns committed token chunks into text deltas, holding back incomplete characters.
+
+    Incremental, as vLLM's detokenizer is: each push decodes only the tokens since the last
+    emitted text plus the few before them (``prefix``: the context a token's text depends on,
+    e.g. a leading space), and emits what that adds; the work per push does not grow with
+    the output."""
 
     def __init__(self, tokenizer, emit: Callable[[str], None]):
         self.tokenizer, self.emit = tokenizer, emit
         self.ids: list[int] = []
-        self.sent = 0
+        self.prefix = self.read = 0  # ids[prefix:read] were emitted already; ids[read:] not yet
+
+    def _delta(self) -> str:
+        decode = self.tokenizer.decode
+        before = decode(self.ids[self.prefix : self.read], skip_special_tokens=True)
+        return decode(self.ids[self.prefix :], skip_special_tokens=True)[len(before) :]
 
     def push(self, chunk: list[int]) -> None:
         self.ids += chunk
-        text = self.tokenizer.decode(self.ids, skip_special_tokens=True)
-        if text.endswith("\ufffd"):  # a multi-byte character is still incomplete
+        delta = self._delta()
+        if not delta or delta.endswith("\ufffd"):  # nothing yet, or a multi-byte character still incomplete
             return
-        if len(text) > self.sent:
-            self.emit(text[self.sent :])
-            self.sent = len(text)
+        self.emit(delta)
+        self.prefix, self.read = self.read, len(self.ids)
 
     def flush(self) -> None:
-        text = self.tokenizer.decode(self.ids, skip_special_tokens=True)
-        if len(text) > self.sent:
-            self.emit(text[self.sent :])
-            self.sent = len(text)
+        if delta := self._delta():
+            self.emit(delta)
+        self.prefix = self.read = len(self.ids)

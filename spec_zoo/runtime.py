@@ -43,6 +43,7 @@ from transformers.utils import output_capturing
 from spec_zoo.draft import Draft
 from spec_zoo.errors import ConfigError
 from spec_zoo.layers import DecoderStack, causal_mask
+from spec_zoo.paths import cache_root
 from spec_zoo.target import Target
 
 KEY_BLOCK = 64  # attention spans a multiple of this many cache slots (a multiple of every SIMD width)
@@ -85,8 +86,6 @@ AttentionInterface.register("spec_zoo_rowwise", rowwise_attention)
 def use_spec_zoo_inductor_cache() -> None:
     """Point inductor's on-disk caches (autotuning results, compiled kernels) under the
     spec-zoo cache dir, unless the user chose a dir."""
-    from spec_zoo.models import cache_root
-
     os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache_root() / "inductor"))
 
 

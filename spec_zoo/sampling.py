@@ -6,6 +6,7 @@ Drafters and verifiers both call `logits_to_probs`, so the "p" (target) and "q"
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -106,3 +107,18 @@ def to_full_vocab(logits: torch.Tensor, vocab_ids: torch.Tensor | None, size: in
         return logits
     full = logits.new_full((*logits.shape[:-1], size), float("-inf"))
     return full.index_copy_(-1, vocab_ids, logits)
+
+
+def stop_string_list(stop_strings: str | Sequence[str] | None) -> tuple[str, ...]:
+    """Stop strings as a tuple: one plain string is one stop string (not its characters);
+    an empty one would match before any text, so it is refused."""
+    if stop_strings is None:
+        return ()
+    items = (stop_strings,) if isinstance(stop_strings, str) else tuple(stop_strings)
+    for s in items:
+        if not isinstance(s, str) or not s:
+            raise ConfigError(
+                f"generation.stop_strings: {s!r} is not a non-empty string; give text to stop at, "
+                "e.g. generation.stop_strings=['\\n\\n'] (or [] for none)."
+            )
+    return items

@@ -20,6 +20,8 @@ from dataclasses import dataclass
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from spec_zoo.errors import ConfigError
+from spec_zoo.registry import compose, option_names
+from spec_zoo.sampling import stop_string_list
 
 BOOL_WORDS = {"true": True, "yes": True, "on": True, "false": False, "no": False, "off": False}
 ANY = object()  # a key whose type is not known: any value passes
@@ -336,8 +338,6 @@ def _walk(node: Mapping, defaults: Mapping, prefix: str) -> dict:
 
 
 def _stop_strings(value):
-    from spec_zoo.decoder import stop_string_list
-
     return list(stop_string_list(value))
 
 
@@ -348,21 +348,6 @@ NORMALISE = {"generation.stop_strings": _stop_strings}  # key -> value in its on
 HYDRA_FLAGS = {"-h", "--help", "--hydra-help", "-c", "--cfg", "-i", "--info", "-p", "--package", "--resolve",
                "-m", "--multirun", "-cd", "--config-dir", "-cn", "--config-name", "-cp", "--config-path",
                "-sc", "--shell-completion", "--run", "-r", "--version"}
-
-
-def compose(config_name: str | None, overrides: list[str]) -> DictConfig:
-    """Hydra's compose of ``config_name`` (the shipped config dir; None: the overrides alone)
-    with ``overrides``, inside a running @hydra.main app or not."""
-    from hydra import compose as hydra_compose
-    from hydra import initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
-
-    from spec_zoo.api import CONF_DIR
-
-    if GlobalHydra.instance().is_initialized():  # inside a @hydra.main app: its search path
-        return hydra_compose(config_name, overrides=overrides)
-    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
-        return hydra_compose(config_name, overrides=overrides)
 
 
 def check_command_line(config_name: str, argv: list[str]) -> None:
@@ -391,8 +376,6 @@ def composed(config_name: str, overrides: list[str]) -> DictConfig:
 
 def _override_error(config_name: str, before: list[str], override: str, err: Exception) -> ConfigError:
     from hydra.errors import MissingConfigException
-
-    from spec_zoo.registry import option_names
 
     key, _, value = override.partition("=")
     key = key.lstrip("+~")

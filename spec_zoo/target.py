@@ -89,20 +89,6 @@ class Target:
         self.reset()
 
     @property
-    def cost_table(self):
-        """Measured scoring costs t(M) of this model on this machine and runtime (made by
-        `spec-zoo costs`), or None: the adaptive draft length prices steps with it."""
-        if not hasattr(self, "_cost_table"):
-            from spec_zoo.costs import cached_table
-
-            self._cost_table = cached_table(self)
-        return self._cost_table
-
-    @cost_table.setter
-    def cost_table(self, table) -> None:
-        self._cost_table = table
-
-    @property
     def device(self) -> torch.device:
         return self.model.device
 

@@ -32,6 +32,7 @@ from collections.abc import Callable, Mapping
 
 import torch
 
+from spec_zoo.costs import CostTable
 from spec_zoo.draft import ROOT, Draft
 from spec_zoo.errors import ConfigError
 from spec_zoo.interfaces import DecodeState, Verdict
@@ -89,9 +90,6 @@ class TreePolicy(ABC):
     @abstractmethod
     def build(self, expand: Expand, state: DecodeState, sampled: bool) -> Draft:
         """The tree for this step (at most ``state.max_depth`` deep)."""
-
-    def attach(self, target) -> None:
-        """The target the drafts are scored by (a policy may price trees with its cost table)."""
 
     def observe(self, draft: Draft, verdict: Verdict) -> None:
         """What was accepted of the last tree (a policy may learn from it)."""
@@ -339,8 +337,8 @@ class Auto(TreePolicy):
         / (draft_cost x levels + t(nodes + 1) / t(1))
 
     acc[r] is learnt from every verified tree (`RankAcceptance`); t is the target's measured
-    cost table when decoding greedily (`spec_zoo.costs`), else 1 + ``scoring_cost`` per extra
-    token (sampled text must not depend on measured timings). ``prediction`` keeps the
+    cost table when the run carries one (`DecodeState.cost_table`: greedy runs only), else
+    1 + ``scoring_cost`` per extra token (sampled text must not depend on measured timings). ``prediction`` keeps the
     (tokens, cost) predicted for the last tree, so a benchmark can set it against what was
     measured."""
 
@@ -353,7 +351,6 @@ class Auto(TreePolicy):
                               f">= 1; tree.draft_cost={draft_cost}, tree.scoring_cost={scoring_cost}: in [0, 1).")
         self.max_nodes, self.max_depth, self.max_width = max_nodes, max_depth, max_width
         self.draft_cost, self.scoring_cost = draft_cost, scoring_cost
-        self.target = None
         self.stats = RankAcceptance(max_width)
         self.paths: list[tuple[int, ...]] = []
         self.prediction = (1.0, 1.0)  # (expected tokens, cost in target forwards) of the last tree
@@ -363,24 +360,23 @@ class Auto(TreePolicy):
         """Predicted speed of the last tree, in tokens per target forward."""
         return self.prediction[0] / self.prediction[1]
 
-    def attach(self, target) -> None:
-        self.target = target
-
     def acceptance(self) -> list[float]:
         return self.stats.rates()
 
-    def relative_cost(self, tokens: int, greedy: bool) -> float:
-        table = getattr(self.target, "cost_table", None) if greedy else None
+    def relative_cost(self, tokens: int, table: CostTable | None) -> float:
+        """t(tokens) / t(1): from ``table`` when given, else the linear ``scoring_cost`` prior."""
         return table.relative(tokens) if table is not None else 1.0 + self.scoring_cost * (tokens - 1)
 
-    def plan(self, acc: list[float], greedy: bool, depth: int) -> tuple[list[tuple[int, ...]], tuple[float, float]]:
-        """(paths, (expected tokens, cost)) of the best tree at most ``depth`` deep."""
-        paths, value, cost = best_tree(acc, lambda m: self.relative_cost(m, greedy), self.draft_cost,
+    def plan(self, acc: list[float], table: CostTable | None,
+             depth: int) -> tuple[list[tuple[int, ...]], tuple[float, float]]:
+        """(paths, (expected tokens, cost)) of the best tree at most ``depth`` deep, scoring priced
+        by ``table`` (None: the linear prior)."""
+        paths, value, cost = best_tree(acc, lambda m: self.relative_cost(m, table), self.draft_cost,
                                        self.max_nodes, min(depth, self.max_depth), self.max_width)
         return paths, (value, cost)
 
     def build(self, expand: Expand, state: DecodeState, sampled: bool) -> Draft:
-        self.paths, self.prediction = self.plan(self.acceptance(), state.sampling.greedy, state.max_depth)
+        self.paths, self.prediction = self.plan(self.acceptance(), state.cost_table, state.max_depth)
         return Static(self.paths).build(expand, state, sampled) if self.paths else Draft.empty()
 
     def observe(self, draft: Draft, verdict: Verdict) -> None:

@@ -10,10 +10,10 @@ import torch
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from spec_zoo.api import CONF_DIR
 from spec_zoo.artefacts import describe_target
 from spec_zoo.draft_head import save_head
 from spec_zoo.errors import ConfigError
+from spec_zoo.registry import CONF_DIR
 from tests.test_distill import _prompts
 from tests.tiny import tiny_llama
 

@@ -271,7 +271,7 @@ def test_summary_pools_tokens_and_seconds(tmp_path):
 def bench_config(*overrides):
     from hydra import compose, initialize_config_dir
 
-    from spec_zoo.api import CONF_DIR
+    from spec_zoo.registry import CONF_DIR
 
     with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
         return compose("bench", overrides=list(overrides))

@@ -10,8 +10,9 @@ import pytest
 import torch
 
 from spec_zoo import Draft, Drafter, SamplingParams, SpeculativeDecoder, Target, logits_to_probs
-from spec_zoo.api import build_component, compose_config
+from spec_zoo.api import compose_config
 from spec_zoo.errors import ConfigError
+from spec_zoo.registry import build_component
 from spec_zoo.testing import assert_greedy_identity
 from spec_zoo.verifiers.block import BlockVerifier, block_weights
 from tests.drafts import drafter_lineup

@@ -154,8 +154,8 @@ def test_greedy_cascade_prices_members_by_their_measured_time_when_a_cost_table_
     target step) price it below 1 and it is skipped most steps. The text is the same."""
     model = tiny_llama(5, sharpness=3.0)
     target, slow = Target(model), SlowLookup(num_draft=2, adaptive=False)
-    target.cost_table = CostTable([1e-3] * 8, "tiny", "eager", "float32", 1, "test") if table else None
-    decoder = SpeculativeDecoder(target, CascadeDrafter([slow, Fixed([])]))
+    costs = CostTable([1e-3] * 8, "tiny", "eager", "float32", 1, "test") if table else None
+    decoder = SpeculativeDecoder(target, CascadeDrafter([slow, Fixed([])]), cost_table=costs)
     prompt = [5, 6, 7, 8] * 6
     out = decoder.generate(prompt, max_new_tokens=40, eos_token_ids=[])
     steps = out.stats.target_forwards
@@ -189,7 +189,7 @@ def test_needs_target_hidden_is_forwarded():
 def test_members_compose_from_their_yaml_with_overrides():
     cfg = compose_config(["drafter=cascade", "drafter.members=[ngram,none]", "+drafter.params.ngram.num_draft=7",
                           "+drafter.costs.ngram=0.05"])
-    from spec_zoo.api import build_component
+    from spec_zoo.registry import build_component
 
     cascade = build_component(cfg.drafter, "drafter")
     assert cascade.labels == ["ngram", "none"] and cascade.members[0].length.initial == 7

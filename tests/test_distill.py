@@ -13,13 +13,13 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from spec_zoo import Draft, SpeculativeDecoder, Target
-from spec_zoo.api import CONF_DIR
 from spec_zoo.artefacts import describe_target
 from spec_zoo.bench.methods import resolve_methods
 from spec_zoo.drafters.distilled.drafter import DistilledDrafter
 from spec_zoo.drafters.distilled.student import save_artefact, student_from_target
 from spec_zoo.drafters.distilled.train import distill
 from spec_zoo.errors import ConfigError
+from spec_zoo.registry import CONF_DIR
 from spec_zoo.train.losses import divergence
 from spec_zoo.verifiers.greedy import GreedyVerifier
 from spec_zoo.verifiers.rejection import RejectionVerifier

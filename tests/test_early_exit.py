@@ -15,11 +15,11 @@ import torch
 from hydra import compose, initialize_config_dir
 
 from spec_zoo import SamplingParams, SpeculativeDecoder, Target
-from spec_zoo.api import CONF_DIR
 from spec_zoo.drafters.early_exit.adapter import ExitAdapter, load_adapter
 from spec_zoo.drafters.early_exit.drafter import EarlyExitDrafter, shipped_adapter
 from spec_zoo.drafters.early_exit.train import train_exit_adapter
 from spec_zoo.errors import ConfigError
+from spec_zoo.registry import CONF_DIR
 from tests.drafts import exit_adapter
 from tests.heads import check_corrupt_files_fail, teacher, train_cfg
 from tests.test_sampling_exact import P_MIN, SETTINGS, _check
@@ -183,7 +183,7 @@ def test_bad_training_config_fails_before_any_model_load(tmp_path, override, key
 
 
 def test_configs_compose_and_build():
-    from spec_zoo.api import build_component
+    from spec_zoo.registry import build_component
 
     with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
         plain = compose("config", overrides=["drafter=early_exit", "drafter.exit_layer=1"])

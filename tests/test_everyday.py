@@ -13,8 +13,8 @@ from omegaconf import OmegaConf
 import spec_zoo
 from spec_zoo import SamplingParams, SpeculativeDecoder, Target
 from spec_zoo.api import build_decoder, compose_config, label
-from spec_zoo.decoder import stop_string_list
 from spec_zoo.errors import ConfigError
+from spec_zoo.sampling import stop_string_list
 from spec_zoo.schema import validate
 from tests.drafts import drafter_lineup
 from tests.tiny import one_thread, tiny_llama  # noqa: F401 (autouse fixture)
@@ -40,6 +40,52 @@ def test_a_plain_stop_string_is_one_string_not_its_characters():
 def test_an_empty_or_non_text_stop_string_is_refused(bad):
     with pytest.raises(ConfigError, match="generation.stop_strings: .* is not a non-empty string"):
         composed(**{"generation.stop_strings": bad})
+
+
+class LetterTokenizer:
+    """Token i is one letter; ``decoded`` counts the tokens every ``decode`` call was given."""
+
+    chat_template, eos_token_id = None, None
+
+    def __init__(self):
+        self.decoded = 0
+
+    def decode(self, ids, skip_special_tokens=True):
+        self.decoded += len(ids)
+        return "".join(chr(ord("a") + i % 26) for i in ids)
+
+
+def long_run(stop_strings=(), length=2000):
+    """A tiny target with a letter tokenizer, decoding ``length`` tokens with text streamed:
+    (output, the streamed pieces, the tokens decoded per step)."""
+    tok = LetterTokenizer()
+    model = tiny_llama(4, vocab=26, sharpness=0.5, max_position_embeddings=length + 64)
+    decoder = SpeculativeDecoder(Target(model, tokenizer=tok))
+    work = []
+    decoder.observers.append(lambda draft, verdict, step: work.append(tok.decoded))
+    pieces = []
+    out = decoder.generate([3, 4, 5, 6], max_new_tokens=length, stop_strings=stop_strings, eos_token_ids=[],
+                           on_text=pieces.append)
+    return out, pieces, [b - a for a, b in zip(work, work[1:])]
+
+
+def test_stop_strings_and_streaming_cost_no_more_late_in_a_long_output():
+    """2,000 tokens with a stop string that never matches: the tokens decoded per step (stop
+    check and text streaming) are as many at the end as near the start, not the output so far."""
+    out, pieces, per_step = long_run(stop_strings=["NEVER"])
+    assert len(out.ids) == 2000 and out.finish_reason == "length"
+    assert "".join(pieces) == out.text
+    assert max(per_step[-200:]) <= max(per_step[20:220]) < 100
+
+
+def test_a_stop_string_deep_in_a_long_output_cuts_where_it_first_completes():
+    """The stop check reads only a tail of the output: a stop string taken from deep in a
+    plain run's text (spanning several steps' tokens) still cuts at its first occurrence."""
+    plain, _, _ = long_run(length=1200)
+    stop = plain.text[1000:1012]
+    end = plain.text.index(stop) + len(stop)
+    out, pieces, _ = long_run(stop_strings=[stop], length=1200)
+    assert out.finish_reason == "stop_string" and out.text == plain.text[:end] == "".join(pieces)
 
 
 @pytest.mark.real_model

@@ -1,6 +1,8 @@
 """The layout's rules, read from the source: imports run one way (core <- methods <-
-training), inference never imports training, and docs/architecture.md's module map lists
-every module of the package (and nothing that does not exist)."""
+training) with no circle among the project's modules (imports inside functions included),
+the core's own layers in order, inference never imports training, and
+docs/architecture.md's module map lists every module of the package (and nothing that does
+not exist)."""
 
 from __future__ import annotations
 
@@ -35,6 +37,122 @@ def imported(path: str) -> set[str]:
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             names.add(node.module)
     return names
+
+
+# The core's layers, lowest first: a module imports its own layer or lower ones, never a
+# higher one (the dotted name under spec_zoo; "" is the package itself). Methods sit above
+# the core, then the tools built on both, then training. A new module takes its place here.
+CORE_LAYERS = [
+    ("errors", "paths", "draft", "stats"),
+    ("sampling", "layers", "artefacts", "costs"),
+    ("target", "interfaces", "draft_head"),
+    ("draft_length", "runtime", "registry"),
+    ("chain", "trees", "models", "schema"),
+    ("decoder",),
+    ("api", ""),
+]
+METHODS, TOOLS, TRAINING = len(CORE_LAYERS), len(CORE_LAYERS) + 1, len(CORE_LAYERS) + 2
+TOOL_MODULES = ("cli", "testing", "bench", "report")
+
+
+def module_name(path: Path, root: Path) -> str:
+    """The dotted name a source file is imported as (drafters/ and verifiers/ ship inside spec_zoo)."""
+    parts = list(path.relative_to(root).with_suffix("").parts)
+    if parts[0] in ("drafters", "verifiers"):
+        parts.insert(0, "spec_zoo")
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def import_graph(root: Path, tops: tuple[str, ...]) -> dict[str, set[str]]:
+    """module -> the project modules it imports anywhere in its source (inside functions and
+    ``TYPE_CHECKING`` blocks too; relative imports resolved)."""
+    files = {module_name(p, root): p for top in tops for p in (root / top).rglob("*.py")}
+    graph = {}
+    for name, path in files.items():
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        deps = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                wanted = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1] + [base] * bool(base))
+                wanted = [base] + [f"{base}.{a.name}" for a in node.names]
+            else:
+                continue
+            for w in wanted:
+                while w and w not in files:  # `from pkg import name`: the longest module prefix
+                    w = w.rpartition(".")[0]
+                if w and w != name:
+                    deps.add(w)
+        graph[name] = deps
+    return graph
+
+
+def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Each circle of imports once, as the modules on it (strongly connected components of
+    more than one module, by Tarjan's algorithm)."""
+    index, low, stack, on_stack, cycles = {}, {}, [], set(), []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while not component or component[-1] != v:
+                component.append(stack.pop())
+                on_stack.discard(component[-1])
+            if len(component) > 1:
+                cycles.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return cycles
+
+
+def layer(module: str) -> int:
+    if is_training(module):
+        return TRAINING
+    if module.startswith(("spec_zoo.drafters", "spec_zoo.verifiers")):
+        return METHODS
+    first = module.removeprefix("spec_zoo").removeprefix(".").split(".")[0]
+    if first in TOOL_MODULES:
+        return TOOLS
+    found = [i for i, names in enumerate(CORE_LAYERS) if first in names]
+    assert found, f"spec_zoo.{first} has no layer: add it to CORE_LAYERS in tests/test_layout.py"
+    return found[0]
+
+
+def test_no_import_circle():
+    cycles = import_cycles(import_graph(ROOT, SOURCES))
+    assert not cycles, f"import circles (imports inside functions count): {cycles}"
+
+
+def test_a_planted_circle_is_found(tmp_path):
+    """The check itself: two modules importing each other, one only inside a function."""
+    (tmp_path / "spec_zoo").mkdir()
+    (tmp_path / "spec_zoo" / "a.py").write_text("from spec_zoo.b import g\n")
+    (tmp_path / "spec_zoo" / "b.py").write_text("def g():\n    from spec_zoo import a\n")
+    (tmp_path / "spec_zoo" / "c.py").write_text("from . import b\n")
+    graph = import_graph(tmp_path, ("spec_zoo",))
+    assert graph["spec_zoo.c"] == {"spec_zoo.b"}
+    assert import_cycles(graph) == [["spec_zoo.a", "spec_zoo.b"]]
+
+
+def test_imports_follow_the_layers():
+    graph = import_graph(ROOT, SOURCES)
+    upward = sorted(f"{m} -> {d}" for m, deps in graph.items() for d in deps
+                    if layer(d) > layer(m) and d not in TRAINING_ALLOWED.get(m.replace(".", "/") + ".py", ()))
+    assert not upward, f"imports against the layering (a lower module importing a higher one): {upward}"
 
 
 def is_training(module: str) -> bool:
@@ -74,9 +192,8 @@ def test_every_experiment_preset_and_method_composes():
     """Every preset and bench method resolves after the move (no model loads)."""
     from hydra import compose, initialize_config_dir
 
-    from spec_zoo.api import CONF_DIR
     from spec_zoo.bench.methods import resolve_methods
-    from spec_zoo.registry import option_names
+    from spec_zoo.registry import CONF_DIR, option_names
 
     with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
         for preset in option_names("experiment"):

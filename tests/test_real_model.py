@@ -102,7 +102,7 @@ def test_translation_prompts_are_the_targets_own_german(smollm2_target, tmp_path
 
     from hydra import compose, initialize_config_dir
 
-    from spec_zoo.api import CONF_DIR
+    from spec_zoo.registry import CONF_DIR
     from spec_zoo.train.translations import SOURCE, looks_german, make_translations
 
     news = [f"The mayor of {city} said that {place} will open again next week." for city in

@@ -16,10 +16,12 @@ import torch
 from spec_zoo import SamplingParams, SpeculativeDecoder, Target
 from spec_zoo.costs import CostTable, measure
 from spec_zoo.draft import Draft
-from spec_zoo.draft_length import DraftLength, scoring_costs
+from spec_zoo.draft_length import DraftLength
 from spec_zoo.errors import ConfigError
+from spec_zoo.interfaces import DecodeState
 from spec_zoo.models import check_runtime
 from spec_zoo.runtime import DRAFT_BLOCK, CompiledTarget
+from spec_zoo.sampling import SamplingParams
 from spec_zoo.testing import PROMPT, SETTINGS, goodness_of_fit, hf_greedy, sample_counts, sampling_model
 from spec_zoo.testing import exact_distribution as exact
 from spec_zoo.verifiers.greedy import GreedyVerifier
@@ -206,12 +208,13 @@ def test_the_draft_length_follows_the_cost_table():
         length.update(8, 8)  # everything accepted: acceptance near 1
     assert length.choose() == 8
     step = CostTable([1.0, 1.0, 1.0, 1.0, 3.0, 3.2, 3.4, 3.6, 3.8], "m", "compiled", "float32", 1, "x")
-    with scoring_costs(step):
-        assert length.choose() == 3
+    state = DecodeState([0], 1, 8, SamplingParams(), torch.Generator(), cost_table=step)
+    assert length.choose(state=state) == 3
 
 
 def test_spec_zoo_costs_measures_saves_and_plots_the_table(tmp_path, monkeypatch, capsys):
     """`spec-zoo costs` on a local model: the table lands where targets look it up, with a PNG."""
+    from spec_zoo.api import build_decoder, compose_config
     from spec_zoo.cli import runtime_command
     from spec_zoo.costs import cached_table
     from spec_zoo.testing import tiny_llama
@@ -223,7 +226,8 @@ def test_spec_zoo_costs_measures_saves_and_plots_the_table(tmp_path, monkeypatch
     assert "M=1:" in printed and "M=16:" in printed
     target = Target(tiny_llama(3, dtype=torch.float32))
     table = cached_table(target)
-    assert table is not None and len(table.seconds) == 16 and target.cost_table == table
+    decoder = build_decoder(compose_config(["model=local", f"model.path={tmp_path / 'm'}"]), target=target)
+    assert table is not None and len(table.seconds) == 16 and decoder.cost_table == table
     assert (tmp_path / "cache" / "costs").is_dir() and list((tmp_path / "cache" / "costs").glob("*.png"))
     with pytest.raises(ConfigError, match="model.runtime=eager has nothing to compile"):
         runtime_command("warmup", ["model=local", f"model.path={tmp_path / 'm'}"])

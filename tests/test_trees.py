@@ -357,11 +357,6 @@ class Table:
         self.relative = relative
 
 
-class Scorer:
-    def __init__(self, table):
-        self.cost_table = table
-
-
 TABLES = {
     "cpu_steps": Table(lambda m: 1.0 if m <= 4 else 1.7 if m <= 6 else 1.0 + 0.25 * m),  # flat to 4, then jumps
     "gpu_flat": Table(lambda m: 1.0 + 0.005 * m),
@@ -374,10 +369,9 @@ TABLES = {
                                         ([9.5, 0.2, 0.1, 0.0], 10.0), ([2.0, 4.0, 1.0, 0.0], 10.0)])
 def test_auto_never_predicts_worse_than_a_fixed_tree(table, seen, tried):
     auto = Auto(max_nodes=16, max_depth=6, max_width=4, draft_cost=0.05)
-    auto.attach(Scorer(TABLES[table]))
     auto.stats.seen, auto.stats.tried = seen, [tried] * 4
     acc = auto.acceptance()
-    paths, (tokens, cost) = auto.plan(acc, greedy=True, depth=8)
+    paths, (tokens, cost) = auto.plan(acc, TABLES[table], depth=8)
     predicted = tokens / cost
     fixed = [TopK(w, d).paths for w in range(1, 5) for d in range(1, 7) if len(TopK(w, d).paths) <= 16]
     fixed += [POLICIES["static"]().paths, []]
@@ -395,9 +389,8 @@ def test_auto_sizes_the_tree_by_the_machine():
     sizes = {}
     for name in ("gpu_flat", "steep"):
         auto = Auto(max_nodes=16, max_depth=6)
-        auto.attach(Scorer(TABLES[name]))
         auto.stats.seen, auto.stats.tried = [6.0, 2.0, 1.0, 0.5], [10.0] * 4
-        sizes[name] = len(auto.plan(auto.acceptance(), greedy=True, depth=8)[0])
+        sizes[name] = len(auto.plan(auto.acceptance(), TABLES[name], depth=8)[0])
     assert sizes["gpu_flat"] >= 12 and sizes["steep"] <= 4
 
 
@@ -413,10 +406,10 @@ def test_auto_learns_acceptance_per_rank():
     assert learnt["deep"][0] > 0.9 > prior[0] and learnt["none"][0] < 0.1 and learnt["none"][1] < prior[1]
     auto = Auto(max_nodes=6, max_depth=3, max_width=2)
     auto.stats.seen, auto.stats.tried = [0.0, 0.0], [50.0, 50.0]  # drafts kept failing: auto drafts nothing now ...
-    assert auto.plan(auto.acceptance(), greedy=False, depth=3)[0] == []
+    assert auto.plan(auto.acceptance(), None, depth=3)[0] == []
     for _ in range(100):  # ... and steps without a draft let that evidence fade, so it tries again
         auto.observe(Draft.empty(), Verdict([], 9, bonus=True))
-    assert auto.plan(auto.acceptance(), greedy=False, depth=3)[0]
+    assert auto.plan(auto.acceptance(), None, depth=3)[0]
 
 
 # -- the target: tree masks, positions and commits on both runtimes ---------------------------

@@ -9,8 +9,8 @@ import time
 import torch
 from omegaconf import OmegaConf
 
-from spec_zoo.api import CONF_DIR
 from spec_zoo.models import load_target
+from spec_zoo.registry import CONF_DIR
 from spec_zoo.train.data import generate_batch
 from spec_zoo.train.mixture import categories, mixture_prompts
 

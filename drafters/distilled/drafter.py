@@ -60,8 +60,6 @@ class DistilledDrafter(SmallModelDrafter):
 
         if self._attached_to is target:
             return
-        if self.tree is not None:
-            self.tree.attach(target)
         check_target(self.record, target.model, self.path)
         if self.runner.tokenizer is not None and target.tokenizer is not None:
             if self.runner.tokenizer.get_vocab() != target.tokenizer.get_vocab():

@@ -27,10 +27,9 @@ from spec_zoo.draft import ROOT, Draft
 from spec_zoo.draft_length import DraftLength
 from spec_zoo.drafters.eagle.head import EagleHead, load_eagle
 from spec_zoo.errors import ConfigError
-from spec_zoo.interfaces import DecodeState, Verdict
+from spec_zoo.interfaces import DecodeState
 from spec_zoo.layers import DecoderStack, causal_mask
 from spec_zoo.sampling import check_sample_mode, drafts_sampled, to_full_vocab
-from spec_zoo.stats import StepStats
 from spec_zoo.target import Target, follow
 from spec_zoo.trees import TreeLevels, build_tree_policy
 
@@ -64,8 +63,6 @@ class EagleDrafter(ChainDrafter):
         self.target: Target | None = None
 
     def attach(self, target: Target) -> None:
-        if self.tree is not None:
-            self.tree.attach(target)
         self.stack = DecoderStack(target.model)
         source = self.head_source
         self.head = source if isinstance(source, EagleHead) else load_eagle(source or SHIPPED, target.model)
@@ -105,7 +102,7 @@ class EagleDrafter(ChainDrafter):
             self._seen = state.target_hidden
         tokens, n = state.tokens, len(state.tokens) - 1
         have = sum(f.shape[0] for f in self._features)
-        k = min(self.length.choose(), state.max_depth) if self.tree is None else state.max_depth
+        k = min(self.length.choose(state=state), state.max_depth) if self.tree is None else state.max_depth
         if have == 0 or k == 0:  # nothing read by the target yet, or drafting does not pay now
             return Draft.empty()
         if have != n:
@@ -142,9 +139,3 @@ class EagleDrafter(ChainDrafter):
             return self._logits(torch.stack([outs[node] for node in nodes]))
 
         return expand
-
-    def on_commit(self, draft: Draft, verdict: Verdict, step: StepStats) -> None:
-        if self.tree is None:  # the length rule models chains
-            super().on_commit(draft, verdict, step)
-        else:
-            self.tree.observe(draft, verdict)

@@ -29,10 +29,9 @@ from spec_zoo.draft import ROOT, Draft
 from spec_zoo.draft_length import DraftLength
 from spec_zoo.drafters.early_exit.adapter import ExitAdapter, check_exit_layer, load_adapter
 from spec_zoo.errors import ConfigError
-from spec_zoo.interfaces import DecodeState, Verdict
+from spec_zoo.interfaces import DecodeState
 from spec_zoo.layers import DecoderStack, causal_mask
 from spec_zoo.sampling import check_sample_mode, drafts_sampled, to_full_vocab
-from spec_zoo.stats import StepStats
 from spec_zoo.target import Target, follow, shared_prefix
 from spec_zoo.trees import TreeLevels, build_tree_policy
 
@@ -101,8 +100,6 @@ class EarlyExitDrafter(ChainDrafter):
         self.target: Target | None = None
 
     def attach(self, target: Target) -> None:
-        if self.tree is not None:
-            self.tree.attach(target)
         self.stack = DecoderStack(target.model)
         check_exit_layer(self.exit_layer, self.stack.num_layers)
         source = self.adapter_source
@@ -179,7 +176,7 @@ class EarlyExitDrafter(ChainDrafter):
         if self.target is None:
             raise RuntimeError("EarlyExitDrafter.attach(target) must be called before drafting")
         tokens = state.tokens
-        k = min(self.length.choose(), state.max_depth) if self.tree is None else state.max_depth
+        k = min(self.length.choose(state=state), state.max_depth) if self.tree is None else state.max_depth
         if k == 0 and not self.reuse_kv:  # a plain target step; the shallow cache catches up later
             return Draft.empty()
         keep = self._rewind(tokens)
@@ -190,9 +187,3 @@ class EarlyExitDrafter(ChainDrafter):
         # with KV reuse the target resumes from every node's layer-E state: feed the last one too
         return self.draft_chain(state, logits, k, lambda token, more: self._advance([token], need_logits=more),
                                 stop, advance_last=self.reuse_kv)
-
-    def on_commit(self, draft: Draft, verdict: Verdict, step: StepStats) -> None:
-        if self.tree is None:  # the length rule models chains
-            super().on_commit(draft, verdict, step)
-        else:
-            self.tree.observe(draft, verdict)

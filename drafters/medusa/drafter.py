@@ -32,9 +32,8 @@ from spec_zoo.draft import ROOT, Draft
 from spec_zoo.draft_length import DraftLength
 from spec_zoo.drafters.medusa.heads import MedusaHeads, load_medusa
 from spec_zoo.errors import ConfigError
-from spec_zoo.interfaces import DecodeState, Verdict
+from spec_zoo.interfaces import DecodeState
 from spec_zoo.sampling import check_sample_mode, drafts_sampled, to_full_vocab
-from spec_zoo.stats import StepStats
 from spec_zoo.target import Target
 from spec_zoo.trees import Static, build_tree_policy
 
@@ -79,8 +78,6 @@ class MedusaDrafter(ChainDrafter):
         if int(self.num_draft or K) > K:
             raise ConfigError(f"drafter.num_draft={self.num_draft} but the Medusa heads have {K} heads (one token "
                               f"each); use at most {K}, or null for one per head.")
-        if self.tree is not None:
-            self.tree.attach(target)
         self.length = DraftLength(int(self.num_draft or K), self.adaptive, K, self.token_cost, self.learn_cost)
         self.target = target
 
@@ -101,14 +98,8 @@ class MedusaDrafter(ChainDrafter):
 
             capped = replace(state, max_depth=min(state.max_depth, self.heads.num_heads))
             return self.tree.build(expand, capped, drafts_sampled(self.sample_mode, state.sampling))
-        k = min(self.length.choose(), state.max_depth)
+        k = min(self.length.choose(state=state), state.max_depth)
         if k == 0:
             return Draft.empty()
         rows = iter(logits[1:])
         return self.draft_chain(state, logits[0], k, lambda token, more: next(rows))
-
-    def on_commit(self, draft: Draft, verdict: Verdict, step: StepStats) -> None:
-        if self.tree is None:  # the length rule models chains
-            super().on_commit(draft, verdict, step)
-        else:
-            self.tree.observe(draft, verdict)

@@ -12,7 +12,6 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
-from spec_zoo.api import CONF_DIR
 from spec_zoo.bench.dataset import load_dataset, prompt_encoder
 from spec_zoo.bench.methods import build_method, resolve_methods
 from spec_zoo.bench.records import TRACE_FILE, check_schema, read_records
@@ -20,6 +19,7 @@ from spec_zoo.bench.runner import run_benchmark, run_context
 from spec_zoo.bench.summary import Summary, summarize, summarize_file
 from spec_zoo.cli import _quiet_transformers, checked_command_line
 from spec_zoo.errors import ConfigError
+from spec_zoo.registry import CONF_DIR
 from spec_zoo.sampling import SamplingParams
 from spec_zoo.schema import locate, validate
 

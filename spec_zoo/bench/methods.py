@@ -30,11 +30,12 @@ from pathlib import Path
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from spec_zoo.api import build_component
 from spec_zoo.bench.records import BASELINE
+from spec_zoo.costs import cached_table
 from spec_zoo.decoder import SpeculativeDecoder
 from spec_zoo.errors import ConfigError
-from spec_zoo.registry import compose_option, option_names
+from spec_zoo.paths import cache_root
+from spec_zoo.registry import build_component, compose_option, option_names
 from spec_zoo.sampling import SamplingParams
 from spec_zoo.target import Target
 from spec_zoo.trees import Auto, path_shape
@@ -85,8 +86,6 @@ class MethodSpec:
 
 def _assistant_path(assistant: Mapping) -> str:
     """The assistant model dir; with no ``path``, where its truncated draft is (made on first use)."""
-    from spec_zoo.models import cache_root
-
     return assistant.get("path") or str(cache_root() / f"smollm2-135m-trunc{assistant['draft_layers']}")
 
 
@@ -201,26 +200,22 @@ class StepTrace:
     """What each step of one generation drafted and accepted, for replaying the run under
     another cost table (`spec_zoo.report.projection`): the accepted path's tree shape
     (`spec_zoo.trees.path_shape`) and, for ``tree=auto``, the (tokens, cost) its policy
-    predicted. Read in the drafter's ``on_commit``, after the step's timed phases (the
-    decoder has no other hook; the drafter is restored on exit)."""
+    predicted. Subscribed to the decoder's step observers while in its ``with`` block."""
 
-    def __init__(self, drafter):
-        self.drafter, self.steps = drafter, []
-        policy = getattr(drafter, "tree", None)
+    def __init__(self, decoder: SpeculativeDecoder):
+        self.decoder, self.steps = decoder, []
+        policy = getattr(decoder.drafter, "tree", None)
         self.policy = policy if isinstance(policy, Auto) else None
 
     def __enter__(self) -> StepTrace:
-        inner = self.drafter.on_commit
-
-        def on_commit(draft, verdict, step):
-            self.steps.append((draft.parents, verdict.path, self._prediction(draft)))
-            inner(draft, verdict, step)
-
-        self.drafter.on_commit = on_commit
+        self.decoder.observers.append(self.observe)
         return self
 
     def __exit__(self, *exc) -> None:
-        del self.drafter.on_commit
+        self.decoder.observers.remove(self.observe)
+
+    def observe(self, draft, verdict, step) -> None:
+        self.steps.append((draft.parents, verdict.path, self._prediction(draft)))
 
     def _prediction(self, draft) -> tuple[float, float] | None:
         if self.policy is None:
@@ -268,7 +263,7 @@ class SpecZooMethod(Method):
         self.decoder, self.stop_strings, self.eos_token_ids = decoder, tuple(stop_strings), eos_token_ids
 
     def run(self, prompt_ids, max_new_tokens, seed):
-        with StepTrace(self.decoder.drafter) as trace:
+        with StepTrace(self.decoder) as trace:
             out = self.decoder.generate(prompt_ids, max_new_tokens, self.stop_strings, self.eos_token_ids, seed)
         stats = out.stats
         fields = {**stats.as_dict(), "drafted": stats.drafted, "accepted": stats.accepted,
@@ -349,7 +344,7 @@ def build_method(spec: MethodSpec, target: Target, sampling: SamplingParams, con
         key = f"methods.{spec.name}"
         drafter = build_component(OmegaConf.create(spec.drafter), f"{key}.drafter")
         verifier = build_component(OmegaConf.create(spec.verifier), f"{key}.verifier") if spec.verifier else None
-        decoder = SpeculativeDecoder(target, drafter, verifier, sampling, seed)
+        decoder = SpeculativeDecoder(target, drafter, verifier, sampling, seed, cost_table=cached_table(target))
         return SpecZooMethod(spec.name, decoder, spec.record_params, config_hash,
                              spec.drafter_label, stop_strings, eos_token_ids)
     kwargs = dict(spec.params)

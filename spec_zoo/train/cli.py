@@ -13,8 +13,8 @@ import sys
 import hydra
 from omegaconf import DictConfig
 
-from spec_zoo.api import CONF_DIR
 from spec_zoo.errors import ConfigError
+from spec_zoo.registry import CONF_DIR
 
 
 def _run(train, cfg: DictConfig, config_name: str) -> None:
