@@ -36,7 +36,7 @@ from __future__ import annotations
 import torch
 
 from spec_zoo.draft import ROOT, Draft
-from spec_zoo.drafters.cascade import ComposedDrafter
+from spec_zoo.drafters.composed import ComposedDrafter
 from spec_zoo.interfaces import DecodeState
 
 

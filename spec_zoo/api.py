@@ -13,7 +13,7 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from spec_zoo.costs import cached_table
-from spec_zoo.decoder import Output, SpeculativeDecoder
+from spec_zoo.decoder import Output, SpeculativeDecoder, refuse_empty
 from spec_zoo.errors import ConfigError, first_line
 from spec_zoo.interfaces import Drafter, Verifier
 from spec_zoo.models import check_model_config, load_target
@@ -108,9 +108,7 @@ def build_decoder(
     sampling = SamplingParams(temperature=float(gen.temperature), top_k=gen.top_k, top_p=float(gen.top_p))
     verifier = verifier or build_component(cfg.verifier, "verifier")
     verifier.check(sampling)
-    prompt = read_prompt(cfg)
-    if (isinstance(prompt, str) and not prompt.strip()) or len(prompt) == 0:
-        raise ConfigError("prompt: it is empty; pass some text, e.g. prompt='Tell me about bees'.")
+    refuse_empty(read_prompt(cfg))
     if drafter is None:
         draft_path = cfg.drafter.get("path")
         if isinstance(draft_path, str) and not Path(draft_path).expanduser().is_dir():

@@ -8,18 +8,10 @@ import sys
 import hydra
 from omegaconf import DictConfig
 
-from spec_zoo.api import build_decoder, label, run
+from spec_zoo.api import build_decoder, label, quiet_loading, run
 from spec_zoo.errors import ConfigError
 from spec_zoo.registry import CONF_DIR
 from spec_zoo.schema import check_command_line
-
-
-def _quiet_transformers() -> None:
-    """Progress bars and load reports would interleave with the streamed text."""
-    from transformers.utils import logging
-
-    logging.set_verbosity_error()
-    logging.disable_progress_bar()
 
 
 def _fail(error: ConfigError) -> None:
@@ -33,10 +25,10 @@ def _hydra_main(cfg: DictConfig) -> None:
     text, then print one summary line (tau, alpha, speed)."""
     from hydra.core.hydra_config import HydraConfig
 
-    _quiet_transformers()
     try:
-        decoder = build_decoder(cfg)
-        out = run(cfg, decoder, on_text=lambda text: print(text, end="", flush=True))
+        with quiet_loading():  # progress bars and load reports would interleave with the text
+            decoder = build_decoder(cfg)
+            out = run(cfg, decoder, on_text=lambda text: print(text, end="", flush=True))
     except ConfigError as e:
         _fail(e)
     print()
@@ -87,9 +79,9 @@ def runtime_command(command: str, overrides: list[str]) -> None:
     from spec_zoo.api import compose_config, load_checked_target
     from spec_zoo.costs import measure, plot_table, table_path
 
-    _quiet_transformers()
     cfg = compose_config(overrides)
-    target = load_checked_target(cfg.model)
+    with quiet_loading():
+        target = load_checked_target(cfg.model)
     if command == "warmup":
         if not hasattr(target, "warm_up"):
             raise ConfigError("spec-zoo warmup: model.runtime=eager has nothing to compile; "
@@ -156,11 +148,11 @@ def make_draft(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if args.layers < 1:  # before the model loads (the upper bound needs the target)
         _fail(ConfigError(f"--layers={args.layers}; keep at least 1 layer, e.g. --layers 4."))
-    _quiet_transformers()
     out = args.out or cache_root() / f"smollm2-135m-trunc{args.layers}"
     try:
-        target = load_target()
-        path = make_truncated_draft(target.model, args.layers, out, tokenizer=target.tokenizer)
+        with quiet_loading():
+            target = load_target()
+            path = make_truncated_draft(target.model, args.layers, out, tokenizer=target.tokenizer)
     except ConfigError as e:
         _fail(e)
     print(path)

@@ -76,9 +76,8 @@ class SpeculativeDecoder:
     def encode(self, prompt: str | Sequence[int], chat: bool = True) -> list[int]:
         """Token ids of ``prompt``; text goes through the chat template when the
         tokenizer has one and ``chat`` is set (instruct models expect it)."""
+        refuse_empty(prompt)
         if isinstance(prompt, str):
-            if not prompt.strip():
-                raise ConfigError("prompt: it is empty; pass some text, e.g. prompt='Tell me about bees'.")
             tok = self._tokenizer()
             if chat and getattr(tok, "chat_template", None):
                 _warn_chat_markers(prompt, tok)
@@ -91,8 +90,6 @@ class SpeculativeDecoder:
             ids = None
         if ids is None or len(ids) != len(prompt):
             raise ConfigError(f"prompt: {list(prompt)[:8]!r} is not text or token ids; pass a string or a list of ints.")
-        if not ids:
-            raise ConfigError("prompt: it is empty; pass at least one token id.")
         vocab = self.target.vocab_size
         if bad := [t for t in ids if not 0 <= t < vocab]:
             raise ConfigError(
@@ -252,6 +249,14 @@ class SpeculativeDecoder:
             pieces.clear()
         printer.flush()
         yield from pieces
+
+
+def refuse_empty(prompt: str | Sequence[int]) -> None:
+    """An empty prompt (blank text, no token ids) leaves nothing to continue: refused."""
+    if isinstance(prompt, str) and not prompt.strip():
+        raise ConfigError("prompt: it is empty; pass some text, e.g. prompt='Tell me about bees'.")
+    if not isinstance(prompt, str) and len(prompt) == 0:
+        raise ConfigError("prompt: it is empty; pass at least one token id.")
 
 
 def _warn_chat_markers(prompt: str, tokenizer) -> None:

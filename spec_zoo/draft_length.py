@@ -42,8 +42,8 @@ from spec_zoo.errors import ConfigError
 if TYPE_CHECKING:
     from spec_zoo.interfaces import DecodeState
 
-PRIOR_ACCEPT, PRIOR_WEIGHT = 0.6, 1.0  # mild prior, so one early rejection does not stop drafting
-DECAY = 0.9  # weight of past evidence per new observed token (memory of ~10 tokens)
+CHAIN_PRIOR_ACCEPT, CHAIN_PRIOR_WEIGHT = 0.6, 1.0  # mild prior, so one early rejection does not stop drafting
+CHAIN_DECAY = 0.9  # weight of past evidence per new observed token (memory of ~10 tokens)
 TIME_DECAY = 0.97  # weight of past step timings per step (memory of ~30 steps)
 MIN_STEPS = 8  # timed steps before a fit is trusted
 
@@ -99,7 +99,7 @@ class DraftLength:
     def acceptance(self, bucket: object = None) -> float:
         """Estimated probability that a draft token is accepted given its predecessors were."""
         ok, bad = self._evidence.get(bucket, (0.0, 0.0))
-        return (ok + PRIOR_ACCEPT * PRIOR_WEIGHT) / (ok + bad + PRIOR_WEIGHT)
+        return (ok + CHAIN_PRIOR_ACCEPT * CHAIN_PRIOR_WEIGHT) / (ok + bad + CHAIN_PRIOR_WEIGHT)
 
     def choose(self, bucket: object = None, state: DecodeState | None = None) -> int:
         """Tokens to draft now; 0 means drafting is not expected to pay off. ``state`` says
@@ -128,11 +128,11 @@ class DraftLength:
         self._first_step = False
         if drafted == 0:  # nothing to learn; let old evidence fade so drafting is retried later
             if bucket in self._evidence:
-                self._evidence[bucket] = [x * DECAY for x in self._evidence[bucket]]
+                self._evidence[bucket] = [x * CHAIN_DECAY for x in self._evidence[bucket]]
             return
         ok, bad = self._evidence.get(bucket, (0.0, 0.0))
         rejected = int(accepted < drafted)
-        fade = DECAY ** (accepted + rejected)
+        fade = CHAIN_DECAY ** (accepted + rejected)
         self._evidence[bucket] = [ok * fade + accepted, bad * fade + rejected]
 
 

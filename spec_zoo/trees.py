@@ -244,7 +244,7 @@ class MultiDraft(TreePolicy):
         return tree.draft("iid")
 
 
-PRIOR_ACCEPT, PRIOR_WEIGHT, DECAY = 0.5, 2.0, 0.95  # per-rank acceptance: prior 0.5 / 2^rank, ~20-step memory
+RANK_PRIOR_ACCEPT, RANK_PRIOR_WEIGHT, RANK_DECAY = 0.5, 2.0, 0.95  # per-rank acceptance: prior 0.5 / 2^rank, ~20-step memory
 
 Relative = Callable[[int], float]  # M scored tokens -> t(M) / t(1)
 
@@ -266,7 +266,7 @@ class RankAcceptance:
     ``decay`` per observed node (1: plain counts, as a replay of a whole run uses); a rank
     never drafted keeps its prior, so chains alone say nothing against trees."""
 
-    def __init__(self, width: int, decay: float = DECAY):
+    def __init__(self, width: int, decay: float = RANK_DECAY):
         self.decay = decay
         self.seen = [0.0] * width  # times the rank-r child was the accepted one
         self.tried = [0.0] * width  # reached nodes with a rank-r child
@@ -287,7 +287,7 @@ class RankAcceptance:
     def rates(self) -> list[float]:
         """acc[r] (prior 0.5 / 2^r), made non-increasing in r (a lower-ranked token is the
         likelier one), which is what makes taking the most valuable nodes first optimal."""
-        rates = [(seen + PRIOR_ACCEPT / 2**r * PRIOR_WEIGHT) / (tried + PRIOR_WEIGHT)
+        rates = [(seen + RANK_PRIOR_ACCEPT / 2**r * RANK_PRIOR_WEIGHT) / (tried + RANK_PRIOR_WEIGHT)
                  for r, (seen, tried) in enumerate(zip(self.seen, self.tried))]
         return [min(rates[: r + 1]) for r in range(len(rates))]
 

@@ -17,7 +17,8 @@ from spec_zoo import Draft, Drafter, SamplingParams, SpeculativeDecoder, Target
 from spec_zoo.api import build_decoder, compose_config
 from spec_zoo.costs import CostTable
 from spec_zoo.draft import ROOT
-from spec_zoo.drafters.cascade import CascadeDrafter, member_verdict
+from spec_zoo.drafters.cascade import CascadeDrafter
+from spec_zoo.drafters.composed import member_verdict
 from spec_zoo.drafters.merge import MergeDrafter, merge_drafts
 from spec_zoo.drafters.ngram import NgramDrafter
 from spec_zoo.drafters.small_model import SmallModelDrafter

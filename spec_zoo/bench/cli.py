@@ -12,12 +12,13 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
+from spec_zoo.api import quiet_loading
 from spec_zoo.bench.dataset import load_dataset, prompt_encoder
 from spec_zoo.bench.methods import build_method, resolve_methods
 from spec_zoo.bench.records import TRACE_FILE, check_schema, read_records
 from spec_zoo.bench.runner import run_benchmark, run_context
 from spec_zoo.bench.summary import Summary, summarize, summarize_file
-from spec_zoo.cli import _quiet_transformers, checked_command_line
+from spec_zoo.cli import checked_command_line
 from spec_zoo.errors import ConfigError
 from spec_zoo.registry import CONF_DIR
 from spec_zoo.sampling import SamplingParams
@@ -183,9 +184,9 @@ def job_dirname(override_dirname: str, num: int) -> str:
 
 @hydra.main(config_path=CONF_DIR, config_name="bench", version_base="1.3")
 def _hydra_main(cfg: DictConfig) -> None:
-    _quiet_transformers()  # load bars and per-call generate() notices would bury the progress bar
     try:
-        bench(cfg)
+        with quiet_loading():  # load bars and per-call generate() notices would bury the progress bar
+            bench(cfg)
     except ConfigError as err:
         print(f"spec-zoo-bench: error: {err}", file=sys.stderr)
         sys.exit(2)

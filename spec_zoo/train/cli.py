@@ -8,6 +8,7 @@ Commands: ``distill`` (conf/train_distill.yaml), ``early_exit`` (conf/train_earl
 
 from __future__ import annotations
 
+import importlib
 import sys
 
 import hydra
@@ -16,64 +17,38 @@ from omegaconf import DictConfig
 from spec_zoo.errors import ConfigError
 from spec_zoo.registry import CONF_DIR
 
-
-def _run(train, cfg: DictConfig, config_name: str) -> None:
-    from spec_zoo.cli import _quiet_transformers
-    from spec_zoo.schema import validate
-
-    _quiet_transformers()
-    try:
-        validate(cfg, config_name)  # types and ranges before the teacher loads
-        print(train(cfg))
-    except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(2)
+# command -> the function it runs ("module:function", imported when the command runs); its
+# config is conf/train_<command>.yaml
+COMMANDS = {
+    "distill": "spec_zoo.drafters.distilled.train:distill",
+    "early_exit": "spec_zoo.drafters.early_exit.train:train_exit_adapter",
+    "eagle": "spec_zoo.drafters.eagle.train:train_eagle",
+    "medusa": "spec_zoo.drafters.medusa.train:train_medusa",
+    "report": "spec_zoo.train.report:run_report",
+    "translations": "spec_zoo.train.translations:make_translations",
+}
 
 
-@hydra.main(config_path=CONF_DIR, config_name="train_distill", version_base="1.3")
-def _distill(cfg: DictConfig) -> None:
-    from spec_zoo.drafters.distilled.train import distill
+def entry_point(command: str):
+    """The Hydra app of ``command``: its config validated (types and ranges before the teacher
+    loads), then its function run; bad input ends as one ``error:`` line, exit 2."""
+    config_name = f"train_{command}"
 
-    _run(distill, cfg, "train_distill")
+    @hydra.main(config_path=CONF_DIR, config_name=config_name, version_base="1.3")
+    def app(cfg: DictConfig) -> None:
+        from spec_zoo.api import quiet_loading
+        from spec_zoo.schema import validate
 
+        module, _, function = COMMANDS[command].partition(":")
+        try:
+            with quiet_loading():
+                validate(cfg, config_name)
+                print(getattr(importlib.import_module(module), function)(cfg))
+        except ConfigError as e:
+            print(f"error: {e}", file=sys.stderr)
+            sys.exit(2)
 
-@hydra.main(config_path=CONF_DIR, config_name="train_early_exit", version_base="1.3")
-def _early_exit(cfg: DictConfig) -> None:
-    from spec_zoo.drafters.early_exit.train import train_exit_adapter
-
-    _run(train_exit_adapter, cfg, "train_early_exit")
-
-
-@hydra.main(config_path=CONF_DIR, config_name="train_eagle", version_base="1.3")
-def _eagle(cfg: DictConfig) -> None:
-    from spec_zoo.drafters.eagle.train import train_eagle
-
-    _run(train_eagle, cfg, "train_eagle")
-
-
-@hydra.main(config_path=CONF_DIR, config_name="train_medusa", version_base="1.3")
-def _medusa(cfg: DictConfig) -> None:
-    from spec_zoo.drafters.medusa.train import train_medusa
-
-    _run(train_medusa, cfg, "train_medusa")
-
-
-@hydra.main(config_path=CONF_DIR, config_name="train_report", version_base="1.3")
-def _report(cfg: DictConfig) -> None:
-    from spec_zoo.train.report import run_report
-
-    _run(run_report, cfg, "train_report")
-
-
-@hydra.main(config_path=CONF_DIR, config_name="train_translations", version_base="1.3")
-def _translations(cfg: DictConfig) -> None:
-    from spec_zoo.train.translations import make_translations
-
-    _run(make_translations, cfg, "train_translations")
-
-
-COMMANDS = {"distill": _distill, "early_exit": _early_exit, "eagle": _eagle, "medusa": _medusa, "report": _report,
-            "translations": _translations}
+    return app
 
 
 def main() -> None:
@@ -87,7 +62,7 @@ def main() -> None:
     command = sys.argv.pop(1)
     sys.argv[0] = f"spec-zoo-train {command}"
     checked_command_line(f"train_{command}")
-    COMMANDS[command]()
+    entry_point(command)()
 
 
 if __name__ == "__main__":
