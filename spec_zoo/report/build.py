@@ -325,7 +325,7 @@ def _around(ax, values, axis: str = "y", include=(1.0,), pad: float = 0.08) -> N
     (ax.set_ylim if axis == "y" else ax.set_xlim)(lo - margin, hi + margin)
 
 
-#: figure width in inches: DPI x width stays under ~1,400 px, readable at a docs page's width
+#: the widest figure, in inches: 880 px at DPI, so a docs page (~700 px of content) shrinks its text little
 WIDE = 8.0
 DPI = 110
 #: how each bar is drawn, by the record's ``lossless`` (None: a transformers reference, not a spec-zoo verifier)
@@ -425,11 +425,11 @@ def _overall_bars(data: FigureData) -> Path | None:
                 capsize=3, error_kw={"lw": 0.9}, label=kind)
         for y, s, (_, hi) in zip(ys, speeds, cis):
             ax.annotate(f"{s:.2f}x", (max(hi, s, 1.0), y), xytext=(4, 0), textcoords="offset points",
-                        va="center", fontsize=8)
+                        va="center", fontsize=9)
         seen += speeds + [v for ci in cis for v in ci]
     _baseline_line(ax, axis="x")
     _around(ax, seen, axis="x", pad=0.14)
-    ax.set_yticks(range(len(rows)), [m for m, _ in rows], fontsize=9)
+    ax.set_yticks(range(len(rows)), [m for m, _ in rows], fontsize=10)
     ax.set_xlabel(f"speedup over {BASELINE}, all prompts pooled (error bars: 95% bootstrap CI)")
     return _finish(fig, ax, data, "Speedup per method (overall)", "speedup_overall")
 
@@ -447,19 +447,19 @@ def _category_heatmap(data: FigureData) -> Path | None:
     known = [v for row in values for v in row if v is not None]
     norm = TwoSlopeNorm(vcenter=1.0, vmin=min(known + [0.95]), vmax=max(known + [1.05]))
     cmap = _pyplot().get_cmap("RdBu")
-    fig, ax = _axes(min(12.0, 2.6 + 0.95 * len(cats)), 1.4 + 0.36 * len(methods))
+    fig, ax = _axes(min(WIDE, 2.8 + 0.8 * len(cats)), 1.4 + 0.36 * len(methods))
     image = ax.imshow([[float("nan") if v is None else v for v in row] for row in values], cmap=cmap, norm=norm,
                       aspect="auto")
     for i, row in enumerate(values):
         for j, v in enumerate(row):
             red, green, blue, _ = cmap(norm(v)) if v is not None else (1, 1, 1, 1)
             dark = 0.299 * red + 0.587 * green + 0.114 * blue < 0.5
-            ax.text(j, i, "-" if v is None else f"{v:.2f}", ha="center", va="center", fontsize=8,
+            ax.text(j, i, "-" if v is None else f"{v:.2f}", ha="center", va="center", fontsize=9,
                     color="white" if dark else "black")
     if OVERALL in cats:
         ax.axvline(cats.index(OVERALL) - 0.5, color="white", lw=3)
-    ax.set_xticks(range(len(cats)), cats, rotation=20, ha="right", fontsize=9)
-    ax.set_yticks(range(len(methods)), methods, fontsize=9)
+    ax.set_xticks(range(len(cats)), cats, rotation=30, ha="right", fontsize=9)
+    ax.set_yticks(range(len(methods)), methods, fontsize=10)
     fig.colorbar(image, ax=ax, fraction=0.04, pad=0.02).set_label(f"speedup over {BASELINE}")
     return _finish(fig, ax, data, "Speedup by method and category", "speedup_by_category", legend=False)
 
