@@ -15,10 +15,16 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
 
 from spec_zoo.bench.records import BASELINE, check_schema, method_label, read_records
 from spec_zoo.bench.summary import NEAR_TIE, OVERALL, Summary, summarize
 from spec_zoo.errors import ConfigError
+
+if TYPE_CHECKING:  # matplotlib is imported when a figure is drawn
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
 
 #: run-level fields that tell configurations of one method apart (shown when they differ)
 RUN_FIELDS = (("model", "model"), ("temperature", "T"), ("max_new_tokens", "max_new"), ("dataset", "dataset"))
@@ -58,7 +64,7 @@ def load_results(paths: Sequence) -> list[dict]:
     return records
 
 
-def labeller(records: Sequence[dict]):
+def labeller(records: Sequence[dict]) -> Callable[[dict], str]:
     """``label(record)``: the method, plus whatever differs between configurations of it."""
     variants: dict[str, dict] = {}
     for r in records:
@@ -84,7 +90,8 @@ def labeller(records: Sequence[dict]):
     return label
 
 
-def _num_draft(r: dict):
+def _num_draft(r: dict) -> float | None:
+    """The fixed draft length a record's params set, under whichever name its drafter uses."""
     params = r.get("params") or {}
     for key in ("num_draft", "prompt_lookup_num_tokens", "num_assistant_tokens"):
         if isinstance(params.get(key), (int, float)):
@@ -165,8 +172,8 @@ def _answer(summary: Summary, records: Sequence[dict], lossless: dict[str, bool 
         text += f" Fastest lossless: `{best_lossless}`, {_overall_speedup(summary, best_lossless)}."
     faster = sum(1 for m, _ in rows if (c := ci(m)) and c[0] > 1)
     slower = sum(1 for m, _ in rows if (c := ci(m)) and c[1] < 1)
-    text += (f" Of the {len(rows)} other methods, {faster} are faster than `{summary.baseline}` with their whole 95% CI "
-             f"above 1 and {slower} slower with it below 1.")
+    text += (f" Of the {len(rows)} other methods, {faster} are faster than `{summary.baseline}` with their "
+             f"whole 95% CI above 1 and {slower} slower with it below 1.")
     compared = [r for r in records if r["method"] != summary.baseline and r.get("matches_baseline") is not None]
     if compared:
         equal = sum(bool(r["matches_baseline"]) for r in compared)
@@ -224,7 +231,7 @@ def _rel(path: Path, md_path: Path) -> str:
     return path.relative_to(md_path.parent).as_posix()
 
 
-def _fmt(v, fmt):
+def _fmt(v, fmt: str) -> str:
     return "-" if v is None else fmt.format(*v) if isinstance(v, tuple) else fmt.format(v)
 
 
@@ -242,7 +249,7 @@ def _overall_table(summary: Summary) -> list[str]:
     return lines + [""]
 
 
-def _mismatch_list(records, label, limit: int = 40) -> list[str]:
+def _mismatch_list(records: Sequence[dict], label: Callable[[dict], str], limit: int = 40) -> list[str]:
     """Every greedy output that differs from the baseline's, with its near-tie explanation."""
     bad = [r for r in records if r.get("matches_baseline") is False]
     if not bad:
@@ -294,8 +301,8 @@ class RunContext:
     small: str | None  # the small-sample warning, or None
 
 
-def run_context(records) -> RunContext:
-    def values(key):
+def run_context(records: Sequence[dict]) -> RunContext:
+    def values(key: str) -> str:
         found = sorted({str(r.get(key)) for r in records if r.get(key) is not None})
         return "/".join(found) if found else "?"
 
@@ -307,7 +314,7 @@ def run_context(records) -> RunContext:
     return RunContext(subtitle, small)
 
 
-def _titled(ax, title: str, context: RunContext) -> None:
+def _titled(ax: Axes, title: str, context: RunContext) -> None:
     """Title with the data's context line, and the small-sample warning in red on the plot."""
     ax.set_title(f"{title}\n{context.subtitle}", fontsize=9)
     if context.small:
@@ -315,7 +322,8 @@ def _titled(ax, title: str, context: RunContext) -> None:
                 va="top", ha="left")
 
 
-def _around(ax, values, axis: str = "y", include=(1.0,), pad: float = 0.08) -> None:
+def _around(ax: Axes, values: Sequence[float | None], axis: str = "y", include: Sequence[float] = (1.0,),
+            pad: float = 0.08) -> None:
     """Axis limits around the data (and the reference values), not from 0."""
     vals = [v for v in [*values, *include] if v is not None]
     if not vals:
@@ -360,7 +368,7 @@ class FigureData:
             flags[row] = False if False in (flags.get(row), flag) else flags.get(row, flag)
         return flags
 
-    def overall(self, method: str, stat: str):
+    def overall(self, method: str, stat: str) -> Any:
         return self.summary.get(method, OVERALL, stat)
 
 
@@ -371,7 +379,7 @@ def _plots(data: FigureData) -> dict[str, Path]:
     return {key: path for key, path in drawn.items() if path is not None}
 
 
-def _pyplot():
+def _pyplot() -> ModuleType:
     """matplotlib's pyplot on the file-only backend (imported here: the CLI starts faster without it)."""
     import matplotlib
 
@@ -381,16 +389,16 @@ def _pyplot():
     return plt
 
 
-def _axes(width: float, height: float):
+def _axes(width: float, height: float) -> tuple[Figure, Axes]:
     return _pyplot().subplots(figsize=(width, height))
 
 
-def _baseline_line(ax, axis: str = "y") -> None:
+def _baseline_line(ax: Axes, axis: str = "y") -> None:
     """The baseline's speedup, 1.0, as a dashed line across the plot."""
     (ax.axhline if axis == "y" else ax.axvline)(1.0, color="k", lw=0.8, ls="--", label=f"baseline ({BASELINE}) = 1")
 
 
-def _finish(fig, ax, data: FigureData, title: str, name: str, legend: bool = True) -> Path:
+def _finish(fig: Figure, ax: Axes, data: FigureData, title: str, name: str, legend: bool = True) -> Path:
     """Title with the data's context, a legend, tight layout, saved as ``name``.png."""
     _titled(ax, title, data.context)
     if legend:
@@ -399,7 +407,7 @@ def _finish(fig, ax, data: FigureData, title: str, name: str, legend: bool = Tru
     return _save(fig, data.fig_dir / f"{name}.png")
 
 
-def _labelled_points(ax, points: Sequence[tuple[str, float, float]]) -> None:
+def _labelled_points(ax: Axes, points: Sequence[tuple[str, float, float]]) -> None:
     """One dot per (name, x, y), its name beside it."""
     for name, x, y in points:
         ax.scatter(x, y)
@@ -414,24 +422,30 @@ def _overall_bars(data: FigureData) -> Path | None:
         return None
     fig, ax = _axes(WIDE, 1.3 + 0.36 * len(rows))
     seen: list[float] = []
-    for flag, (kind, colour, hatch) in VERIFIER_STYLE.items():
-        ys = [y for y, (m, _) in enumerate(rows) if data.lossless.get(m) is flag]
-        if not ys:
-            continue
-        speeds = [rows[y][1] for y in ys]
-        cis = [data.overall(rows[y][0], "speedup_ci") or (s, s) for y, s in zip(ys, speeds)]
-        err = [[max(s - lo, 0) for s, (lo, _) in zip(speeds, cis)], [max(hi - s, 0) for s, (_, hi) in zip(speeds, cis)]]
-        ax.barh(ys, [s - 1.0 for s in speeds], left=1.0, xerr=err, color=colour, hatch=hatch, edgecolor="white",
-                capsize=3, error_kw={"lw": 0.9}, label=kind)
-        for y, s, (_, hi) in zip(ys, speeds, cis):
-            ax.annotate(f"{s:.2f}x", (max(hi, s, 1.0), y), xytext=(4, 0), textcoords="offset points",
-                        va="center", fontsize=9)
-        seen += speeds + [v for ci in cis for v in ci]
+    for flag, style in VERIFIER_STYLE.items():
+        group = [(y, m, speed) for y, (m, speed) in enumerate(rows) if data.lossless.get(m) is flag]
+        seen += _speedup_bars(ax, data, group, style) if group else []
     _baseline_line(ax, axis="x")
     _around(ax, seen, axis="x", pad=0.14)
     ax.set_yticks(range(len(rows)), [m for m, _ in rows], fontsize=10)
     ax.set_xlabel(f"speedup over {BASELINE}, all prompts pooled (error bars: 95% bootstrap CI)")
     return _finish(fig, ax, data, "Speedup per method (overall)", "speedup_overall")
+
+
+def _speedup_bars(ax: Axes, data: FigureData, bars: Sequence[tuple[int, str, float]],
+                  style: tuple[str, str, str]) -> list[float]:
+    """One legend entry's bars, (row, method, speedup) each, grown from 1.0 with their CI and
+    value written at the end; returns every value drawn (for the axis limits)."""
+    kind, colour, hatch = style
+    ys, speeds = [y for y, _, _ in bars], [s for _, _, s in bars]
+    cis = [data.overall(m, "speedup_ci") or (s, s) for _, m, s in bars]
+    err = [[max(s - lo, 0) for s, (lo, _) in zip(speeds, cis)], [max(hi - s, 0) for s, (_, hi) in zip(speeds, cis)]]
+    ax.barh(ys, [s - 1.0 for s in speeds], left=1.0, xerr=err, color=colour, hatch=hatch, edgecolor="white",
+            capsize=3, error_kw={"lw": 0.9}, label=kind)
+    for y, s, (_, hi) in zip(ys, speeds, cis):
+        ax.annotate(f"{s:.2f}x", (max(hi, s, 1.0), y), xytext=(4, 0), textcoords="offset points", va="center",
+                    fontsize=9)
+    return speeds + [v for ci in cis for v in ci]
 
 
 def _category_heatmap(data: FigureData) -> Path | None:
@@ -452,16 +466,20 @@ def _category_heatmap(data: FigureData) -> Path | None:
                       aspect="auto")
     for i, row in enumerate(values):
         for j, v in enumerate(row):
-            red, green, blue, _ = cmap(norm(v)) if v is not None else (1, 1, 1, 1)
-            dark = 0.299 * red + 0.587 * green + 0.114 * blue < 0.5
             ax.text(j, i, "-" if v is None else f"{v:.2f}", ha="center", va="center", fontsize=9,
-                    color="white" if dark else "black")
+                    color="black" if v is None else _ink(cmap(norm(v))))
     if OVERALL in cats:
         ax.axvline(cats.index(OVERALL) - 0.5, color="white", lw=3)
     ax.set_xticks(range(len(cats)), cats, rotation=30, ha="right", fontsize=9)
     ax.set_yticks(range(len(methods)), methods, fontsize=10)
     fig.colorbar(image, ax=ax, fraction=0.04, pad=0.02).set_label(f"speedup over {BASELINE}")
     return _finish(fig, ax, data, "Speedup by method and category", "speedup_by_category", legend=False)
+
+
+def _ink(rgba: tuple[float, float, float, float]) -> str:
+    """White text on a dark cell, black on a light one (by the cell's luminance)."""
+    red, green, blue, _ = rgba
+    return "white" if 0.299 * red + 0.587 * green + 0.114 * blue < 0.5 else "black"
 
 
 def _tau_vs_speedup(data: FigureData) -> Path | None:
@@ -555,13 +573,13 @@ FIGURES: dict[str, Callable[[FigureData], Path | None]] = {
 }
 
 
-def _records_reaching(records, label, row: str, depth: int) -> list[int]:
+def _records_reaching(records: Sequence[dict], label: Callable[[dict], str], row: str, depth: int) -> list[int]:
     """For each draft position up to ``depth``: how many of ``row``'s records drafted that far."""
     lengths = [len(r.get("accept_per_position") or []) for r in records if label(r) == row]
     return [sum(n > j for n in lengths) for j in range(depth)]
 
 
-def _save(fig, path: Path) -> Path:
+def _save(fig: Figure, path: Path) -> Path:
     fig.savefig(path, dpi=DPI)
     _pyplot().close(fig)
     return path
