@@ -408,10 +408,16 @@ def _finish(fig: Figure, ax: Axes, data: FigureData, title: str, name: str, lege
 
 
 def _labelled_points(ax: Axes, points: Sequence[tuple[str, float, float]]) -> None:
-    """One dot per (name, x, y), its name beside it."""
-    for name, x, y in points:
+    """One dot per (name, x, y), its name beside it: left of the dot in the right half (so it stays
+    inside the plot), a line lower for each earlier dot it would cover."""
+    xs, ys = [x for _, x, _ in points], [y for _, _, y in points]
+    near_x, near_y = 0.05 * ((max(xs) - min(xs)) or 1), 0.03 * ((max(ys) - min(ys)) or 1)
+    for i, (name, x, y) in enumerate(points):
+        crowd = sum(abs(x - px) < near_x and abs(y - py) < near_y for _, px, py in points[:i])
+        right = x > (min(xs) + max(xs)) / 2
         ax.scatter(x, y)
-        ax.annotate(name, (x, y), fontsize=7, xytext=(3, 3), textcoords="offset points")
+        ax.annotate(name, (x, y), fontsize=7, xytext=(-4 if right else 4, 3 - 9 * crowd), textcoords="offset points",
+                    ha="right" if right else "left")
 
 
 def _overall_bars(data: FigureData) -> Path | None:
