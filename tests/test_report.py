@@ -110,3 +110,47 @@ def test_bad_inputs_are_clear_errors_and_keep_files(tmp_path, capsys):
         load_results([tmp_path / "empty"])
     with pytest.raises(ConfigError, match="does not exist"):
         load_results([tmp_path / "nope"])
+
+
+def test_report_leads_with_sorted_speedups_and_marks_lossy_methods(tmp_path, monkeypatch):
+    import spec_zoo.report.build as build
+
+    rs = fixture_records()  # ngram 2.00x (lossless), hf_pld 1.25x (a transformers reference)
+    for r in rs:
+        r["lossless"] = {"ar": True, "ngram": True, "hf_pld": None}[r["method"]]
+    # a lossy copy of ngram, faster still: 2.50x
+    rs += [{**r, "method": "typical", "verifier": "typical", "lossless": False, "wall_s": 0.4,
+            "config_hash": "h-typical"} for r in rs if r["method"] == "ngram"]
+    write(tmp_path / "run" / "results.jsonl", rs)
+    saved = {}
+    save = build._save
+    monkeypatch.setattr(build, "_save", lambda fig, path: saved.setdefault(path.stem, fig.axes[0]) and save(fig, path))
+    text = build_report([tmp_path / "run"], tmp_path / "out").read_text()
+    for name in ("speedup_overall", "speedup_by_category"):
+        assert (tmp_path / "out" / "figures" / f"{name}.png").read_bytes()[:4] == b"\x89PNG"
+    # the answer comes first: the sentence and both figures before the protocol and the tables
+    assert text.index("**Fastest: `typical (LOSSY)` at 2.50x") < text.index("figures/speedup_overall.png") \
+        < text.index("figures/speedup_by_category.png") < text.index("## Protocol") < text.index("## Overall")
+    assert "Fastest lossless: `ngram`, 2.00x" in text and "Lossy (hatched): `typical (LOSSY)`" in text
+
+    bars = saved["speedup_overall"]
+    order = [t.get_text() for t in bars.get_yticklabels()][::-1]  # barh draws bottom-up
+    summary = build.summarize(load_results([tmp_path / "run"]), label=build.labeller(rs))
+    assert order == [m for m, _ in sorted(((m, summary.get(m, "overall", "speedup")) for m in summary.methods
+                                           if m != "ar"), key=lambda row: -row[1])]
+    assert order == ["typical (LOSSY)", "ngram", "hf_pld"]
+    by_row = {round(p.get_y() + p.get_height() / 2): p for p in bars.patches}
+    widths = [by_row[y].get_width() for y in range(len(order))][::-1]
+    assert widths == pytest.approx([1.5, 1.0, 0.25])  # bars grow from the baseline's 1.0
+    hatches = {m: by_row[len(order) - 1 - i].get_hatch() for i, m in enumerate(order)}
+    assert hatches["typical (LOSSY)"] == "//" and not hatches["ngram"] and hatches["hf_pld"] != "//"
+    legend = {t.get_text() for t in bars.get_legend().get_texts()}
+    assert {style[0] for style in build.VERIFIER_STYLE.values()} <= legend
+
+    heat = saved["speedup_by_category"]
+    assert [t.get_text() for t in heat.get_yticklabels()] == order  # rows in the bars' order
+    assert [t.get_text() for t in heat.get_xticklabels()] == ["qa", "rag", "overall"]
+    cells = [t.get_text() for t in heat.texts if t.get_text() != "small sample: CIs are wide"]
+    assert cells == ["2.50"] * 3 + ["2.00"] * 3 + ["1.25"] * 3  # each cell's speedup printed in it
+    width, _ = saved["speedup_by_category"].figure.get_size_inches() * build.DPI
+    assert width <= 1400 and saved["speedup_overall"].figure.get_size_inches()[0] * build.DPI <= 1400
