@@ -343,9 +343,9 @@ def test_spec_zoo_medusa_heads_export_and_import_with_identical_drafts(tmp_path)
     assert torch.equal(theirs.vocab_ids, ours.vocab_ids)
     states = torch.randn(5, model.config.hidden_size, dtype=model.dtype)
     assert torch.equal(theirs(states), ours(states))
-    prompt = repetitive_prompt(7)
-    assert recorded_drafts(model, MedusaDrafter(heads=ours), prompt) == recorded_drafts(
-        model, MedusaDrafter(heads=str(tmp_path / "medusa")), prompt)
+    drafts = recorded_drafts(model, MedusaDrafter(heads=ours), repetitive_prompt(7))
+    assert drafts and drafts == recorded_drafts(model, MedusaDrafter(heads=str(tmp_path / "medusa")),
+                                                repetitive_prompt(7))
 
 
 # -- bad files: one line naming the problem -----------------------------------------------------
@@ -383,3 +383,50 @@ def test_bad_published_heads_fail_in_one_line(tmp_path):
            MedusaDrafter)
     with pytest.raises(ConfigError, match="drafter.format='eagle4'"):
         EagleDrafter(head=str(tmp_path / "a"), format="eagle4")
+
+
+# -- spec-zoo-train export ------------------------------------------------------------------------
+
+
+def _export_cfg(tmp_path, *overrides):
+    from hydra import compose, initialize_config_dir
+
+    from spec_zoo.api import CONF_DIR
+
+    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+        return compose("train_export", overrides=[f"export.out={tmp_path / 'out'}", *overrides])
+
+
+def test_export_writes_medusa_and_speculators_layouts_that_import_to_the_same_drafts(tmp_path):
+    from spec_zoo.train.export import export
+
+    model = tiny_llama(8, layers=4, sharpness=3.0)
+    heads = MedusaHeads(model, 2, vocab_ids=torch.arange(0, 64, 2), train_head=True)
+    save_head(heads, tmp_path / "ours", {"name": "tiny"}, {}, dtype=torch.float32)
+    out = export(_export_cfg(tmp_path, "export.format=medusa", f"export.source={tmp_path / 'ours'}",
+                             "export.dtype=float32"), target=Target(model))
+    prompt = repetitive_prompt(8)
+    drafts = recorded_drafts(model, MedusaDrafter(heads=str(tmp_path / "ours")), prompt)
+    assert drafts and drafts == recorded_drafts(model, MedusaDrafter(heads=str(out)), prompt)
+    original = write_eagle3(tmp_path / "e3", model, "eagle3", torch.arange(16, 64), layers=(2, 1, 0))
+    out = export(_export_cfg(tmp_path, "export.format=speculators", f"export.source={original}",
+                             "export.dtype=float32", f"export.out={tmp_path / 'spec'}"), target=Target(model))
+    drafts = recorded_drafts(model, EagleDrafter(head=str(original), adaptive=False), prompt)
+    assert drafts and drafts == recorded_drafts(model, EagleDrafter(head=str(out), format="speculators",
+                                                                    adaptive=False), prompt)
+
+
+def test_export_refuses_what_the_layout_cannot_hold_before_loading_a_model(tmp_path, monkeypatch, capsys):
+    import sys
+
+    from spec_zoo.train.cli import main
+
+    monkeypatch.setattr("spec_zoo.models.load_target", lambda **_: pytest.fail("a model was loaded"))
+    monkeypatch.chdir(tmp_path)
+    for args, words in ((["--format", "eagle4"], "export.format='eagle4'"),
+                        (["--format=speculators"], "not a spec_zoo head: spec-zoo's EAGLE head reads")):
+        monkeypatch.setattr(sys, "argv", ["spec-zoo-train", "export", *args])
+        with pytest.raises(SystemExit) as done:
+            main()
+        err = capsys.readouterr().err.strip()
+        assert done.value.code == 2 and len(err.splitlines()) == 1 and words in err, err

@@ -174,7 +174,7 @@ def _tensors(path: Path, key: str, names_only: bool = False) -> dict[str, torch.
 def sniff(path, key: str = "drafter.head") -> str:
     """The layout of the head at ``path``: spec_zoo, speculators, eagle3, eagle or medusa."""
     path = Path(path).expanduser()
-    if (path / "eagle.json").is_file():
+    if (path / "eagle.json").is_file() or (path / "medusa.json").is_file():
         return "spec_zoo"
     if (path / "medusa_lm_head.safetensors").is_file() or (path / "medusa_lm_head.pt").is_file():
         return "medusa"

@@ -3,7 +3,8 @@
 Commands: ``distill`` (conf/train_distill.yaml), ``early_exit`` (conf/train_early_exit.yaml),
 ``eagle`` (conf/train_eagle.yaml), ``medusa`` (conf/train_medusa.yaml), and ``report``
 (conf/train_report.yaml): held-out acceptance of trained artefacts by position and category, and
-``translations`` (conf/train_translations.yaml): German-to-English prompts written by the target.
+``translations`` (conf/train_translations.yaml): German-to-English prompts written by the target, and
+``export`` (conf/train_export.yaml, ``--format medusa|eagle3|speculators``): a head in a published layout.
 """
 
 from __future__ import annotations
@@ -72,8 +73,28 @@ def _translations(cfg: DictConfig) -> None:
     _run(make_translations, cfg, "train_translations")
 
 
+@hydra.main(config_path=CONF_DIR, config_name="train_export", version_base="1.3")
+def _export(cfg: DictConfig) -> None:
+    from spec_zoo.train.export import export
+
+    _run(export, cfg, "train_export")
+
+
+def _format_flag(argv: list[str]) -> list[str]:
+    """``--format NAME`` / ``--format=NAME`` as the override ``export.format=NAME``."""
+    out, args = [], iter(argv)
+    for arg in args:
+        if arg == "--format":
+            out.append(f"export.format={next(args, '')}")
+        elif arg.startswith("--format="):
+            out.append(f"export.format={arg.split('=', 1)[1]}")
+        else:
+            out.append(arg)
+    return out
+
+
 COMMANDS = {"distill": _distill, "early_exit": _early_exit, "eagle": _eagle, "medusa": _medusa, "report": _report,
-            "translations": _translations}
+            "translations": _translations, "export": _export}
 
 
 def main() -> None:
@@ -85,6 +106,8 @@ def main() -> None:
     from spec_zoo.cli import checked_command_line
 
     command = sys.argv.pop(1)
+    if command == "export":
+        sys.argv[1:] = _format_flag(sys.argv[1:])
     sys.argv[0] = f"spec-zoo-train {command}"
     checked_command_line(f"train_{command}")
     COMMANDS[command]()
