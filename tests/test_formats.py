@@ -132,17 +132,20 @@ def write_medusa(path, model, heads=3, layers=1, seed=0):
 
 
 def _rms(x, w, eps=1e-6):
-    return w * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps))
+    """RMSNorm computed in float32, as the reference code's LlamaRMSNorm does."""
+    x32 = x.float()
+    return w * (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
 
 
 def _rope(x, positions, theta=5000.0):
+    """Rotary embedding with float32 tables, as the reference code builds them (then cast up)."""
     dim = x.shape[-1]
-    inv = 1.0 / theta ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim)
-    freqs = positions.double()[:, None] * inv[None]
+    inv = 1.0 / theta ** (torch.arange(0, dim, 2).float() / dim)
+    freqs = positions.float()[:, None] * inv[None]
     emb = torch.cat([freqs, freqs], -1)
     half = dim // 2
     rotated = torch.cat([-x[..., half:], x[..., :half]], -1)
-    return x * emb.cos() + rotated * emb.sin()
+    return x * emb.cos().to(x.dtype) + rotated * emb.sin().to(x.dtype)
 
 
 def _attention(x, w, p, model):
@@ -174,11 +177,14 @@ def _target_states(model, tokens):
 
 
 def reference_eagle3(model, w, layers, tokens, k, prefix="midlayer."):
-    """EAGLE-3's greedy chain of ``k`` target ids after ``tokens`` (cnets.py, recomputed)."""
+    """EAGLE-3's greedy chain of ``k`` target ids after ``tokens`` and the logits over the
+    target's vocabulary each was picked from (-inf outside the draft vocabulary; cnets.py,
+    recomputed)."""
     w = {name: t.double() if t.is_floating_point() else t for name, t in w.items()}
     states = _target_states(model, tokens[:-1])
     features = list(torch.cat([states[i][0] for i in layers], -1) @ w["fc.weight"].T)  # fc of the fused states
-    seq, embed, out = list(tokens[1:]), model.model.embed_tokens.weight.detach(), []
+    seq, embed, out, rows = list(tokens[1:]), model.model.embed_tokens.weight.detach(), [], []
+    ids = torch.arange(len(w["d2t"])) + w["d2t"]
     for _ in range(k):
         feats = torch.stack(features)
         e = _rms(embed[torch.tensor(seq)], w[prefix + "input_layernorm.weight"])
@@ -188,10 +194,11 @@ def reference_eagle3(model, w, layers, tokens, k, prefix="midlayer."):
         logits = _rms(hidden[-1], w["norm.weight"]) @ w["lm_head.weight"].T
         d = int(logits.argmax())
         token = d + int(w["d2t"][d])
+        rows.append(torch.full((model.config.vocab_size,), float("-inf"), dtype=logits.dtype).index_copy(0, ids, logits))
         out.append(token)
         seq.append(token)
         features.append(hidden[-1])  # the next position reads the layer's own output
-    return out
+    return out, rows
 
 
 def reference_eagle1(model, w, tokens, k):
@@ -200,16 +207,17 @@ def reference_eagle1(model, w, tokens, k):
     p = "layers.0."
     states = _target_states(model, tokens[:-1])
     features = list(states[-1][0])
-    seq, embed, out = list(tokens[1:]), model.model.embed_tokens.weight.detach(), []
+    seq, embed, out, rows = list(tokens[1:]), model.model.embed_tokens.weight.detach(), [], []
     for _ in range(k):
         x = torch.cat([embed[torch.tensor(seq)], torch.stack(features)], -1) @ w["fc.weight"].T + w["fc.bias"]
         hidden = x + _attention(x, w, p, model)
         hidden = hidden + _mlp(_rms(hidden, w[p + "post_attention_layernorm.weight"]), w, p)
-        token = int((hidden[-1] @ model.lm_head.weight.detach().T).argmax())
+        rows.append(hidden[-1] @ model.lm_head.weight.detach().T)
+        token = int(rows[-1].argmax())
         out.append(token)
         seq.append(token)
         features.append(hidden[-1])
-    return out
+    return out, rows
 
 
 def reference_medusa(model, w, heads, layers, tokens):
@@ -225,19 +233,33 @@ def reference_medusa(model, w, heads, layers, tokens):
     return out
 
 
-def recorded_drafts(model, drafter, prompt, max_new_tokens=16):
-    """(committed tokens, draft tokens) of every step of a greedy run."""
+def recorded_drafts(model, drafter, prompt, max_new_tokens=16, logits=None):
+    """(committed tokens, draft tokens) of every step of a greedy run; with a list ``logits``,
+    an EAGLE drafter's logits rows of each drafting step are appended to it."""
     steps, propose = [], drafter.propose
 
     def spy(state):
+        if logits is not None:
+            logits.append([])
         draft = propose(state)
         steps.append((list(state.tokens), draft.tokens.tolist()))
         return draft
 
+    if logits is not None:
+        to_logits = drafter._logits
+        drafter._logits = lambda out: logits[-1].append(to_logits(out)) or logits[-1][-1]
     drafter.propose = spy
     SpeculativeDecoder(Target(model), drafter, GreedyVerifier(), SamplingParams()).generate(
         prompt, max_new_tokens=max_new_tokens, eos_token_ids=[])
+    if logits is not None:
+        logits[:] = [rows for rows, (_, draft) in zip(logits, steps) if draft]
     return [(tokens, draft) for tokens, draft in steps if draft]
+
+
+def assert_same_logits(ours, reference):
+    """Equal up to float64 rounding, with -inf (outside the draft vocabulary) in the same places."""
+    assert torch.equal(ours.isinf(), reference.isinf())
+    torch.testing.assert_close(ours[ours.isfinite()], reference[reference.isfinite()], rtol=1e-9, atol=1e-9)
 
 
 def _weights(path, name="model.safetensors"):
@@ -254,23 +276,29 @@ def test_eagle3_head_drafts_what_the_reference_forward_computes(tmp_path, layout
     model = tiny_llama(3, layers=4, sharpness=3.0)
     draft_ids = torch.randperm(64, generator=torch.Generator().manual_seed(1))[:40].sort().values
     path = write_eagle3(tmp_path / layout, model, layout, draft_ids, layers=(2, 1, 3))
-    drafter = EagleDrafter(head=str(path), num_draft=4, adaptive=False)
-    steps = recorded_drafts(model, drafter, repetitive_prompt(3))
+    drafter, logits = EagleDrafter(head=str(path), num_draft=4, adaptive=False), []
+    steps = recorded_drafts(model, drafter, repetitive_prompt(3), logits=logits)
     assert drafter.needs_target_hidden == (2, 1, 3) and len(steps) >= 3
     w, prefix = _weights(path), "midlayer." if layout == "eagle3" else "layers.0."
-    for tokens, draft in steps:
-        assert draft == reference_eagle3(model, w, (2, 1, 3), tokens, len(draft), prefix)[: len(draft)]
+    for (tokens, draft), rows in zip(steps, logits):
+        tokens_ref, rows_ref = reference_eagle3(model, w, (2, 1, 3), tokens, len(draft), prefix)
+        assert draft == tokens_ref
+        for ours, reference in zip(rows, rows_ref):
+            assert_same_logits(ours, reference)
         assert all(bool(w["t2d"][t]) for t in draft)  # only draft-vocabulary tokens
 
 
 def test_eagle1_head_drafts_what_the_reference_forward_computes(tmp_path):
     model = tiny_llama(4, layers=2, sharpness=3.0)
     path = write_eagle1(tmp_path / "eagle1", model)
-    drafter = EagleDrafter(head=str(path), num_draft=3, adaptive=False)
-    steps = recorded_drafts(model, drafter, repetitive_prompt(4))
+    drafter, logits = EagleDrafter(head=str(path), num_draft=3, adaptive=False), []
+    steps = recorded_drafts(model, drafter, repetitive_prompt(4), logits=logits)
     assert drafter.needs_target_hidden is True and len(steps) >= 3
-    for tokens, draft in steps:
-        assert draft == reference_eagle1(model, _weights(path), tokens, len(draft))
+    for (tokens, draft), rows in zip(steps, logits):
+        tokens_ref, rows_ref = reference_eagle1(model, _weights(path), tokens, len(draft))
+        assert draft == tokens_ref
+        for ours, reference in zip(rows, rows_ref):
+            assert_same_logits(ours, reference)
 
 
 @pytest.mark.parametrize("layers", [1, 2])
@@ -304,11 +332,11 @@ def test_imported_heads_decode_exactly_as_plain_greedy(tmp_path):
 
 def test_imported_eagle3_head_samples_exactly(tmp_path):
     """Speculators layout, a 6-of-8-token draft vocabulary (q is zero outside it, d2t offsets),
-    T = 1, 1,500 samples: chi-square against the target's exact distribution."""
+    T = 1, 1,000 samples: chi-square against the target's exact distribution."""
     model = sampling_model()
     path = write_eagle3(tmp_path / "s", model, "speculators", torch.tensor([0, 2, 3, 4, 6, 7]))
     drafter = EagleDrafter(head=str(path), num_draft=2, adaptive=False, sample=True)
-    pvalue, decoder = sampling_pvalue(model, drafter, SETTINGS["t1"], samples=1500)
+    pvalue, decoder = sampling_pvalue(model, drafter, SETTINGS["t1"], samples=1000)
     assert pvalue > P_MIN
     assert 0 < decoder.drafter.length.acceptance() < 1
 
