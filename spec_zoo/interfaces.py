@@ -35,7 +35,8 @@ class DecodeState:
     sampling:     the sampling parameters of this run (a drafter may sample with them).
     generator:    the run's random generator; use it for every random draw (determinism).
     target_hidden: last-layer hidden states of the target at the positions committed by
-                  the previous step ([m, H]), only for drafters with ``needs_target_hidden``.
+                  the previous step ([m, H]), only for drafters with ``needs_target_hidden``;
+                  [m, k * H] (the states entering those k layers) when it names layers.
     timings_steer: whether measured time may steer drafting: only in greedy runs, whose text
                   cannot depend on it (a sampled run's draws must not follow the clock, so that
                   a seed gives one text).
@@ -80,8 +81,9 @@ class Drafter(ABC):
 
     #: config name of this drafter (used in stats and benchmark records)
     name: str = "drafter"
-    #: set True to receive ``state.target_hidden`` (Medusa/EAGLE-like heads, early exit)
-    needs_target_hidden: bool = False
+    #: set True to receive ``state.target_hidden`` (Medusa/EAGLE-like heads, early exit), or a
+    #: tuple of layer ids for the states entering those layers (EAGLE-3 heads)
+    needs_target_hidden: bool | tuple[int, ...] = False
     #: True when drafts may branch (chain-only verifiers refuse such a drafter up front)
     drafts_trees: bool = False
     #: the ``Draft.siblings`` modes its drafts may use (verifiers refuse what they cannot verify)

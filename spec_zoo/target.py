@@ -57,13 +57,26 @@ def follow(fed: list[int], committed: list[int], bound: int, *caches) -> int:
     return keep
 
 
+def target_states(hidden_states: tuple, hidden) -> torch.Tensor | None:
+    """What ``score(hidden=...)`` asks of a forward's ``hidden_states`` (transformers' tuple:
+    entry i enters layer i, the last is the final norm's output): ``True`` = the last entry
+    (what the LM head reads), a tuple of layer ids = the states entering those layers side by
+    side (EAGLE-3 heads fuse a low, a middle and a high layer), falsy = None."""
+    if not hidden:
+        return None
+    if hidden is True:
+        return hidden_states[-1][0]
+    return torch.cat([hidden_states[i][0] for i in hidden], dim=-1)
+
+
 @dataclass
 class Scores:
     """Output of `Target.score`.
 
     logits: [len(draft) + 1, V]: row 0 after the last committed token, row i + 1 after node i.
     hidden: [m + len(draft), H] last-layer hidden states of every fed position (the m
-            newly cached committed tokens, then the nodes), or None when not requested.
+            newly cached committed tokens, then the nodes), or None when not requested;
+            [m + len(draft), k * H] when `score` was asked for k layers (`target_states`).
     new_committed: m, the number of committed tokens fed in this call.
     """
 
@@ -136,8 +149,9 @@ class Target:
         return hidden
 
     @torch.no_grad()
-    def score(self, committed: list[int], draft: Draft, hidden: bool = False) -> Scores:
-        """Logits after the last committed token and after every draft node, in one forward."""
+    def score(self, committed: list[int], draft: Draft, hidden: bool | tuple[int, ...] = False) -> Scores:
+        """Logits after the last committed token and after every draft node, in one forward;
+        with ``hidden``, the target's states too (`target_states`)."""
         if not committed:
             raise ValueError("score() needs at least one committed token (an empty prompt?)")
         if self._partial is not None and draft.is_chain:
@@ -170,11 +184,13 @@ class Target:
             logits_to_keep=n + 1,
             **kwargs,
         )
-        return out.logits[0], out.hidden_states[-1][0] if hidden else None
+        return out.logits[0], target_states(out.hidden_states, hidden)
 
     def _resume(self, committed: list[int], draft: Draft, q: int, hidden: bool) -> Scores:
         """Score a chain from the partial forward's layer on: the first ``q`` partial tokens
         are the new committed tokens and the nodes; their lower layers already ran."""
+        if hidden not in (True, False):
+            raise RuntimeError("a partial forward keeps only the last layer's states; score(hidden=layers) needs a full one")
         layer, states = self._partial.layer, self._partial.hidden[:q]
         past, n = len(self.cached), len(draft)
         crop_cache(self.cache, past + q)  # shallow KV of nodes cut from the draft, if any

@@ -25,6 +25,7 @@ from transformers import DynamicCache
 from spec_zoo.chain import ChainDrafter
 from spec_zoo.draft import ROOT, Draft
 from spec_zoo.draft_length import DraftLength
+from spec_zoo.drafters.eagle.formats import FORMATS, PublishedHead, load_published, sniff
 from spec_zoo.drafters.eagle.head import EagleHead, load_eagle
 from spec_zoo.errors import ConfigError
 from spec_zoo.interfaces import DecodeState
@@ -37,8 +38,11 @@ SHIPPED = Path(__file__).parent / "artefacts" / "smollm2-135m-eagle"
 
 
 class EagleDrafter(ChainDrafter):
-    """head:       an EAGLE-head dir (`spec-zoo-train eagle`), None (the one shipped for
-                SmolLM2-135M), or an `EagleHead`; it must be trained for this target.
+    """head:       an EAGLE-head dir (`spec-zoo-train eagle`, or a published EAGLE-1/2, EAGLE-3 or
+                speculators head: `spec_zoo.drafters.eagle.formats`), None (the one shipped for
+                SmolLM2-135M), or a head module; it must be trained for this target.
+    format:     the layout of ``head``: auto (sniffed from its files), spec_zoo, eagle, eagle3,
+                speculators.
     num_draft, adaptive, max_draft, token_cost, learn_cost: the chain length, fixed or chosen
                 per step by expected speedup (`spec_zoo.draft_length`).
     sample:     "auto" samples from the head when temperature > 0 (q recorded, so rejection
@@ -52,21 +56,42 @@ class EagleDrafter(ChainDrafter):
 
     def __init__(self, head=None, num_draft: int = 4, adaptive: bool = True, max_draft: int = 8,
                  sample: str | bool = "auto", token_cost: float = 0.1, learn_cost: bool = True,
-                 tree: str | dict | None = None):
+                 tree: str | dict | None = None, format: str = "auto"):
         check_sample_mode(sample)
+        if format not in FORMATS:
+            raise ConfigError(f"drafter.format={format!r}; use one of {', '.join(FORMATS)}.")
+        if head is None and format not in ("auto", "spec_zoo"):
+            raise ConfigError(f"drafter.format={format} needs drafter.head=PATH (the {format} head's directory).")
         self.tree = build_tree_policy(tree)
         if head is None and not (SHIPPED / EagleHead.RECORD).is_file():
             raise ConfigError(f"the shipped EAGLE head is missing ({SHIPPED}); reinstall spec-zoo, or set "
                               "drafter.head=DIR to a head made with `spec-zoo-train eagle`.")
-        self.head_source, self.sample_mode = head, sample
+        self.head_source, self.format, self.sample_mode = head, format, sample
         self.length = DraftLength(num_draft, adaptive, max_draft, token_cost, learn_cost)
         self.target: Target | None = None
 
     def attach(self, target: Target) -> None:
         self.stack = DecoderStack(target.model)
-        source = self.head_source
-        self.head = source if isinstance(source, EagleHead) else load_eagle(source or SHIPPED, target.model)
+        self.head = self._load(self.head_source, target)
+        # a published head keeps its own RoPE and reads from the second token on (as its reference code)
+        self._rotary = self.head.rotary if isinstance(self.head, PublishedHead) else self.stack.rotary
+        self._shift = int(getattr(self.head, "starts_at_second_token", False))
+        layers = getattr(self.head, "target_layers", None)
+        if layers and target.runtime != "eager":
+            raise ConfigError(f"an EAGLE-3 head reads the target's layers {list(layers)}, which only the eager "
+                              "runtime hands out; use model.runtime=eager.")
+        self.needs_target_hidden = layers or True
+        self._width = self.head.fc.in_features if layers else int(target.model.lm_head.weight.shape[1])
         self.target = target
+
+    def _load(self, source, target: Target):
+        if isinstance(source, torch.nn.Module):
+            return source
+        fmt = self.format if source is not None and self.format != "auto" else (
+            sniff(source) if source is not None else "spec_zoo")
+        if fmt == "spec_zoo":
+            return load_eagle(source or SHIPPED, target.model)
+        return load_published(source, target.model, fmt)
 
     def begin(self, state: DecodeState) -> None:
         self.cache = DynamicCache()
@@ -87,7 +112,7 @@ class EagleDrafter(ChainDrafter):
         if positions is None:
             positions, mask = torch.arange(past, past + m, device=device)[None], causal_mask(past, m, hidden.dtype, device)
             self._fed += tokens
-        out = self.head(hidden, self.stack.rotary(hidden, positions), self.cache, mask)
+        out = self.head(hidden, self._rotary(hidden, positions), self.cache, mask)
         return out[0]
 
     def _logits(self, out: torch.Tensor) -> torch.Tensor:
@@ -110,10 +135,17 @@ class EagleDrafter(ChainDrafter):
                                f"sequence has {n} before its last token; was begin() called for this sequence?")
         features = torch.cat(self._features)
         self._features = [features]
-        keep = follow(self._fed, tokens, min(self._exact, n), self.cache)
-        before = features[keep - 1 : n] if keep else torch.cat([features[:1] * 0, features[:n]])
-        out = self._run(tokens[keep:], before)[-1:]
-        self._exact = n + 1
+        if features.shape[-1] != self._width:
+            raise ConfigError(f"the EAGLE head reads target states of width {self._width} but was handed "
+                              f"{features.shape[-1]}; an EAGLE-3 head cannot share a cascade or merge with "
+                              "drafters that read other states.")
+        # head position j holds token j + shift and the target's state before it (zeros before the first)
+        seq = tokens[self._shift:]
+        keep = follow(self._fed, seq, min(self._exact, len(seq) - 1), self.cache)
+        start = keep - 1 + self._shift
+        before = features[start:n] if start >= 0 else torch.cat([features[:1] * 0, features[:n]])
+        out = self._run(seq[keep:], before)[-1:]
+        self._exact = len(seq)
         if self.tree is not None:
             return self.tree.build(self._tree_expand(out), state, drafts_sampled(self.sample_mode, state.sampling))
 

@@ -30,6 +30,7 @@ import torch
 from spec_zoo.chain import ChainDrafter
 from spec_zoo.draft import ROOT, Draft
 from spec_zoo.draft_length import DraftLength
+from spec_zoo.drafters.medusa.formats import FORMATS, load_published_medusa
 from spec_zoo.drafters.medusa.heads import MedusaHeads, load_medusa
 from spec_zoo.errors import ConfigError
 from spec_zoo.interfaces import DecodeState
@@ -41,8 +42,10 @@ SHIPPED = Path(__file__).parent / "artefacts" / "smollm2-135m-medusa"
 
 
 class MedusaDrafter(ChainDrafter):
-    """heads:      a Medusa-heads dir (`spec-zoo-train medusa`), None (the heads shipped for
-                SmolLM2-135M), or a `MedusaHeads`; they must be trained for this target.
+    """heads:      a Medusa-heads dir (`spec-zoo-train medusa`, or FasterDecoding's layout:
+                `spec_zoo.drafters.medusa.formats`), None (the heads shipped for SmolLM2-135M), or a
+                heads module; they must be trained for this target.
+    format:     the layout of ``heads``: auto (sniffed from its files), spec_zoo, medusa.
     num_draft:  chain: tokens per draft (None = one per head); the starting length when adaptive.
     adaptive, token_cost, learn_cost: chain: choose each draft's length by expected speedup
                 (`spec_zoo.draft_length`), up to one token per head.
@@ -57,20 +60,23 @@ class MedusaDrafter(ChainDrafter):
 
     def __init__(self, heads=None, num_draft: int | None = None, adaptive: bool = False,
                  sample: str | bool = "auto", tree: str | dict | None = None, token_cost: float = 0.05,
-                 learn_cost: bool = True):
+                 learn_cost: bool = True, format: str = "auto"):
         check_sample_mode(sample)
+        if format not in FORMATS:
+            raise ConfigError(f"drafter.format={format!r}; use one of {', '.join(FORMATS)}.")
+        if heads is None and format == "medusa":
+            raise ConfigError("drafter.format=medusa needs drafter.heads=PATH (the Medusa heads' directory).")
         if heads is None and not (SHIPPED / MedusaHeads.RECORD).is_file():
             raise ConfigError(f"the shipped Medusa heads are missing ({SHIPPED}); reinstall spec-zoo, or set "
                               "drafter.heads=DIR to heads made with `spec-zoo-train medusa`.")
         if num_draft is not None and int(num_draft) < 1:
             raise ConfigError(f"drafter.num_draft={num_draft}; use a positive length or null (one per head).")
-        self.heads_source, self.sample_mode, self.tree = heads, sample, build_tree_policy(tree)
+        self.heads_source, self.format, self.sample_mode, self.tree = heads, format, sample, build_tree_policy(tree)
         self.num_draft, self.adaptive, self.token_cost, self.learn_cost = num_draft, adaptive, token_cost, learn_cost
         self.target: Target | None = None
 
     def attach(self, target: Target) -> None:
-        source = self.heads_source
-        self.heads = source if isinstance(source, MedusaHeads) else load_medusa(source or SHIPPED, target.model)
+        self.heads = self._load(self.heads_source, target)
         K = self.heads.num_heads
         if isinstance(self.tree, Static) and self.tree.depth > K:
             raise ConfigError(f"drafter.tree has paths {self.tree.depth} deep but the Medusa heads have {K} heads "
@@ -81,6 +87,16 @@ class MedusaDrafter(ChainDrafter):
         self.length = DraftLength(int(self.num_draft or K), self.adaptive, K, self.token_cost, self.learn_cost)
         self.target = target
 
+    def _load(self, source, target: Target):
+        if isinstance(source, torch.nn.Module):
+            return source
+        published = self.format == "medusa" or (
+            self.format == "auto" and source is not None and not (Path(source).expanduser() / MedusaHeads.RECORD).is_file()
+            and (Path(source).expanduser() / "config.json").is_file())
+        if published:
+            return load_published_medusa(source, target.model)
+        return load_medusa(source or SHIPPED, target.model)
+
     def begin(self, state: DecodeState) -> None:
         self.length.reset()
 
@@ -90,7 +106,7 @@ class MedusaDrafter(ChainDrafter):
             raise RuntimeError("MedusaDrafter.attach(target) must be called before drafting")
         if state.target_hidden is None:  # the target has not read the prompt yet
             return Draft.empty()
-        logits = to_full_vocab(self.heads(state.target_hidden[-1].to(self.heads.head.dtype)),
+        logits = to_full_vocab(self.heads(state.target_hidden[-1].to(next(self.heads.parameters()).dtype)),
                                self.heads.vocab_ids, self.target.vocab_size)  # [K, V]
         if self.tree is not None:  # head d proposes the children of every node of depth d - 1
             def expand(tree: Draft, nodes: list[int]) -> torch.Tensor:

@@ -3,7 +3,8 @@
 Commands: ``distill`` (conf/train_distill.yaml), ``early_exit`` (conf/train_early_exit.yaml),
 ``eagle`` (conf/train_eagle.yaml), ``medusa`` (conf/train_medusa.yaml), and ``report``
 (conf/train_report.yaml): held-out acceptance of trained artefacts by position and category, and
-``translations`` (conf/train_translations.yaml): German-to-English prompts written by the target.
+``translations`` (conf/train_translations.yaml): German-to-English prompts written by the target, and
+``export`` (conf/train_export.yaml, ``--format medusa|eagle3|speculators``): a head in a published layout.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ COMMANDS = {
     "medusa": "spec_zoo.drafters.medusa.train:train_medusa",
     "report": "spec_zoo.train.report:run_report",
     "translations": "spec_zoo.train.translations:make_translations",
+    "export": "spec_zoo.train.export:export",
 }
 
 
@@ -51,6 +53,19 @@ def entry_point(command: str):
     return app
 
 
+def _format_flag(argv: list[str]) -> list[str]:
+    """``--format NAME`` / ``--format=NAME`` as the override ``export.format=NAME``."""
+    out, args = [], iter(argv)
+    for arg in args:
+        if arg == "--format":
+            out.append(f"export.format={next(args, '')}")
+        elif arg.startswith("--format="):
+            out.append(f"export.format={arg.split('=', 1)[1]}")
+        else:
+            out.append(arg)
+    return out
+
+
 def main() -> None:
     """``spec-zoo-train <command> [key=value ...]``; the command line is checked first (one line, exit 2)."""
     if len(sys.argv) < 2 or sys.argv[1] not in COMMANDS:
@@ -60,6 +75,8 @@ def main() -> None:
     from spec_zoo.cli import checked_command_line
 
     command = sys.argv.pop(1)
+    if command == "export":
+        sys.argv[1:] = _format_flag(sys.argv[1:])
     sys.argv[0] = f"spec-zoo-train {command}"
     checked_command_line(f"train_{command}")
     entry_point(command)()
