@@ -158,6 +158,8 @@ class SpeculativeDecoder:
                 m = scores.new_committed
                 rows = list(range(m)) + [m + i for i in verdict.path]
                 state.target_hidden = scores.hidden[rows]
+            if self.drafter.needs_draft_logits:
+                state.draft_logits = scores.logits
 
             proposed = [int(draft.tokens[i]) for i in verdict.path] + [verdict.next_token]
             step_tokens = []

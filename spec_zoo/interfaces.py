@@ -35,6 +35,9 @@ class DecodeState:
     generator:    the run's random generator; use it for every random draw (determinism).
     target_hidden: last-layer hidden states of the target at the positions committed by
                   the previous step ([m, H]), only for drafters with ``needs_target_hidden``.
+    draft_logits: the target's logits of the previous step's scored rows ([n + 1, V]: row 0
+                  after the last committed token, row i + 1 after node i of that draft), only
+                  for drafters with ``needs_draft_logits`` (Jacobi iterations read them).
     """
 
     tokens: list[int]
@@ -43,6 +46,7 @@ class DecodeState:
     sampling: SamplingParams
     generator: torch.Generator
     target_hidden: torch.Tensor | None = None
+    draft_logits: torch.Tensor | None = None
 
 
 @dataclass
@@ -73,6 +77,9 @@ class Drafter(ABC):
     name: str = "drafter"
     #: set True to receive ``state.target_hidden`` (Medusa/EAGLE-like heads, early exit)
     needs_target_hidden: bool = False
+    #: set True to receive ``state.draft_logits``: what the target predicted after every
+    #: node of the previous draft (lookahead decoding's Jacobi step)
+    needs_draft_logits: bool = False
     #: True when drafts may branch (chain-only verifiers refuse such a drafter up front)
     drafts_trees: bool = False
     #: the ``Draft.siblings`` modes its drafts may use (verifiers refuse what they cannot verify)

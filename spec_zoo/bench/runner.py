@@ -30,6 +30,7 @@ from spec_zoo.bench.records import (
     read_records,
     record_key,
 )
+from spec_zoo.requests import request_source
 from spec_zoo.target import Target
 
 #: (user turns so far, this method's answers to the earlier ones) -> prompt token ids
@@ -111,8 +112,9 @@ def run_benchmark(
     if any(_key(*step) not in done for step in plan):
         # warm-up: first-call costs (allocations, kernel selection) stay out of the timings
         prompt = encode(questions[0].turns[:1], [])
-        for method in methods:
-            method.run(prompt, min(warmup_tokens, max_new_tokens), seed)
+        with request_source(questions[0].question_id):  # what it writes stays hidden from that question
+            for method in methods:
+                method.run(prompt, min(warmup_tokens, max_new_tokens), seed)
 
     records = []
     with (RecordWriter(results_path) as writer, RecordWriter(traces_path) if traces_path else nullcontext() as traces,
@@ -127,8 +129,11 @@ def run_benchmark(
                 prompt = encode(question.turns[:turn], mine)
                 # comparable to the baseline only on the same prompt: the same earlier answers
                 comparable = greedy and mine == base[: turn - 1]
-                values, trace = _measure(method, prompt, max_new_tokens, seed + repeat, target,
-                                         base[turn - 1] if method is not methods[0] else None, comparable)
+                # drafters that learn across requests (drafter=suffix) hide what this question's
+                # earlier runs produced: a repeat must not draft its own answer
+                with request_source(question.question_id):
+                    values, trace = _measure(method, prompt, max_new_tokens, seed + repeat, target,
+                                             base[turn - 1] if method is not methods[0] else None, comparable)
                 values.update(context, category=question.category, question_id=question.question_id,
                               turn=turn, repeat=repeat)
                 record = {f: values[f] for f in FIELDS}
