@@ -20,10 +20,12 @@ hidden, so a repeated measurement never drafts its own earlier answer.
 
 from __future__ import annotations
 
+import hashlib
 import heapq
 import json
 import os
 import sys
+import uuid
 from collections import OrderedDict
 from collections.abc import Hashable
 from pathlib import Path
@@ -40,8 +42,9 @@ class SuffixCache:
     """Earlier requests' outputs, indexed by token, within ``max_requests`` outputs and
     ``max_tokens`` tokens (the oldest evicted first).
 
-    An output is filed under a ``key`` (source, prompt): adding one with a key already held
-    replaces the old output (a repeat does not count twice). The index maps each token to
+    An output is filed under a ``key`` (source and prompt): adding one with a key already
+    held replaces the old output (a repeat does not count twice). Keys and sources are kept
+    as text, so a cache saved and loaded again (a resumed benchmark) hides the same outputs. The index maps each token to
     the positions, per output, where it is followed by another token, so a lookup touches
     only occurrences of the current last token, and eviction drops an output's entries.
     """
@@ -61,6 +64,7 @@ class SuffixCache:
 
     def add(self, tokens: list[int], source: Hashable, key: Hashable) -> None:
         """File an output (replacing the one of the same ``key``), then evict to the bounds."""
+        key, source = str(key), str(source)
         if key in self.by_key:
             self._remove(self.by_key[key])
         if not tokens or len(tokens) > self.max_tokens or self.max_requests == 0:
@@ -91,7 +95,7 @@ class SuffixCache:
         found: list[Occurrence] = []
         for oid, positions in reversed(self.index.get(token, {}).items()):
             _, source, tokens = self.outputs[oid]
-            if hidden is not None and source == hidden:
+            if hidden is not None and source == str(hidden):
                 continue
             found += [(tokens, pos) for pos in reversed(positions[-(limit - len(found)):])]
             if len(found) >= limit:
@@ -110,17 +114,17 @@ class SuffixCache:
         return {"requests": len(self.outputs), "tokens": self.tokens, "index_entries": entries, "bytes": size}
 
     def save(self, path: str | os.PathLike) -> None:
-        """Write the outputs (oldest first) as JSON, atomically; keys are kept as text."""
+        """Write the outputs (oldest first) as JSON, atomically."""
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         body = {"format": self.FORMAT, "outputs": [
-            {"key": repr(key), "source": repr(source), "tokens": tokens} for key, source, tokens in self.outputs.values()]}
+            {"key": key, "source": source, "tokens": tokens} for key, source, tokens in self.outputs.values()]}
         tmp = path.with_suffix(path.suffix + ".tmp")
         tmp.write_text(json.dumps(body))
         tmp.replace(path)
 
     def load(self, path: str | os.PathLike) -> None:
-        """Add the outputs saved by `save` (their sources become their saved text)."""
+        """Add the outputs saved by `save`."""
         try:
             body = json.loads(Path(path).read_text())
             if body.get("format") != self.FORMAT:
@@ -236,7 +240,6 @@ class SuffixDrafter(Drafter):
         self._request: tuple[list[int], int, Hashable, Hashable] | None = None  # tokens, prompt_len, source, key
         self._own = _SequenceIndex()
         self._hidden: Hashable | None = None
-        self._anonymous = 0
 
     @property
     def drafts_trees(self) -> bool:
@@ -245,11 +248,12 @@ class SuffixDrafter(Drafter):
     def begin(self, state: DecodeState) -> None:
         self.finish()
         source = current_request_source()
-        if source is None:  # a plain generate() call: its own source, nothing hidden
-            self._anonymous += 1
-            key, self._hidden, source = ("request", self._anonymous), None, ("request", self._anonymous)
-        else:
-            key, self._hidden = (source, hash(tuple(state.tokens[: state.prompt_len]))), source
+        if source is None:  # a plain generate() call: its own source (unique across processes), nothing hidden
+            key = source = f"request {uuid.uuid4().hex}"
+            self._hidden = None
+        else:  # one output per source and prompt; the prompt's text hash is stable across runs
+            prompt = ",".join(map(str, state.tokens[: state.prompt_len]))
+            key, self._hidden = f"{source}|{hashlib.sha256(prompt.encode()).hexdigest()[:16]}", source
         self._request = (state.tokens, state.prompt_len, source, key)
         self._own = _SequenceIndex()
 

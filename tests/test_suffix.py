@@ -102,7 +102,7 @@ def test_cache_keeps_its_bounds_and_evicts_the_oldest():
         assert len(cache) <= 3 and cache.tokens <= 25
         memory = cache.memory()
         assert memory["index_entries"] == sum(len(t) - 1 for _, _, t in cache.outputs.values())
-    assert [key for key, _, _ in cache.outputs.values()] == [7, 8, 9]
+    assert [key for key, _, _ in cache.outputs.values()] == ["7", "8", "9"]  # kept as text
     assert set(cache.index) == {7, 8, 9, 100, 101, 102, 103}  # evicted outputs left no entries
     cache = SuffixCache(max_requests=10, max_tokens=12)
     for i in range(5):
@@ -120,12 +120,15 @@ def test_cache_persists_as_json_and_refuses_other_files(tmp_path):
     path = tmp_path / "suffix.json"
     model = tiny_llama(6, sharpness=3.0)
     drafter = SuffixDrafter(cache_path=str(path))
-    out = _decoder(model, drafter).generate(repetitive_prompt(6), max_new_tokens=12, eos_token_ids=[])
+    with request_source(7):  # a bench question id
+        out = _decoder(model, drafter).generate(repetitive_prompt(6), max_new_tokens=12, eos_token_ids=[])
     drafter.finish()
     saved = json.loads(path.read_text())
     assert saved["outputs"][0]["tokens"] == out.ids
-    again = SuffixDrafter(cache_path=str(path))
+    again = SuffixDrafter(cache_path=str(path))  # a resumed run: question 7 still cannot read its own output
     assert [t for _, _, t in again.cache.outputs.values()] == [out.ids]
+    assert again.cache.occurrences(out.ids[0], hidden=7, limit=8) == []
+    assert again.cache.occurrences(out.ids[0], hidden=8, limit=8)
     path.write_text(json.dumps({"format": "pickle"}))
     with pytest.raises(ConfigError, match="cache_path"):
         SuffixDrafter(cache_path=str(path))
