@@ -4,9 +4,9 @@
 
 Reads results.jsonl of the repetitive track (docs/suffix/repetitive/) and of the Spec-Bench
 sample (docs/suffix/spec_bench/); writes gain.png (suffix's tau over ngram's against the
-number of earlier requests the suffix cache has seen) and tables.md (tau per category, and
+number of earlier requests the suffix cache has seen) and the tables (tau per category, and
 the suffix cache's memory after N requests, replayed from the suffix method's own outputs in
-run order, unbounded and under a small bound).
+run order, unbounded and under a small bound) into report.md, under HEADER.
 """
 
 from __future__ import annotations
@@ -23,6 +23,24 @@ import matplotlib.pyplot as plt  # noqa: E402
 from spec_zoo.drafters.suffix import SuffixCache  # noqa: E402
 
 HERE = Path(__file__).parent
+HEADER = """# Suffix decoding: the repetitive track and a Spec-Bench sample
+
+SmolLM2-135M (the embedded target), eager runtime, greedy, one thread, on this project's
+shared CPU. Only tau (tokens per target forward) is reported: it does not depend on the
+machine's load, wall-clock speed does. `ar` is plain decoding (tau 1). Written by
+`python docs/suffix/report.py` from the records beside it, measured with:
+
+```bash
+OMP_NUM_THREADS=1 spec-zoo-bench 'methods=[ngram,suffix]' dataset=repetitive \\
+    'dataset.categories=[extraction]' generation.max_new_tokens=64 out=docs/suffix/repetitive
+OMP_NUM_THREADS=1 spec-zoo-bench 'methods=[ngram,suffix,lookahead]' dataset.per_category=1 \\
+    generation.max_new_tokens=48 out=docs/suffix/spec_bench
+```
+
+Suffix reads, for each request, the outputs of the requests run before it (in question-id
+order); the first request has none. Each request's tau is its own records' new tokens over
+target forwards; "pooled" sums both over requests.
+"""
 
 
 def records(track: str) -> list[dict]:
@@ -95,7 +113,7 @@ def memory_table(rows: list[dict], bound: tuple[int, int] | None) -> list[str]:
 
 def main() -> None:
     repetitive, spec_bench = records("repetitive"), records("spec_bench")
-    out = ["<!-- written by docs/suffix/report.py -->", ""]
+    out = [HEADER]
     out += tau_table(repetitive, "Repetitive track (dataset=repetitive)")
     if spec_bench:
         out += tau_table(spec_bench, "Spec-Bench sample (dataset.per_category=1)")
@@ -105,7 +123,7 @@ def main() -> None:
     out += memory_table(repetitive, None)
     out += ["### The same under a small bound (max_requests=10, max_tokens=600; checked after every add)", ""]
     out += memory_table(repetitive, (10, 600))
-    (HERE / "tables.md").write_text("\n".join(out))
+    (HERE / "report.md").write_text("\n".join(out))
     print("\n".join(out))
 
 
