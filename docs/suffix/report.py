@@ -32,9 +32,9 @@ machine's load, wall-clock speed does. `ar` is plain decoding (tau 1). Written b
 
 ```bash
 OMP_NUM_THREADS=1 spec-zoo-bench 'methods=[ngram,suffix]' dataset=repetitive \\
-    'dataset.categories=[extraction]' generation.max_new_tokens=64 out=docs/suffix/repetitive
+    'dataset.categories=[extraction]' dataset.per_category=16 generation.max_new_tokens=64 out=docs/suffix/repetitive
 OMP_NUM_THREADS=1 spec-zoo-bench 'methods=[ngram,suffix,lookahead]' dataset.per_category=1 \\
-    generation.max_new_tokens=48 out=docs/suffix/spec_bench
+    generation.max_new_tokens=32 out=docs/suffix/spec_bench
 ```
 
 Suffix reads, for each request, the outputs of the requests run before it (in question-id
