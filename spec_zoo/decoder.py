@@ -9,7 +9,7 @@ from __future__ import annotations
 import operator
 import sys
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Hashable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -125,8 +125,11 @@ class SpeculativeDecoder:
         stop_strings: Sequence[str] = (),
         eos_token_ids: Sequence[int] | None = None,
         seed: int | None = None,
+        request_id: Hashable | None = None,
     ) -> Iterator[list[int]]:
-        """Yield the tokens committed by each step; the generator's return value is the `Output`."""
+        """Yield the tokens committed by each step; the generator's return value is the `Output`.
+        ``request_id`` names the request served (e.g. a benchmark question), for drafters that
+        learn across requests (`DecodeState.request_id`)."""
         if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens <= 0:
             raise ConfigError(
                 f"generation.max_new_tokens: {max_new_tokens!r} is not a positive integer; pass e.g. 64."
@@ -151,7 +154,8 @@ class SpeculativeDecoder:
         # sampled output must not depend on timings; greedy steps are priced by the cost table
         steer = self.sampling.greedy
         state = DecodeState(tokens, len(prompt_ids), max_new_tokens - 1, self.sampling, generator,
-                            timings_steer=steer, cost_table=self.cost_table if steer else None)
+                            timings_steer=steer, cost_table=self.cost_table if steer else None,
+                            request_id=request_id)
         self.target.reset()
         start = time.perf_counter()
         self.drafter.begin(state)
@@ -170,6 +174,8 @@ class SpeculativeDecoder:
                 m = scores.new_committed
                 rows = list(range(m)) + [m + i for i in verdict.path]
                 state.target_hidden = scores.hidden[rows]
+            if self.drafter.needs_draft_logits:
+                state.draft_logits = scores.logits
 
             proposed = [int(draft.tokens[i]) for i in verdict.path] + [verdict.next_token]
             step_tokens = []
@@ -224,9 +230,10 @@ class SpeculativeDecoder:
         eos_token_ids: Sequence[int] | None = None,
         seed: int | None = None,
         on_text: Callable[[str], None] | None = None,
+        request_id: Hashable | None = None,
     ) -> Output:
         """Decode to the end; ``on_text`` receives each new piece of text as it is committed."""
-        run = self.steps(prompt, max_new_tokens, stop_strings, eos_token_ids, seed)
+        run = self.steps(prompt, max_new_tokens, stop_strings, eos_token_ids, seed, request_id)
         printer = _TextStreamer(self.target.tokenizer, on_text) if on_text else None
         while True:
             try:

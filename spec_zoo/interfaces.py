@@ -8,6 +8,7 @@ logits to the verifier, which returns a `Verdict`.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Hashable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -43,6 +44,13 @@ class DecodeState:
     cost_table:   the target's measured scoring costs t(M) (`spec_zoo.costs`) when timings
                   steer and a table was given to the decoder, else None: drafters and tree
                   policies price steps with it.
+    draft_logits: the target's logits of the previous step's scored rows ([n + 1, V]: row 0
+                  after the last committed token, row i + 1 after node i of that draft), only
+                  for drafters with ``needs_draft_logits`` (Jacobi iterations read them).
+    request_id:   the request this sequence serves (`SpeculativeDecoder.generate`'s
+                  ``request_id``; the benchmark passes its question id), or None. A drafter that
+                  learns across requests (``drafter=suffix``) hides what the same request
+                  produced before, so a repeated measurement never drafts its own answer.
     """
 
     tokens: list[int]
@@ -53,6 +61,8 @@ class DecodeState:
     target_hidden: torch.Tensor | None = None
     timings_steer: bool = True
     cost_table: CostTable | None = None
+    draft_logits: torch.Tensor | None = None
+    request_id: Hashable | None = None
 
 
 @dataclass
@@ -84,6 +94,9 @@ class Drafter(ABC):
     #: set True to receive ``state.target_hidden`` (Medusa/EAGLE-like heads, early exit), or a
     #: tuple of layer ids for the states entering those layers (EAGLE-3 heads)
     needs_target_hidden: bool | tuple[int, ...] = False
+    #: set True to receive ``state.draft_logits``: what the target predicted after every
+    #: node of the previous draft (lookahead decoding's Jacobi step)
+    needs_draft_logits: bool = False
     #: True when drafts may branch (chain-only verifiers refuse such a drafter up front)
     drafts_trees: bool = False
     #: the ``Draft.siblings`` modes its drafts may use (verifiers refuse what they cannot verify)

@@ -17,8 +17,10 @@ from pathlib import Path
 
 from spec_zoo.errors import ConfigError
 
-#: datasets shipped with spec-zoo: name -> JSONL file (see data/SOURCE.md for origin and licence)
-DATASETS = {"spec_bench": Path(__file__).parent / "data" / "question.jsonl"}
+#: datasets shipped with spec-zoo: name -> JSONL file (see data/SOURCE.md for origin and licence);
+#: repetitive is the cross-request reuse track (docs/suffix.md)
+DATASETS = {"spec_bench": Path(__file__).parent / "data" / "question.jsonl",
+            "repetitive": Path(__file__).parent / "data" / "repetitive.jsonl"}
 MT_BENCH_IDS = range(81, 161)
 #: report order of Spec-Bench's categories
 CATEGORIES = ("mt_bench", "translation", "summarization", "qa", "math_reasoning", "rag")

@@ -1,5 +1,5 @@
 """Benchmark methods: spec-zoo decoders and transformers reference implementations behind
-one small interface (`Method.run(prompt_ids, max_new_tokens, seed) -> Measurement`).
+one small interface (`Method.run(prompt_ids, max_new_tokens, seed, request_id) -> Measurement`).
 
 A method is configured by name, as ``conf/method/<name>.yaml``, or inline in the bench's
 ``methods`` dict (an inline entry overrides the file of the same name, key by key)::
@@ -23,7 +23,7 @@ import hashlib
 import json
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Mapping, Sequence
+from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -250,8 +250,10 @@ class Method(ABC):
         self.params, self.config_hash = params, config_hash
 
     @abstractmethod
-    def run(self, prompt_ids: list[int], max_new_tokens: int, seed: int) -> Measurement:
-        """Generate after ``prompt_ids`` (EOS included in the output when hit)."""
+    def run(self, prompt_ids: list[int], max_new_tokens: int, seed: int,
+            request_id: Hashable | None = None) -> Measurement:
+        """Generate after ``prompt_ids`` (EOS included in the output when hit); ``request_id``
+        names the question served (drafters that learn across requests hide its earlier output)."""
 
 
 class SpecZooMethod(Method):
@@ -262,9 +264,10 @@ class SpecZooMethod(Method):
         super().__init__(name, drafter or decoder.drafter.name, decoder.verifier.name, params, config_hash)
         self.decoder, self.stop_strings, self.eos_token_ids = decoder, tuple(stop_strings), eos_token_ids
 
-    def run(self, prompt_ids, max_new_tokens, seed):
+    def run(self, prompt_ids, max_new_tokens, seed, request_id=None):
         with StepTrace(self.decoder) as trace:
-            out = self.decoder.generate(prompt_ids, max_new_tokens, self.stop_strings, self.eos_token_ids, seed)
+            out = self.decoder.generate(prompt_ids, max_new_tokens, self.stop_strings, self.eos_token_ids, seed,
+                                        request_id=request_id)
         stats = out.stats
         fields = {**stats.as_dict(), "drafted": stats.drafted, "accepted": stats.accepted,
                   "predicted_speedup": trace.predicted_speedup}
@@ -315,7 +318,7 @@ class TransformersMethod(Method):
         self.compile_s = time.perf_counter() - start
 
     @torch.no_grad()
-    def run(self, prompt_ids, max_new_tokens, seed):
+    def run(self, prompt_ids, max_new_tokens, seed, request_id=None):
         torch.manual_seed(seed)
         ids = torch.tensor([prompt_ids], device=self.model.device)
         extra = {}

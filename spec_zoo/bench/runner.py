@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 import platform
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from contextlib import nullcontext
 
 import torch
@@ -111,8 +111,8 @@ def run_benchmark(
     if any(_key(*step) not in done for step in plan):
         # warm-up: first-call costs (allocations, kernel selection) stay out of the timings
         prompt = encode(questions[0].turns[:1], [])
-        for method in methods:
-            method.run(prompt, min(warmup_tokens, max_new_tokens), seed)
+        for method in methods:  # what it writes stays hidden from that question (drafter=suffix)
+            method.run(prompt, min(warmup_tokens, max_new_tokens), seed, questions[0].question_id)
 
     records = []
     with (RecordWriter(results_path) as writer, RecordWriter(traces_path) if traces_path else nullcontext() as traces,
@@ -127,8 +127,11 @@ def run_benchmark(
                 prompt = encode(question.turns[:turn], mine)
                 # comparable to the baseline only on the same prompt: the same earlier answers
                 comparable = greedy and mine == base[: turn - 1]
+                # drafters that learn across requests (drafter=suffix) hide what this question's
+                # earlier runs produced: a repeat must not draft its own answer
                 values, trace = _measure(method, prompt, max_new_tokens, seed + repeat, target,
-                                         base[turn - 1] if method is not methods[0] else None, comparable)
+                                         base[turn - 1] if method is not methods[0] else None, comparable,
+                                         question.question_id)
                 values.update(context, category=question.category, question_id=question.question_id,
                               turn=turn, repeat=repeat)
                 record = {f: values[f] for f in FIELDS}
@@ -155,11 +158,12 @@ def _lossless(method: Method) -> bool | None:
 
 
 def _measure(method: Method, prompt: list[int], max_new_tokens: int, seed: int, target: Target,
-             baseline_ids: list[int] | None, comparable: bool) -> tuple[dict, dict | None]:
+             baseline_ids: list[int] | None, comparable: bool,
+             request_id: Hashable | None = None) -> tuple[dict, dict | None]:
     """Run ``method`` once; return its record's method and measurement fields, and its
     per-step trace (None: not a spec-zoo decoder). ``baseline_ids`` is None when ``method``
     is the baseline itself."""
-    measured = method.run(prompt, max_new_tokens, seed)
+    measured = method.run(prompt, max_new_tokens, seed, request_id)
     if baseline_ids is None:
         baseline_ids = measured.output_ids
     matches = measured.output_ids == baseline_ids if comparable else None

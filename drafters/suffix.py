@@ -1,0 +1,297 @@
+"""SuffixDecoding (Oliaro et al. 2024, arXiv 2411.04975): draft from what followed the
+current suffix in the prompt *and in the outputs of earlier requests*.
+
+No model. Two sources are searched each step, as in the paper: this request's own tokens
+(prompt + generated so far) and a cache of earlier requests' outputs, shared by every
+sequence one drafter decodes (a `SpeculativeDecoder` serving many prompts, a benchmark
+running a dataset). For each match length p (the last p tokens occurred before), the
+continuations of those occurrences form a frequency trie (the suffix tree's subtree under
+the matched node); a tree is grown from it best-first by estimated probability (the
+product of child count / parent count along the path), at most ``alpha * p + offset``
+nodes and none below ``min_token_prob``; the candidate with the highest score (sum of its
+nodes' probabilities) over match lengths and sources wins. Deterministic (``probs=None``),
+siblings distinct: lossless with every exact verifier.
+
+The cache is bounded (oldest requests evicted first, by count and by tokens) and can be
+persisted to a JSON file. A request's output is filed under the source the benchmark names
+(`DecodeState.request_id`); while a sequence of source s runs, everything s produced before is
+hidden, so a repeated measurement never drafts its own earlier answer.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import heapq
+import json
+import os
+import sys
+import uuid
+from collections import OrderedDict
+from collections.abc import Hashable
+from pathlib import Path
+
+from spec_zoo.draft import ROOT, Draft
+from spec_zoo.errors import ConfigError
+from spec_zoo.interfaces import DecodeState, Drafter
+
+Occurrence = tuple[list[int], int]  # (a token sequence, index of the last matched token in it)
+
+
+class SuffixCache:
+    """Earlier requests' outputs, indexed by token, within ``max_requests`` outputs and
+    ``max_tokens`` tokens (the oldest evicted first).
+
+    An output is filed under a ``key`` (source and prompt): adding one with a key already
+    held replaces the old output (a repeat does not count twice). Keys and sources are kept
+    as text, so a cache saved and loaded again (a resumed benchmark) hides the same outputs. The index maps each token to
+    the positions, per output, where it is followed by another token, so a lookup touches
+    only occurrences of the current last token, and eviction drops an output's entries.
+    """
+
+    FORMAT = "spec-zoo-suffix-cache-v1"
+
+    def __init__(self, max_requests: int = 1000, max_tokens: int = 200_000):
+        self.max_requests, self.max_tokens = max_requests, max_tokens
+        self.outputs: OrderedDict[int, tuple[Hashable, Hashable, list[int]]] = OrderedDict()  # id -> key, source, ids
+        self.by_key: dict[Hashable, int] = {}
+        self.index: dict[int, dict[int, list[int]]] = {}  # token -> output id -> positions followed by a token
+        self.tokens = 0
+        self._next_id = 0
+
+    def __len__(self) -> int:
+        return len(self.outputs)
+
+    def add(self, tokens: list[int], source: Hashable, key: Hashable) -> None:
+        """File an output (replacing the one of the same ``key``), then evict to the bounds."""
+        key, source = str(key), str(source)
+        if key in self.by_key:
+            self._remove(self.by_key[key])
+        if not tokens or len(tokens) > self.max_tokens or self.max_requests == 0:
+            return
+        oid, self._next_id = self._next_id, self._next_id + 1
+        tokens = list(tokens)
+        self.outputs[oid] = (key, source, tokens)
+        self.by_key[key] = oid
+        self.tokens += len(tokens)
+        for pos, token in enumerate(tokens[:-1]):
+            self.index.setdefault(token, {}).setdefault(oid, []).append(pos)
+        while len(self.outputs) > self.max_requests or self.tokens > self.max_tokens:
+            self._remove(next(iter(self.outputs)))
+
+    def _remove(self, oid: int) -> None:
+        key, _, tokens = self.outputs.pop(oid)
+        del self.by_key[key]
+        self.tokens -= len(tokens)
+        for token in set(tokens[:-1]):
+            where = self.index[token]
+            del where[oid]
+            if not where:
+                del self.index[token]
+
+    def occurrences(self, token: int, hidden: Hashable | None, limit: int) -> list[Occurrence]:
+        """Up to ``limit`` positions of ``token`` followed by another token, most recent
+        output first, skipping outputs of the source ``hidden``."""
+        found: list[Occurrence] = []
+        for oid, positions in reversed(self.index.get(token, {}).items()):
+            _, source, tokens = self.outputs[oid]
+            if hidden is not None and source == str(hidden):
+                continue
+            found += [(tokens, pos) for pos in reversed(positions[-(limit - len(found)):])]
+            if len(found) >= limit:
+                break
+        return found
+
+    def memory(self) -> dict:
+        """What the cache holds: outputs, tokens, index entries, and the bytes of its Python
+        objects (lists, dicts and ints, measured with ``sys.getsizeof``)."""
+        entries = sum(len(p) for where in self.index.values() for p in where.values())
+        size = sys.getsizeof(self.outputs) + sys.getsizeof(self.by_key) + sys.getsizeof(self.index)
+        for key, _, tokens in self.outputs.values():
+            size += sys.getsizeof(tokens) + 28 * len(tokens) + sys.getsizeof(key)
+        for where in self.index.values():
+            size += sys.getsizeof(where) + sum(sys.getsizeof(p) + 28 * len(p) for p in where.values())
+        return {"requests": len(self.outputs), "tokens": self.tokens, "index_entries": entries, "bytes": size}
+
+    def save(self, path: str | os.PathLike) -> None:
+        """Write the outputs (oldest first) as JSON, atomically."""
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        body = {"format": self.FORMAT, "outputs": [
+            {"key": key, "source": source, "tokens": tokens} for key, source, tokens in self.outputs.values()]}
+        tmp = path.with_suffix(path.suffix + ".tmp")
+        tmp.write_text(json.dumps(body))
+        tmp.replace(path)
+
+    def load(self, path: str | os.PathLike) -> None:
+        """Add the outputs saved by `save`."""
+        try:
+            body = json.loads(Path(path).read_text())
+            if body.get("format") != self.FORMAT:
+                raise ValueError(f"format {body.get('format')!r}, expected {self.FORMAT!r}")
+            outputs = [(str(o["key"]), str(o["source"]), [int(t) for t in o["tokens"]]) for o in body["outputs"]]
+        except (OSError, ValueError, KeyError, TypeError) as err:
+            raise ConfigError(f"drafter.cache_path={path} is not a suffix cache ({err}); "
+                              "delete it or point cache_path elsewhere.") from None
+        for key, source, tokens in outputs:
+            self.add(tokens, source, key)
+
+
+class _SequenceIndex:
+    """This request's own tokens (prompt + generated), indexed incrementally by token."""
+
+    def __init__(self):
+        self.positions: dict[int, list[int]] = {}
+        self.indexed = 0
+
+    def extend(self, tokens: list[int]) -> None:
+        # positions < len - 1 only: the current last token never matches itself
+        for pos in range(self.indexed, len(tokens) - 1):
+            self.positions.setdefault(tokens[pos], []).append(pos)
+        self.indexed = max(self.indexed, len(tokens) - 1)
+
+    def occurrences(self, tokens: list[int], limit: int) -> list[Occurrence]:
+        return [(tokens, pos) for pos in reversed(self.positions.get(tokens[-1], [])[-limit:])]
+
+
+def match_length(context: list[int], seq: list[int], pos: int, longest: int) -> int:
+    """How many tokens before and at ``seq[pos]`` equal the end of ``context`` (at most ``longest``)."""
+    n = 1
+    while n < longest and pos - n >= 0 and n < len(context) and seq[pos - n] == context[-1 - n]:
+        n += 1
+    return n
+
+
+def grow_tree(continuations: list[list[int]], budget: int, min_prob: float, branching: bool):
+    """The best-first frequency tree over ``continuations`` (what followed each matched
+    occurrence): nodes in order of estimated probability, at most ``budget`` of them, none
+    below ``min_prob``; without ``branching``, one chain of most frequent children.
+    Returns (tokens, parents, score = sum of the nodes' probabilities)."""
+    children: list[dict[int, int]] = [{}]  # trie: node -> token -> child node
+    counts = [len(continuations)]
+    for continuation in continuations:
+        node = 0
+        for token in continuation:
+            child = children[node].get(token)
+            if child is None:
+                child = children[node][token] = len(counts)
+                children.append({})
+                counts.append(0)
+            counts[child] += 1
+            node = child
+    tokens, parents, score = [], [], 0.0
+    heap = [(-counts[c] / counts[0], c, t, ROOT) for t, c in children[0].items()]
+    heapq.heapify(heap)
+    while heap and len(tokens) < budget:
+        neg_prob, node, token, parent = heapq.heappop(heap)
+        if -neg_prob < min_prob:
+            break
+        at = len(tokens)
+        tokens.append(token)
+        parents.append(parent)
+        score -= neg_prob
+        if not branching:
+            heap = []
+        for t, c in children[node].items():
+            heapq.heappush(heap, (neg_prob * counts[c] / counts[node], c, t, at))
+    return tokens, parents, score
+
+
+class SuffixDrafter(Drafter):
+    """SuffixDecoding over this request's tokens and a bounded cache of earlier outputs.
+
+    ``max_match``: longest suffix matched (the paper's tree depth); ``alpha`` and ``offset``:
+    a match of p tokens drafts at most ``alpha * p + offset`` nodes (``max_spec`` at most);
+    ``min_token_prob``: nodes less likely than this are not drafted; ``tree``: False drafts
+    one chain. ``max_occurrences``: occurrences read per lookup (the most recent), which
+    bounds a step's work. ``max_requests`` / ``max_tokens``: the cache's bounds;
+    ``cache_path``: a JSON file the cache is loaded from and saved to after each request.
+    """
+
+    name = "suffix"
+
+    def __init__(
+        self,
+        max_match: int = 24,
+        alpha: float = 1.0,
+        offset: float = 0.0,
+        max_spec: int = 16,
+        min_token_prob: float = 0.1,
+        tree: bool = True,
+        max_occurrences: int = 64,
+        max_requests: int = 1000,
+        max_tokens: int = 200_000,
+        cache_path: str | None = None,
+    ):
+        for key, value, low in (("max_match", max_match, 1), ("max_spec", max_spec, 1),
+                                ("max_occurrences", max_occurrences, 1), ("max_requests", max_requests, 0),
+                                ("max_tokens", max_tokens, 0)):
+            if value < low:
+                raise ConfigError(f"drafter.{key}={value}; it must be an integer >= {low}.")
+        if alpha <= 0 or not 0.0 <= min_token_prob <= 1.0:
+            raise ConfigError(f"drafter.alpha={alpha}, drafter.min_token_prob={min_token_prob}: "
+                              "alpha must be > 0 and min_token_prob in [0, 1].")
+        self.max_match, self.alpha, self.offset, self.max_spec = max_match, alpha, offset, max_spec
+        self.min_token_prob, self.branching, self.max_occurrences = min_token_prob, tree, max_occurrences
+        self.cache = SuffixCache(max_requests, max_tokens)
+        self.cache_path = cache_path
+        if cache_path and Path(cache_path).is_file():
+            self.cache.load(cache_path)
+        self._request: tuple[list[int], int, Hashable, Hashable] | None = None  # tokens, prompt_len, source, key
+        self._own = _SequenceIndex()
+        self._hidden: Hashable | None = None
+
+    @property
+    def drafts_trees(self) -> bool:
+        return self.branching
+
+    def begin(self, state: DecodeState) -> None:
+        self.finish()
+        source = state.request_id
+        if source is None:  # a plain generate() call: its own source (unique across processes), nothing hidden
+            key = source = f"request {uuid.uuid4().hex}"
+            self._hidden = None
+        else:  # one output per source and prompt; the prompt's text hash is stable across runs
+            prompt = ",".join(map(str, state.tokens[: state.prompt_len]))
+            key, self._hidden = f"{source}|{hashlib.sha256(prompt.encode()).hexdigest()[:16]}", source
+        self._request = (state.tokens, state.prompt_len, source, key)
+        self._own = _SequenceIndex()
+
+    def finish(self) -> None:
+        """File the last sequence's output in the cache (the next `begin` does it too)."""
+        if self._request is None:
+            return
+        tokens, prompt_len, source, key = self._request
+        self._request = None
+        self.cache.add(tokens[prompt_len:], source, key)
+        if self.cache_path:
+            self.cache.save(self.cache_path)
+
+    def propose(self, state: DecodeState) -> Draft:
+        context = state.tokens
+        self._own.extend(context)
+        limit = min(self.max_spec, state.max_depth)
+        best = ([], [], 0.0)
+        for found in (self._own.occurrences(context, self.max_occurrences),
+                      self.cache.occurrences(context[-1], self._hidden, self.max_occurrences)):
+            candidate = self._speculate(context, found, limit)
+            if candidate[2] > best[2]:
+                best = candidate
+        tokens, parents, _ = best
+        return Draft(tokens, parents) if tokens else Draft.empty()
+
+    def _speculate(self, context: list[int], found: list[Occurrence], limit: int):
+        """The best-scoring tree over the match lengths of ``found`` (longer matches first)."""
+        matched = sorted(((match_length(context, seq, pos, self.max_match), seq, pos) for seq, pos in found),
+                         key=lambda m: -m[0])
+        best = ([], [], 0.0)
+        for i, (length, _, _) in enumerate(matched):
+            if i + 1 < len(matched) and matched[i + 1][0] == length:
+                continue  # the occurrences matching at least `length` tokens are matched[: i + 1]
+            budget = min(limit, int(self.alpha * length + self.offset + 1e-6))
+            if budget < 1:
+                continue
+            continuations = [seq[pos + 1: pos + 1 + limit] for _, seq, pos in matched[: i + 1]]
+            candidate = grow_tree(continuations, budget, self.min_token_prob, self.branching)
+            if candidate[2] > best[2]:
+                best = candidate
+        return best

@@ -1,0 +1,137 @@
+"""drafter=suffix: lossless with every verifier, learns across requests, never lets a
+benchmark repeat read its own earlier answer, and keeps its cache within its bounds."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from spec_zoo.bench.dataset import Question
+from spec_zoo.bench.methods import SpecZooMethod
+from spec_zoo.bench.runner import run_benchmark, run_context
+from spec_zoo.decoder import SpeculativeDecoder
+from spec_zoo.drafters.none import NoDrafter
+from spec_zoo.drafters.suffix import SuffixCache, SuffixDrafter, grow_tree
+from spec_zoo.errors import ConfigError
+from spec_zoo.target import Target
+from spec_zoo.testing import assert_greedy_identity, assert_sampling_exact, repetitive_prompt, tiny_llama
+
+
+def test_greedy_identity_with_a_cache_shared_across_requests():
+    shared = SuffixDrafter()  # one drafter for every seed and verifier: its cache is in use from the 2nd call
+    assert_greedy_identity(lambda model: shared)
+    assert len(shared.cache) >= 1
+    assert_greedy_identity(lambda model: SuffixDrafter(tree=False, alpha=2.0, min_token_prob=0.0), seeds=(3,))
+
+
+def test_sampling_is_exact_with_rejection():
+    assert_sampling_exact(lambda model: SuffixDrafter(max_requests=50))
+
+
+def test_frequency_tree_is_best_first_within_budget_and_threshold():
+    # after the match: 1 2 3 (x2), 1 2 4, 5 -> P(1)=3/4, P(1 2)=3/4, P(1 2 3)=1/2, P(1 2 4)=1/4, P(5)=1/4
+    continuations = [[1, 2, 3], [1, 2, 3], [1, 2, 4], [5]]
+    tokens, parents, score = grow_tree(continuations, budget=10, min_prob=0.2, branching=True)
+    assert tokens == [1, 2, 3, 4, 5] and parents == [-1, 0, 1, 1, -1]
+    assert score == pytest.approx(0.75 + 0.75 + 0.5 + 0.25 + 0.25)
+    assert grow_tree(continuations, budget=3, min_prob=0.0, branching=True)[0] == [1, 2, 3]
+    assert grow_tree(continuations, budget=10, min_prob=0.3, branching=True)[0] == [1, 2, 3]
+    assert grow_tree(continuations, budget=10, min_prob=0.0, branching=False)[:2] == ([1, 2, 3], [-1, 0, 1])
+
+
+def test_budget_grows_with_the_match_length():
+    drafter = SuffixDrafter(alpha=1.0, max_spec=16, min_token_prob=0.0)
+    seq = [7, 8, 9, 10, 11, 12, 13, 14, 15, 16]
+    # the context ends in "8 9" (a 2-token match) or "7 8 9" (3): alpha * p nodes
+    assert len(drafter._speculate([5, 8, 9], [(seq, 2)], limit=16)[0]) == 2
+    assert len(drafter._speculate([7, 8, 9], [(seq, 2)], limit=16)[0]) == 3
+
+
+def _decoder(model, drafter):
+    return SpeculativeDecoder(Target(model), drafter)
+
+
+def test_earlier_outputs_are_drafted_from_and_a_source_never_reads_its_own():
+    model = tiny_llama(4, sharpness=3.0)
+    prompt = repetitive_prompt(4)
+    drafter = SuffixDrafter()
+    decoder = _decoder(model, drafter)
+    first = decoder.generate(prompt, max_new_tokens=40, eos_token_ids=[])
+    second = decoder.generate(prompt, max_new_tokens=40, eos_token_ids=[])  # plain calls: the first is read
+    assert second.ids == first.ids and second.stats.target_forwards < first.stats.target_forwards
+
+    fresh = SuffixDrafter()
+    decoder = _decoder(model, fresh)
+    alone = decoder.generate(prompt, max_new_tokens=40, eos_token_ids=[], request_id="q1")
+    # a repeat of q1 reads nothing q1 wrote: the same drafts again
+    repeat = decoder.generate(prompt, max_new_tokens=40, eos_token_ids=[], request_id="q1")
+    assert [s.drafted for s in repeat.stats.steps] == [s.drafted for s in alone.stats.steps]
+    assert repeat.stats.target_forwards == alone.stats.target_forwards
+    other = decoder.generate(prompt, max_new_tokens=40, eos_token_ids=[], request_id="q2")  # reads q1's output
+    assert other.stats.target_forwards < alone.stats.target_forwards
+    fresh.finish()
+    assert len(fresh.cache) == 2  # q1's repeat replaced its first output
+
+
+def test_bench_repeats_read_only_earlier_questions(tmp_path):
+    model = tiny_llama(5, sharpness=3.0)
+    target = Target(model)
+    motif = repetitive_prompt(5)
+    questions = [Question(1, "all", (tuple(motif),)), Question(2, "all", (tuple(motif),))]  # same text, two ids
+    methods = [SpecZooMethod("ar", SpeculativeDecoder(target, NoDrafter()), {}, "h-ar"),
+               SpecZooMethod("suffix", SpeculativeDecoder(target, SuffixDrafter()), {}, "h-suffix")]
+    records = run_benchmark(methods, questions, lambda turns, answers: list(turns[0]), tmp_path / "r.jsonl",
+                            target=target, context=run_context("tiny", "test", 0.0, target.device),
+                            max_new_tokens=32, repeats=2, warmup_tokens=4, progress=False)
+    suffix = {(r["question_id"], r["repeat"]): r for r in records if r["method"] == "suffix"}
+    for qid in (1, 2):  # every repeat drafts exactly as the first: it never reads its own answer
+        assert {suffix[(qid, r)]["target_forwards"] for r in range(2)} == {suffix[(qid, 0)]["target_forwards"]}
+        assert all(suffix[(qid, r)]["matches_baseline"] for r in range(2))
+    # question 2 (another id) reads question 1's output
+    assert suffix[(2, 0)]["target_forwards"] < suffix[(1, 0)]["target_forwards"]
+
+
+def test_cache_keeps_its_bounds_and_evicts_the_oldest():
+    cache = SuffixCache(max_requests=3, max_tokens=25)
+    for i in range(10):
+        cache.add([i, 100, 101, 102, 103, i + 1], source=i, key=i)
+        assert len(cache) <= 3 and cache.tokens <= 25
+        memory = cache.memory()
+        assert memory["index_entries"] == sum(len(t) - 1 for _, _, t in cache.outputs.values())
+    assert [key for key, _, _ in cache.outputs.values()] == ["7", "8", "9"]  # kept as text
+    assert set(cache.index) == {7, 8, 9, 100, 101, 102, 103}  # evicted outputs left no entries
+    cache = SuffixCache(max_requests=10, max_tokens=12)
+    for i in range(5):
+        cache.add(list(range(i, i + 5)), source=i, key=i)
+    assert cache.tokens == 10 and len(cache) == 2
+    cache.add([50, 51, 52], source="s", key="k")
+    cache.add([60, 61, 62], source="s", key="k")  # the same key replaces
+    assert len(cache) == 2 and [t for k, _, t in cache.outputs.values() if k == "k"] == [[60, 61, 62]]
+    assert cache.occurrences(50, hidden=None, limit=8) == []
+    assert cache.occurrences(60, hidden="s", limit=8) == []
+    assert cache.occurrences(60, hidden=None, limit=8) == [([60, 61, 62], 0)]
+
+
+def test_cache_persists_as_json_and_refuses_other_files(tmp_path):
+    path = tmp_path / "suffix.json"
+    model = tiny_llama(6, sharpness=3.0)
+    drafter = SuffixDrafter(cache_path=str(path))
+    out = _decoder(model, drafter).generate(repetitive_prompt(6), max_new_tokens=12, eos_token_ids=[],
+                                            request_id=7)  # a bench question id
+    drafter.finish()
+    saved = json.loads(path.read_text())
+    assert saved["outputs"][0]["tokens"] == out.ids
+    again = SuffixDrafter(cache_path=str(path))  # a resumed run: question 7 still cannot read its own output
+    assert [t for _, _, t in again.cache.outputs.values()] == [out.ids]
+    assert again.cache.occurrences(out.ids[0], hidden=7, limit=8) == []
+    assert again.cache.occurrences(out.ids[0], hidden=8, limit=8)
+    path.write_text(json.dumps({"format": "pickle"}))
+    with pytest.raises(ConfigError, match="cache_path"):
+        SuffixDrafter(cache_path=str(path))
+
+
+@pytest.mark.parametrize("kwargs", [{"max_match": 0}, {"alpha": 0}, {"min_token_prob": 2}, {"max_requests": -1}])
+def test_bad_settings_are_config_errors(kwargs):
+    with pytest.raises(ConfigError, match="drafter\\."):
+        SuffixDrafter(**kwargs)
