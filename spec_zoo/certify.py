@@ -20,7 +20,7 @@ import hashlib
 import itertools
 import math
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -247,34 +247,47 @@ def certify(
     return Certificate(law, target, total_variation(law, target), tau, first_step, runs)
 
 
-def _enumerate(model, drafter_factory, verifier, sampling, prompt, length, budget):
-    """Depth-first over the choice sequences: (law, expected tau, expected first step, decodes)."""
-    from spec_zoo.decoder import SpeculativeDecoder
-    from spec_zoo.target import Target
-
-    target = Target(model)  # reset by every decode
-    law: dict[tuple[int, ...], float] = {}
-    tau = first_step = 0.0
+def explore(run: Callable[[], object], budget: int = BUDGET, what: str = "") -> Iterator[tuple[object, float]]:
+    """(run's result, its probability) for every sequence of random choices ``run`` can make
+    through `spec_zoo.sampling` (outcomes of probability 0 pruned): depth-first, ``run``
+    called once per sequence under an `Enumerator`. ``run`` must be a function of its
+    choices alone. Raises `ConfigError` when there are more than ``budget`` sequences."""
     stack: list[tuple[tuple[int, int], ...]] = [()]
     runs = 0
     while stack:
         prefix = stack.pop()
         runs += 1
         if runs + len(stack) > budget:
-            raise ConfigError(
-                f"certify: more than budget={budget} decodes to enumerate (length={length}, a "
-                f"{model.config.vocab_size}-token vocabulary, {sampling}); shrink the length, the vocabulary, "
-                "the draft length or tree, or sample with top_k/top_p, or raise budget=.")
+            raise ConfigError(f"certify: more than budget={budget} decodes to enumerate{what}; shrink the length, "
+                              "the vocabulary, the draft length or tree, or sample with top_k/top_p, or raise budget=.")
+        with choosing(Enumerator(prefix)) as chooser:
+            result = run()
+        yield result, chooser.probability
+        path = [(index, len(outcomes)) for outcomes, index in zip(chooser.choices, chooser.taken)]
+        for j in range(len(prefix), len(path)):  # branch at every choice made after the prefix
+            for index in range(1, len(chooser.choices[j])):
+                stack.append((*path[:j], (index, len(chooser.choices[j]))))
+
+
+def _enumerate(model, drafter_factory, verifier, sampling, prompt, length, budget):
+    """(law, expected tau, expected first step, decodes) over every choice sequence of the decode."""
+    from spec_zoo.decoder import SpeculativeDecoder
+    from spec_zoo.target import Target
+
+    target = Target(model)  # reset by every decode
+
+    def decode():
         decoder = SpeculativeDecoder(target, drafter_factory(model), verifier, sampling)
-        with choosing(Enumerator(prefix)) as run:
-            out = decoder.generate(list(prompt), max_new_tokens=length, eos_token_ids=[])
-        weight = run.probability
+        return decoder.generate(list(prompt), max_new_tokens=length, eos_token_ids=[])
+
+    law: dict[tuple[int, ...], float] = {}
+    tau = first_step = 0.0
+    runs = 0
+    what = f" (length={length}, a {model.config.vocab_size}-token vocabulary, {sampling})"
+    for out, weight in explore(decode, budget, what):
+        runs += 1
         ids = tuple(out.ids)
         law[ids] = law.get(ids, 0.0) + weight
         tau += weight * out.stats.tau
         first_step += weight * out.stats.steps[0].committed
-        path = [(index, len(outcomes)) for outcomes, index in zip(run.choices, run.taken)]
-        for j in range(len(prefix), len(path)):  # branch at every choice made after the prefix
-            for index in range(1, len(run.choices[j])):
-                stack.append((*path[:j], (index, len(run.choices[j]))))
     return law, tau, first_step, runs
