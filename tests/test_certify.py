@@ -319,3 +319,13 @@ def test_block_is_never_worse_than_rejection(seed):
         first[verifier.name] = cert.first_step
     assert first["block"] >= first["rejection"] - 1e-12
     assert math.isfinite(first["block"])
+
+
+def test_spec_zoo_list_quotes_the_lossy_rules_certified_tv():
+    """`spec-zoo list` shows typical acceptance's exact TV range, as the generated table has it."""
+    from spec_zoo.registry import format_options, options
+
+    tvs = sorted(float(tv) for (_, _, verifier, _), (status, tv, _, _) in _table_rows().items()
+                 if verifier == "typical" and status == "lossy")
+    line = next(row for row in format_options(options()).splitlines() if row.strip().startswith("typical"))
+    assert f"exact TV {tvs[0]:.1e} to {tvs[-1]:.1e}" in line and "LOSSY" in line
