@@ -36,6 +36,7 @@ from tests.tiny import one_thread  # noqa: F401 (autouse fixture)
 
 ROOT_DIR = Path(__file__).parents[1]
 T1, T07 = CERTIFY_SETTINGS["t1"], CERTIFY_SETTINGS["t0.7_topk3_topp0.75"]
+T07_P09 = SamplingParams(temperature=0.7, top_k=3, top_p=0.9)  # top-p keeps more tokens: more for a rule to get wrong
 CAUGHT = 1e-3  # a broken rule's exact TV must reach this
 
 
@@ -255,10 +256,9 @@ class TopPOnlyOnQ(RejectionVerifier):
 BROKEN = {  # rule, drafter's shape, setting
     "rejection_without_residual": (SkipResidual, {"num_draft": 2}, T07),
     # (at T=1 the second sibling's q covers the residual here, where normalising changes nothing)
-    "residual_not_renormalised": (UnnormalisedResidual, {"tree": lambda: Static([[0], [1]])},
-                                  SamplingParams(temperature=0.7, top_k=3, top_p=0.9)),
-    "block_without_correction": (BlockWithoutCorrection, {"num_draft": 2}, T1),
-    "with_replacement_as_without": (WithReplacementAsWithout, {"tree": lambda: MultiDraft(n=2, depth=1)}, T1),
+    "residual_not_renormalised": (UnnormalisedResidual, {"tree": lambda: Static([[0], [1]])}, T07_P09),
+    "block_without_correction": (BlockWithoutCorrection, {"num_draft": 2}, T07_P09),
+    "with_replacement_as_without": (WithReplacementAsWithout, {"tree": lambda: MultiDraft(n=2, depth=1)}, T07_P09),
     "siblings_in_the_wrong_order": (SiblingsReversed, {"tree": lambda: Static([[0], [1]])}, T07),
     "top_p_on_q_only": (TopPOnlyOnQ, {"num_draft": 2}, T07),
 }
