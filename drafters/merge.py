@@ -27,7 +27,7 @@ independently from its own q row, or deterministic):
   without its earlier siblings' tokens), so the merged tree is verified as "iid" rows and
   the removal never reaches another member's siblings.
 
-Verified by the chi-square tests (tests/test_sampling_exact.py) for sampled, greedy and
+Certified by enumeration (tests/test_sampling_exact.py) for sampled, greedy and
 mixed member sets.
 """
 

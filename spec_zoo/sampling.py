@@ -1,12 +1,19 @@
-"""Sampling parameters and the one logits -> probabilities function.
+"""Sampling parameters, the one logits -> probabilities function, and the decode's only
+random choices.
 
 Drafters and verifiers both call `logits_to_probs`, so the "p" (target) and "q"
-(draft) that exact rejection sampling compares are computed the same way.
+(draft) that exact rejection sampling compares are computed the same way. Every random
+choice of a decode (a drafter's draws, a tree's siblings, a verifier's coins and its
+recovered token) goes through `sample`, `sample_distinct` or `accept`, which ask the
+`Chooser` in effect: the run's generator by default, an enumerator under `spec_zoo.certify`,
+which so obtains the exact output distribution of any drafter x verifier pair.
 """
 
 from __future__ import annotations
 
+import contextvars
 from collections.abc import Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -68,10 +75,52 @@ def logits_to_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tenso
     return logits.softmax(-1)
 
 
+class Chooser:
+    """Makes every random choice of a decode: the three primitives below ask the chooser in
+    effect (`choosing`). This one draws with the run's generator, so a seed fixes the text;
+    a certifier (`spec_zoo.certify`) swaps in one that enumerates every outcome instead."""
+
+    def draw(self, probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+        flat = probs.reshape(-1, probs.shape[-1])
+        return torch.multinomial(flat, 1, generator=generator).reshape(probs.shape[:-1])
+
+    def draw_distinct(self, probs: torch.Tensor, k: int, generator: torch.Generator | None) -> list[int]:
+        return torch.multinomial(probs, k, replacement=False, generator=generator).tolist()
+
+    def accept(self, p: torch.Tensor, q: torch.Tensor | float, generator: torch.Generator | None) -> bool:
+        device = generator.device if generator is not None else None
+        u = torch.rand((), generator=generator, device=device)
+        return bool(u * q < p)  # u < p/q without dividing by a zero q
+
+
+_CHOOSER: contextvars.ContextVar[Chooser] = contextvars.ContextVar("spec_zoo_chooser", default=Chooser())
+
+
+@contextmanager
+def choosing(chooser: Chooser):
+    """Within the block, every random choice of the decode is made by ``chooser``."""
+    token = _CHOOSER.set(chooser)
+    try:
+        yield chooser
+    finally:
+        _CHOOSER.reset(token)
+
+
 def sample(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
-    """Draw one token per row of ``probs`` ([..., V] -> [...])."""
-    flat = probs.reshape(-1, probs.shape[-1])
-    return torch.multinomial(flat, 1, generator=generator).reshape(probs.shape[:-1])
+    """Draw one token per row of ``probs`` ([..., V] -> [...]), each row a categorical
+    distribution (normalised by its sum)."""
+    return _CHOOSER.get().draw(probs, generator)
+
+
+def sample_distinct(probs: torch.Tensor, k: int, generator: torch.Generator | None) -> list[int]:
+    """``k`` distinct tokens drawn without replacement from ``probs`` [V], in draw order (each
+    draw from what is left of ``probs``, renormalised); needs ``k`` tokens of nonzero mass."""
+    return _CHOOSER.get().draw_distinct(probs, k, generator)
+
+
+def accept(p: torch.Tensor, q: torch.Tensor | float, generator: torch.Generator | None) -> bool:
+    """A coin that comes up True with probability min(1, p / q) (q = 0: True iff p > 0)."""
+    return _CHOOSER.get().accept(p, q, generator)
 
 
 SAMPLE_MODES = ("auto", True, False)

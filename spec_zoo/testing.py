@@ -5,15 +5,18 @@ token for token the target's plain greedy decoding, and (2) at temperature > 0 t
 generated tokens follow the target's sampling distribution. Both are checked on tiny
 random Llama models, built here, in seconds on a CPU::
 
-    from spec_zoo.testing import assert_greedy_identity, assert_sampling_exact
+    from spec_zoo.testing import assert_greedy_identity, assert_lossless
 
     def test_my_drafter_is_lossless():
         assert_greedy_identity(lambda model: MyDrafter())
-        assert_sampling_exact(lambda model: MyDrafter())
+        assert_lossless(lambda model: MyDrafter())
 
-A factory receives the target model (a ``transformers`` Llama), so a drafter that needs
-one (a draft model, a head) can be built from it. The chi-square check needs scipy
-(``pip install scipy``, part of spec-zoo's ``dev`` extra).
+`assert_lossless` is a proof for its tiny model: `certify` enumerates every random choice
+of the decode and compares the exact law of the generated tokens with the target's
+(docs/certify.md). The chi-square check `assert_sampling_exact` remains for models too
+large to enumerate (it needs scipy: ``pip install scipy``, part of spec-zoo's ``dev``
+extra). A factory receives the target model (a ``transformers`` Llama), so a drafter that
+needs one (a draft model, a head) can be built from it.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
+from spec_zoo.certify import Certificate, certify
 from spec_zoo.decoder import SpeculativeDecoder
 from spec_zoo.interfaces import Drafter, Verifier
 from spec_zoo.sampling import SamplingParams, logits_to_probs
@@ -37,6 +41,15 @@ SETTINGS = {
     "t1": SamplingParams(temperature=1.0),
     "t0.7_topk5_topp0.9": SamplingParams(temperature=0.7, top_k=5, top_p=0.9),
 }
+
+
+# the enumerated check: a 4-token model, 3 tokens after a repetitive prompt (certify)
+CERTIFY_VOCAB, CERTIFY_LENGTH, CERTIFY_PROMPT = 4, 3, [2, 3, 2, 3, 2]
+CERTIFY_SETTINGS = {
+    "t1": SamplingParams(temperature=1.0),
+    "t0.7_topk3_topp0.75": SamplingParams(temperature=0.7, top_k=3, top_p=0.75),
+}
+MAX_TV = 1e-9  # lossless: the exact laws agree up to float64 rounding
 
 
 def tiny_llama(seed: int = 0, vocab: int = 64, layers: int = 2, sharpness: float = 1.0, dtype=torch.float64, **config):
@@ -189,3 +202,36 @@ def assert_sampling_exact(
                              f"< {p_min}, {samples} samples at {sampling}): the drafter's Draft.probs are "
                              "not the distributions its tokens were drawn from, or drafts depend on the verifier")
     return pvalue
+
+
+def certify_model(seed: int = 21):
+    """The model of the enumerated check: CERTIFY_VOCAB tokens, peaked distributions."""
+    return tiny_llama(seed, vocab=CERTIFY_VOCAB, sharpness=6.0)
+
+
+def assert_lossless(
+    drafter_factory: DrafterFactory,
+    verifier: Verifier | None = None,
+    sampling: SamplingParams = CERTIFY_SETTINGS["t1"],
+    model=None,
+    length: int = CERTIFY_LENGTH,
+    prompt: Sequence[int] = CERTIFY_PROMPT,
+    max_tv: float = MAX_TV,
+) -> Certificate:
+    """The first ``length`` tokens generated with the drafter (default verifier: rejection)
+    follow the target's law exactly: `certify` on ``model`` (default `certify_model`),
+    failing when the total variation exceeds ``max_tv``. Returns the certificate (its exact
+    tau, the law itself)."""
+    from spec_zoo.verifiers.rejection import RejectionVerifier
+
+    model = certify_model() if model is None else model
+    cert = certify(lambda: model, drafter_factory, verifier or RejectionVerifier(), sampling, prompt, length)
+    if cert.tv > max_tv:
+        worst = max(cert.target.keys() | cert.law.keys(),
+                    key=lambda x: abs(cert.law.get(x, 0.0) - cert.target.get(x, 0.0)))
+        raise AssertionError(
+            f"generated tokens do not follow the target's law: exact total variation {cert.tv:.3g} > {max_tv:g} "
+            f"at {sampling} (worst: {list(worst)} has probability {cert.law.get(worst, 0.0):.6f}, the target's "
+            f"{cert.target.get(worst, 0.0):.6f}): the drafter's Draft.probs are not the distributions its tokens "
+            "were drawn from, or the verifier is not exact")
+    return cert

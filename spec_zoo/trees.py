@@ -36,7 +36,7 @@ from spec_zoo.costs import CostTable
 from spec_zoo.draft import ROOT, Draft
 from spec_zoo.errors import ConfigError
 from spec_zoo.interfaces import DecodeState, Verdict
-from spec_zoo.sampling import logits_to_probs
+from spec_zoo.sampling import logits_to_probs, sample, sample_distinct
 
 Expand = Callable[[Draft, list[int]], torch.Tensor]  # (tree so far, nodes) -> logits [len(nodes), V]
 
@@ -74,7 +74,7 @@ def ranked(logits: torch.Tensor, k: int, state: DecodeState, sampled: bool) -> t
         return torch.topk(logits, min(k, int(torch.isfinite(logits).sum()))).indices.tolist(), None
     q = logits_to_probs(logits, state.sampling)
     k = min(k, int((q > 0).sum()))  # top-k / top-p may leave fewer tokens than k
-    return torch.multinomial(q.to(state.generator.device), k, replacement=False, generator=state.generator).tolist(), q
+    return sample_distinct(q.to(state.generator.device), k, state.generator), q
 
 
 class TreePolicy(ABC):
@@ -232,7 +232,7 @@ class MultiDraft(TreePolicy):
             for j, node in enumerate(at):
                 if sampled:
                     q = logits_to_probs(logits[node], state.sampling)
-                    token = int(torch.multinomial(q.to(state.generator.device), 1, generator=state.generator))
+                    token = int(sample(q.to(state.generator.device), state.generator))
                 else:
                     q, token = None, int(logits[node].argmax())
                 if (node, token) not in child:

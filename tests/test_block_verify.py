@@ -1,5 +1,5 @@
 """verifier=block (block verification, Sun et al., ICLR 2025): lossless with every chain
-drafter (chi-square line-up of test_sampling_exact.py, and a broken variant that fails
+drafter (enumerated exactly, as in test_sampling_exact.py, and a broken variant that fails
 it), greedy at temperature 0, the paper's worked example (10/9 vs 11/9 accepted tokens)
 and "never worse than rejection" computed exactly by enumeration, trees refused."""
 
@@ -13,48 +13,47 @@ from spec_zoo import Draft, Drafter, SamplingParams, SpeculativeDecoder, Target,
 from spec_zoo.api import compose_config
 from spec_zoo.errors import ConfigError
 from spec_zoo.registry import build_component
-from spec_zoo.testing import assert_greedy_identity
+from spec_zoo.sampling import sample
+from spec_zoo.testing import CERTIFY_SETTINGS, assert_greedy_identity, assert_lossless, certify_model
 from spec_zoo.verifiers.block import BlockVerifier, block_weights
 from tests.drafts import drafter_lineup
 from tests.test_greedy_identity import SEEDS
-from tests.test_sampling_exact import (
-    P_MIN,
-    SETTINGS,
-    _check,
-    model,  # noqa: F401 (fixture)
-)
 from tests.tiny import one_thread, tiny_llama  # noqa: F401 (autouse fixture)
 
 # every drafter of the line-up whose drafts are chains (merges draft trees)
 CHAIN_DRAFTERS = [name for name in drafter_lineup(tiny_llama(0))
                   if not name.startswith(("none", "merge")) and "tree" not in name]
 
-# -- lossless: the chi-square line-up --------------------------------------------------
+# -- lossless: enumerated (spec_zoo.testing.assert_lossless) -------------------------------
 
 SAMPLED_CASES = [
     ("ngram_k4_adaptive", "t1"),
     ("small_chain_k3", "t1"),
-    ("small_chain_adaptive", "t0.7_topk5_topp0.9"),
-    ("early_exit_k3", "t1"),
-    ("early_exit_adapter_no_reuse", "t0.7_topk5_topp0.9"),
+    ("small_chain_adaptive", "t0.7_topk3_topp0.75"),
+    ("early_exit_k3", "t0.7_topk3_topp0.75"),
+    ("early_exit_adapter_no_reuse", "t0.7_topk3_topp0.75"),
     ("eagle_k3", "t1"),
-    ("eagle_adaptive", "t0.7_topk5_topp0.9"),
+    ("eagle_adaptive", "t0.7_topk3_topp0.75"),
 ]
 # ngram_k4_adaptive above is deterministic too (probs=None); these add a reduced draft vocabulary
 DETERMINISTIC_CASES = ["early_exit_adapter", "eagle_k3"]
 
 
+@pytest.fixture(scope="module")
+def model():
+    return certify_model()
+
+
 @pytest.mark.parametrize("drafter,setting", SAMPLED_CASES)
 def test_block_sampled_drafts_follow_target(model, drafter, setting):
-    pvalue, _ = _check(model, drafter_lineup(model, sampled=True)[drafter](), SETTINGS[setting], BlockVerifier())
-    assert pvalue > P_MIN
+    assert_lossless(lambda m: drafter_lineup(m, sampled=True)[drafter](), BlockVerifier(), CERTIFY_SETTINGS[setting],
+                    model)
 
 
 @pytest.mark.parametrize("drafter", DETERMINISTIC_CASES)
 def test_block_deterministic_drafts_follow_target(model, drafter):
     """Greedy drafts (q one-hot, ``probs=None``) verified at temperature 1."""
-    pvalue, _ = _check(model, drafter_lineup(model, sampled=False)[drafter](), SETTINGS["t1"], BlockVerifier())
-    assert pvalue > P_MIN
+    assert_lossless(lambda m: drafter_lineup(m, sampled=False)[drafter](), BlockVerifier(), model=model)
 
 
 class BlockSkipResidual(BlockVerifier):
@@ -65,14 +64,14 @@ class BlockSkipResidual(BlockVerifier):
         verdict = super().verify(draft, target_logits, sampling, generator)
         if not verdict.bonus:
             probs = logits_to_probs(target_logits[len(verdict.path)], sampling)
-            verdict.next_token = int(torch.multinomial(probs, 1, generator=generator))
+            verdict.next_token = int(sample(probs, generator))
         return verdict
 
 
 def test_broken_block_rule_fails(model):
-    pvalue, _ = _check(model, drafter_lineup(model, sampled=True)["small_chain_k3"](), SETTINGS["t1"],
-                       BlockSkipResidual())
-    assert pvalue < P_MIN  # the same test that the correct rule passes
+    with pytest.raises(AssertionError, match="exact total variation"):  # the check the correct rule passes
+        assert_lossless(lambda m: drafter_lineup(m, sampled=True)["small_chain_k3"](), BlockSkipResidual(),
+                        CERTIFY_SETTINGS["t0.7_topk3_topp0.75"], model)
 
 
 # -- temperature 0: greedy ------------------------------------------------------------

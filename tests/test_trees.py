@@ -2,15 +2,18 @@
 (verifiers/rejection.py): siblings drawn i.i.d. (multi-draft, repeated draws replayed),
 without replacement (top-k / static trees when sampling), or deterministically.
 
-Chi-square tests as in tests/test_sampling_exact.py: the first three tokens against
-their exact distribution on an 8-token model; broken rules must fail the same test."""
+Exactness enumerated as in tests/test_sampling_exact.py (`assert_lossless`: the exact law
+of three generated tokens on a 4-token model against the target's); broken rules must fail
+the same check."""
 
 import dataclasses
+import functools
 
 import pytest
 import torch
 
 from spec_zoo import SamplingParams
+from spec_zoo.certify import explore, total_variation
 from spec_zoo.draft import ROOT, Draft
 from spec_zoo.drafters.eagle.drafter import EagleDrafter
 from spec_zoo.drafters.early_exit.drafter import EarlyExitDrafter
@@ -19,10 +22,9 @@ from spec_zoo.drafters.ngram import NgramDrafter
 from spec_zoo.drafters.small_model import SmallModelDrafter
 from spec_zoo.errors import ConfigError
 from spec_zoo.interfaces import DecodeState, Verdict
-from spec_zoo.sampling import logits_to_probs, sample
+from spec_zoo.sampling import accept, logits_to_probs, sample
 from spec_zoo.target import Target
-from spec_zoo.testing import P_MIN, SETTINGS, assert_greedy_identity, sampling_model
-from spec_zoo.testing import sampling_pvalue as _check
+from spec_zoo.testing import CERTIFY_SETTINGS, SETTINGS, assert_greedy_identity, assert_lossless, certify_model
 from spec_zoo.trees import (
     Auto,
     Chain,
@@ -50,13 +52,22 @@ POLICIES = {
 }
 
 
+T1, T07 = CERTIFY_SETTINGS["t1"], CERTIFY_SETTINGS["t0.7_topk3_topp0.75"]
+
+
 @pytest.fixture(scope="module")
 def model():
-    return sampling_model()
+    return certify_model()
+
+
+@functools.cache
+def _noisy(model, noise):
+    return noisy_copy(model, noise)
 
 
 def small(model, policy, sample="auto", noise=1.0):
-    return SmallModelDrafter(noisy_copy(model, noise), tree=policy, sample=sample)
+    """A small-model drafter over a noisy copy of ``model`` (one copy per noise level)."""
+    return SmallModelDrafter(_noisy(model, noise), tree=policy, sample=sample)
 
 
 # -- exact sampling ---------------------------------------------------------------------------
@@ -66,11 +77,11 @@ def small(model, policy, sample="auto", noise=1.0):
 def test_sampled_trees_follow_target(model, policy):
     """static/auto: siblings without replacement; multi_draft: i.i.d. with repeats replayed;
     dynamic: deterministic (q one-hot) even when the run samples. (topk is the line-up's
-    small_tree_2x3 in tests/test_sampling_exact.py, sampled with and without top-k/top-p,
-    and greedy-drafted; the one-node tests below carry the power against broken rules.)"""
-    samples = 2000 if policy == "multi_draft" else 1000  # the new rule gets the full count
-    pvalue, _ = _check(model, small(model, POLICIES[policy]()), SETTINGS["t1"], samples=samples)
-    assert pvalue > P_MIN
+    small_tree_2x3 in tests/test_sampling_exact.py, sampled and greedy-drafted; the one-node
+    tests below carry the power against broken rules.) T=1 for the deterministic tree, T=0.7
+    with top-k and top-p where sampled siblings make the choice tree large."""
+    tree = (lambda: MultiDraft(n=2, depth=2)) if policy == "multi_draft" else POLICIES[policy]  # 3 x 3: 10^4 decodes
+    assert_lossless(lambda m: small(model, tree()), sampling=T1 if policy == "dynamic" else T07, model=model)
 
 
 class PerBranch(RejectionVerifier):
@@ -85,7 +96,7 @@ class PerBranch(RejectionVerifier):
             for child in kids:
                 q = draft.probs[child].to(p)
                 x = int(draft.tokens[child])
-                if torch.rand((), generator=generator) * q[x] < p[x]:
+                if accept(p[x], q[x], generator):
                     path.append(child)
                     node = child
                     break
@@ -111,38 +122,39 @@ class WithoutReplay(RejectionVerifier):
 
 
 def test_naive_per_branch_rule_fails(model):
-    """The model-level test has the power to reject the naive rule (a far draft: frequent rejections)."""
-    pvalue, _ = _check(model, small(model, MultiDraft(n=4, depth=2), noise=2.0), SETTINGS["t1"], PerBranch(), 1000)
-    assert pvalue < P_MIN
+    """The model-level check catches the naive rule (a far draft: frequent rejections)."""
+    with pytest.raises(AssertionError, match="exact total variation"):
+        assert_lossless(lambda m: small(model, MultiDraft(n=2, depth=1), noise=2.0), PerBranch(), T1, model)
 
 
-# one node, many trials: the first committed token against p, for a p and q far apart
-P_NODE = torch.tensor([0.40, 0.05, 0.05, 0.30, 0.10, 0.10])
-Q_NODE = torch.tensor([0.05, 0.60, 0.20, 0.05, 0.05, 0.05])
-TRIALS = 6000
+# one node, enumerated: the law of the first committed token against p, for a p and q far apart
+P_NODE = torch.tensor([0.40, 0.05, 0.05, 0.30, 0.10, 0.10], dtype=torch.float64)
+Q_NODE = torch.tensor([0.05, 0.60, 0.20, 0.05, 0.05, 0.05], dtype=torch.float64)
 
 
 @pytest.mark.parametrize("rule,policy,exact", [
-    (RejectionVerifier, MultiDraft(n=4, depth=1), True),
+    (RejectionVerifier, MultiDraft(n=3, depth=1), True),
     (RejectionVerifier, TopK(3, 1), True),
-    (PerBranch, MultiDraft(n=4, depth=1), False),
-    (WithoutReplay, MultiDraft(n=4, depth=1), False),
+    (PerBranch, MultiDraft(n=3, depth=1), False),
+    (WithoutReplay, MultiDraft(n=3, depth=1), False),
     (AsIfIid, TopK(3, 1), False),
 ])
 def test_one_node_rules(rule, policy, exact):
     """Repeated i.i.d. draws must be replayed and draws without replacement renormalised:
     dropping either (or judging every branch against the same p) biases the token."""
-    from spec_zoo.testing import goodness_of_fit
-
-    gen, state = torch.Generator().manual_seed(0), _state(temperature=1.0)
+    state = _state(temperature=1.0)
     logits = torch.stack([P_NODE.log()] * 5)  # rows after nodes: unused at depth 1
-    counts = torch.zeros(len(P_NODE))
-    for _ in range(TRIALS):
-        draft = policy.build(Fixed(Q_NODE.log()), dataclasses.replace(state, generator=gen), sampled=True)
-        verdict = rule().verify(draft, logits[: len(draft) + 1], SETTINGS["t1"], gen)
-        counts[int(draft.tokens[verdict.path[0]]) if verdict.path else verdict.next_token] += 1
-    pvalue = goodness_of_fit(counts, P_NODE)
-    assert pvalue > P_MIN if exact else pvalue < P_MIN
+
+    def first_token():
+        draft = policy.build(Fixed(Q_NODE.log()), state, sampled=True)
+        verdict = rule().verify(draft, logits[: len(draft) + 1], SETTINGS["t1"], state.generator)
+        return int(draft.tokens[verdict.path[0]]) if verdict.path else verdict.next_token
+
+    law: dict = {}
+    for token, prob in explore(first_token):
+        law[token] = law.get(token, 0.0) + prob
+    tv = total_variation(law, dict(enumerate(P_NODE.tolist())))
+    assert tv <= 1e-9 if exact else tv >= 1e-3
 
 
 def test_multi_draft_replays_repeated_draws(model):
@@ -185,9 +197,8 @@ def test_verifiers_refuse_sibling_modes_up_front(model):
 
 def test_merged_without_replacement_siblings_stay_exact(model):
     """merge: a member's siblings drawn without replacement become rows of what each was drawn from."""
-    members = [small(model, TopK(2, 2), noise=0.5), small(model, MultiDraft(3, 2), noise=0.5)]
-    pvalue, _ = _check(model, MergeDrafter(members), SETTINGS["t1"], samples=1000)
-    assert pvalue > P_MIN
+    assert_lossless(lambda m: MergeDrafter([small(model, TopK(2, 1), noise=0.5), small(model, MultiDraft(2, 1), noise=0.5)]),
+                    sampling=T07, model=model)
 
 
 # -- greedy identity and deterministic trees ---------------------------------------------------
@@ -207,9 +218,8 @@ def test_greedy_identity_eagle(policy):
 
 @pytest.mark.parametrize("policy", ["topk", "multi_draft"])
 def test_sampled_eagle_trees_follow_target(model, policy):
-    drafter = EagleDrafter(eagle_head(model), tree=POLICIES[policy]())
-    pvalue, _ = _check(model, drafter, SETTINGS["t1"], samples=2000 if policy == "topk" else 1000)
-    assert pvalue > P_MIN
+    head = eagle_head(model)
+    assert_lossless(lambda m: EagleDrafter(head, tree=POLICIES[policy]()), sampling=T07, model=model)
 
 
 @pytest.mark.parametrize("policy", list(POLICIES))
@@ -221,9 +231,9 @@ def test_greedy_identity_early_exit(policy):
 
 
 def test_sampled_early_exit_tree_follows_target(model):
-    drafter = EarlyExitDrafter(1, reuse_kv=False, adapter=exit_adapter(model), tree=TopK(2, 3))
-    pvalue, _ = _check(model, drafter, SETTINGS["t1"], samples=1000)
-    assert pvalue > P_MIN
+    adapter = exit_adapter(model)
+    assert_lossless(lambda m: EarlyExitDrafter(1, reuse_kv=False, adapter=adapter, tree=TopK(2, 3)), sampling=T07,
+                    model=model)
 
 
 def test_early_exit_tree_needs_its_own_cache():
@@ -253,8 +263,7 @@ def test_ngram_tree_branches_on_distinct_continuations():
 
 def test_ngram_tree_follows_target(model):
     """Distinct deterministic siblings: rejection stays exact (q one-hot per sibling)."""
-    pvalue, _ = _check(model, NgramDrafter(num_draft=3, adaptive=False, branches=3), SETTINGS["t1"], samples=1000)
-    assert pvalue > P_MIN
+    assert_lossless(lambda m: NgramDrafter(num_draft=3, adaptive=False, branches=3), model=model)
 
 
 # -- tree shapes and the level-by-level forward -----------------------------------------------

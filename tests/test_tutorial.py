@@ -42,7 +42,7 @@ def test_python_blocks_run_in_order(monkeypatch, tmp_path):
     namespace: dict = {}
     for i, block in enumerate(blocks("python")):
         exec(compile(block, f"{TUTORIAL.name}[python block {i}]", "exec"), namespace)
-    assert namespace["pvalue"] > 1e-3 and namespace["out"].stats.tau > 1.0
+    assert namespace["cert"].tv <= 1e-9 and namespace["out"].stats.tau > 1.0
 
 
 @pytest.mark.parametrize("argv", commands(), ids=lambda argv: " ".join(argv)[:60])

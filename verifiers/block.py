@@ -38,7 +38,7 @@ import torch
 from spec_zoo.draft import Draft
 from spec_zoo.errors import ConfigError
 from spec_zoo.interfaces import Verdict, Verifier
-from spec_zoo.sampling import logits_to_probs, sample
+from spec_zoo.sampling import accept, logits_to_probs, sample
 
 TREE_ERROR = ("verifier=block verifies chains only, but {what} proposes trees; use verifier=rejection "
               "(recursive rejection handles trees) or a chain drafter (e.g. drafter=small_model).")
@@ -65,7 +65,7 @@ class BlockVerifier(Verifier):
         h, residual = block_weights(p, q, draft.tokens)
         tau = 0
         for i in range(n, 0, -1):  # the longest prefix first; the first kept one wins
-            if torch.rand((), generator=generator, device=generator.device) < h[i]:
+            if accept(h[i], 1.0, generator):  # with probability h_i
                 tau = i
                 break
         if tau == n:

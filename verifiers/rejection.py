@@ -27,7 +27,7 @@ import torch
 
 from spec_zoo.draft import ROOT, SIBLING_MODES, Draft
 from spec_zoo.interfaces import Verdict, Verifier
-from spec_zoo.sampling import logits_to_probs, sample
+from spec_zoo.sampling import accept, logits_to_probs, sample
 
 
 class RejectionVerifier(Verifier):
@@ -48,8 +48,7 @@ class RejectionVerifier(Verifier):
             for child in draws:
                 x = tokens[child]
                 q = proposal(draft, child, tried, p)
-                u = torch.rand((), generator=generator, device=generator.device)
-                if u * q[x] < p[x]:  # u < p/q without dividing by a zero q
+                if accept(p[x], q[x], generator):  # with probability min(1, p(x) / q_k(x))
                     accepted = child
                     break
                 tried.append(x)
