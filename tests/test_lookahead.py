@@ -14,7 +14,7 @@ from spec_zoo.errors import ConfigError
 from spec_zoo.interfaces import DecodeState
 from spec_zoo.sampling import SamplingParams
 from spec_zoo.target import Target
-from spec_zoo.testing import assert_greedy_identity, assert_sampling_exact, repetitive_prompt, tiny_llama
+from spec_zoo.testing import CERTIFY_SETTINGS, assert_greedy_identity, assert_lossless, repetitive_prompt, tiny_llama
 
 
 def test_greedy_identity():
@@ -23,8 +23,13 @@ def test_greedy_identity():
                            seeds=(4,))
 
 
-def test_sampling_is_exact_with_rejection():
-    assert_sampling_exact(lambda model: LookaheadDrafter(window=3, ngram=3, guesses=3))
+@pytest.mark.parametrize("setting", list(CERTIFY_SETTINGS))
+def test_sampling_is_certified_exact_with_rejection(setting):
+    """Exact, not sampled: the law of every generated sequence equals the target's, with the
+    Jacobi window and the pool proposing (tau above 1; 4 tokens, so the pool has n-grams)."""
+    cert = assert_lossless(lambda model: LookaheadDrafter(window=2, ngram=2, guesses=2),
+                           sampling=CERTIFY_SETTINGS[setting], length=4)
+    assert cert.tau > 1.0
 
 
 def _state(tokens, max_depth=50):

@@ -15,7 +15,7 @@ from spec_zoo.drafters.none import NoDrafter
 from spec_zoo.drafters.suffix import SuffixCache, SuffixDrafter, grow_tree
 from spec_zoo.errors import ConfigError
 from spec_zoo.target import Target
-from spec_zoo.testing import assert_greedy_identity, assert_sampling_exact, repetitive_prompt, tiny_llama
+from spec_zoo.testing import CERTIFY_SETTINGS, assert_greedy_identity, assert_lossless, repetitive_prompt, tiny_llama
 
 
 def test_greedy_identity_with_a_cache_shared_across_requests():
@@ -25,8 +25,13 @@ def test_greedy_identity_with_a_cache_shared_across_requests():
     assert_greedy_identity(lambda model: SuffixDrafter(tree=False, alpha=2.0, min_token_prob=0.0), seeds=(3,))
 
 
-def test_sampling_is_exact_with_rejection():
-    assert_sampling_exact(lambda model: SuffixDrafter(max_requests=50))
+@pytest.mark.parametrize("setting", list(CERTIFY_SETTINGS))
+def test_sampling_is_certified_exact_with_rejection(setting):
+    """Exact, not sampled: the law of every generated sequence equals the target's (and the
+    drafter did draft: tau above 1), for a chain and a frequency tree."""
+    for drafter in (lambda: SuffixDrafter(), lambda: SuffixDrafter(tree=False, min_token_prob=0.0)):
+        cert = assert_lossless(lambda model, make=drafter: make(), sampling=CERTIFY_SETTINGS[setting])
+        assert cert.tau > 1.0
 
 
 def test_frequency_tree_is_best_first_within_budget_and_threshold():
