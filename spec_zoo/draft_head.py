@@ -109,12 +109,14 @@ class BlockHead(VocabHead):
         return {"init_layer": self.init_layer, "mlp": self.mlp, **super().describe()}
 
 
-def save_head(head: VocabHead, out_dir, target_info: dict, record: dict, dtype=torch.float16) -> Path:
-    """Write the head's weights + JSON record atomically (temp dir, then rename)."""
+def save_head(head: VocabHead, out_dir, target_info: dict, record: dict, dtype=torch.float16,
+              overwrite: bool = False) -> Path:
+    """Write the head's weights + JSON record with `write_artefact` (atomic; replaces only a previous artefact)."""
     tensors = {k: (v if k == "vocab_ids" else v.to(dtype)).detach().contiguous() for k, v in head.state_dict().items()}
     full = {"format": head.FORMAT, "format_version": head.FORMAT_VERSION, **head.describe(), "target": target_info,
             **record}
-    return write_artefact(out_dir, head.RECORD, full, lambda tmp: save_file(tensors, str(tmp / head.WEIGHTS)))
+    return write_artefact(out_dir, head.RECORD, full, lambda tmp: save_file(tensors, str(tmp / head.WEIGHTS)),
+                          overwrite=overwrite)
 
 
 def read_head_record(cls: type[VocabHead], path, key: str, fix: str) -> dict:

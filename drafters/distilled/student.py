@@ -133,8 +133,9 @@ def student_from_pretrained(path, target_model=None) -> tuple[Student, dict | No
     return Student(lm.float(), None, None), None
 
 
-def save_artefact(student: Student, out_dir, record: dict, dtype: str = "float16", tokenizer=None) -> Path:
-    """Write the HF model dir + ``distill.json`` atomically (temp dir, then rename)."""
+def save_artefact(student: Student, out_dir, record: dict, dtype: str = "float16", tokenizer=None,
+                  overwrite: bool = False) -> Path:
+    """Write the HF model dir + ``distill.json`` with `write_artefact` (atomic; replaces only a previous artefact)."""
     from spec_zoo.models import DTYPES
 
     lm = student.lm
@@ -153,7 +154,7 @@ def save_artefact(student: Student, out_dir, record: dict, dtype: str = "float16
         "draft_vocab": None if student.vocab_ids is None else student.vocab_ids.tolist(),
         **record,
     }
-    return write_artefact(out_dir, RECORD, full, write_files)
+    return write_artefact(out_dir, RECORD, full, write_files, overwrite=overwrite)
 
 
 def read_record(path) -> dict:

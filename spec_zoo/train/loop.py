@@ -50,6 +50,9 @@ def check_config(cfg: DictConfig, recipe) -> None:
         raise ConfigError(f"data.student_fraction={cfg.data.student_fraction}; use a fraction in [0, 1].")
     if not 0.0 <= float(cfg.data.heldout) < 1.0:
         raise ConfigError(f"data.heldout={cfg.data.heldout}; use a fraction in [0, 1).")
+    from spec_zoo.artefacts import check_out_dir
+
+    check_out_dir(cfg.output.dir, *recipe.artefact, "output.dir", bool(cfg.output.get("overwrite", False)))
     if cfg.output.dtype not in ("float32", "float16", "bfloat16"):
         raise ConfigError(f"output.dtype={cfg.output.dtype!r}; allowed values: float32, float16, bfloat16.")
     from spec_zoo.models import DEVICES
