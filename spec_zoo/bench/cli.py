@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import sys
+from contextlib import ExitStack
 from pathlib import Path
 
 import hydra
@@ -15,11 +16,12 @@ from omegaconf import DictConfig, OmegaConf
 from spec_zoo.api import CONF_DIR
 from spec_zoo.bench.dataset import load_dataset, prompt_encoder
 from spec_zoo.bench.methods import build_method, resolve_methods
-from spec_zoo.bench.records import TRACE_FILE, check_schema, read_records
+from spec_zoo.bench.records import LOCK_FILE, TRACE_FILE, check_schema, read_records
 from spec_zoo.bench.runner import run_benchmark, run_context
 from spec_zoo.bench.summary import Summary, summarize, summarize_file
 from spec_zoo.cli import _quiet_transformers, checked_command_line
 from spec_zoo.errors import ConfigError
+from spec_zoo.outputs import check_writable, one_writer
 from spec_zoo.sampling import SamplingParams
 from spec_zoo.schema import locate, validate
 
@@ -45,8 +47,7 @@ def bench(cfg: DictConfig) -> Summary:
         write_summary(summary, results.parent)
         return summary
 
-    from spec_zoo.decoder import SpeculativeDecoder
-    from spec_zoo.models import check_model_config, check_runtime, load_target
+    from spec_zoo.models import check_model_config, check_runtime
 
     data, gen = cfg.dataset, cfg.generation
     questions = load_dataset(data)
@@ -63,6 +64,21 @@ def bench(cfg: DictConfig) -> Summary:
         check_runtime(spec.runtime or cfg.model.runtime, cfg.model.dtype, cfg.model.device, f"methods.{spec.name}")
     out = output_dir(cfg)
     results_path = out / "results.jsonl"
+    with ExitStack() as held:
+        if not cfg.get("dry_run"):  # one writer per results directory: a second run into it is refused
+            check_writable(out, "out")
+            held.enter_context(one_writer(out / LOCK_FILE, busy=(
+                f"out: {out} is being written by another spec-zoo-bench run (it holds {out / LOCK_FILE}); "
+                "wait for it to finish (a rerun then resumes), or give another out= directory.")))
+        return _run(cfg, specs, questions, sampling, notes, out, results_path)
+
+
+def _run(cfg: DictConfig, specs, questions, sampling: SamplingParams, notes: list[str], out: Path, results_path: Path):
+    """The plan (``dry_run``) or the measured run of `bench`, once ``out`` is this run's."""
+    from spec_zoo.decoder import SpeculativeDecoder
+    from spec_zoo.models import load_target
+
+    data, gen = cfg.dataset, cfg.generation
     existing = check_schema(read_records(results_path), str(results_path))  # before any model loads
     run_settings = {"model": OmegaConf.to_container(cfg.model), "generation": OmegaConf.to_container(gen),
                     "dataset": {"name": data.name, "path": data.path}, "seed": cfg.seed}

@@ -10,6 +10,7 @@ trace was lost; a trace written twice (interrupted before its record) is read on
 from __future__ import annotations
 
 import json
+import math
 import warnings
 from collections.abc import Iterable
 from pathlib import Path
@@ -24,6 +25,9 @@ SCHEMA_VERSION = 1
 
 #: the per-step traces beside a results file (``traces=true``)
 TRACE_FILE = "traces.jsonl"
+
+#: the lock file beside a results file: one spec-zoo-bench run writes into a directory at a time
+LOCK_FILE = ".spec-zoo-bench.lock"
 
 #: the fields of a record that name it (`record_key`), which its trace repeats
 KEY_FIELDS = ("method", "question_id", "turn", "repeat", "config_hash")
@@ -51,6 +55,20 @@ def record_key(record: dict) -> tuple:
     return tuple(record[f] for f in KEY_FIELDS)
 
 
+def unique_records(records: Iterable[dict], source="results") -> tuple[list[dict], str | None]:
+    """``records`` with each `record_key` kept once (the first), and a warning saying how many
+    were dropped (None: none), for the summary to show: two runs that wrote into one
+    directory at once must not be averaged twice."""
+    records, kept, seen = list(records), [], set()
+    for r in records:
+        if (key := record_key(r)) not in seen:
+            seen.add(key)
+            kept.append(r)
+    dropped = len(records) - len(kept)
+    return kept, (f"{source}: {dropped} duplicate record(s) (same method, question, turn, repeat and "
+                  "config_hash) ignored; each key counts once." if dropped else None)
+
+
 def read_records(path) -> list[dict]:
     """All records of a results file ([] when it does not exist); a line cut short by an
     interrupted write is skipped with a warning (its record is measured again on resume)."""
@@ -73,11 +91,47 @@ def read_traces(path) -> dict[tuple, dict]:
     return {record_key(t): t["steps"] for t in read_records(path)}
 
 
+_NUMBER, _INT = (int, float), (int,)
+
+#: the type of each field a summary or report reads: (types, None allowed); numbers must be finite
+FIELD_TYPES = {
+    "method": ((str,), False), "category": ((str,), False), "question_id": ((int, str), False),
+    "turn": (_INT, False), "repeat": (_INT, False), "config_hash": ((str,), False),
+    "prompt_tokens": (_INT, False), "new_tokens": (_INT, False), "wall_s": (_NUMBER, False),
+    "tokens_per_s": (_NUMBER, False), "output_ids": ((list,), False), "temperature": (_NUMBER, False),
+    "max_new_tokens": (_INT, False), "target_forwards": (_INT, True), "tau": (_NUMBER, True),
+    "alpha": (_NUMBER, True), "drafted": (_INT, True), "accepted": (_INT, True), "draft_s": (_NUMBER, True),
+    "verify_s": (_NUMBER, True), "accept_per_position": ((list,), True), "predicted_speedup": (_NUMBER, True),
+    "matches_baseline": ((bool,), True), "top2_margin_at_mismatch": (_NUMBER, True), "lossless": ((bool,), True),
+    "params": ((dict,), True),
+}
+
+
+def record_problem(record: dict) -> str | None:
+    """What makes ``record`` unreadable by a summary (a missing field, a wrong type, a
+    non-finite or negative number), or None."""
+    for field, (types, nullable) in FIELD_TYPES.items():
+        value = record.get(field)
+        if value is None:
+            if not nullable:
+                return f"has no {field}" if field not in record else f"has {field}=null"
+            continue
+        if isinstance(value, bool) and bool not in types or not isinstance(value, types):
+            return f"has {field}={value!r:.40}, not {' or '.join(t.__name__ for t in types)}"
+        if isinstance(value, float) and not math.isfinite(value):
+            return f"has {field}={value}, not a finite number"
+        if types in (_NUMBER, _INT) and value < 0 and field != "top2_margin_at_mismatch":
+            return f"has {field}={value}, a negative number"
+    return None
+
+
 def check_schema(records: Iterable[dict], source="results") -> list[dict]:
-    """``records`` as a list, after checking each carries this version's ``schema_version``;
-    a record of another version raises `ConfigError` naming the file and the fix (nothing is
-    rewritten: the file stays as it is)."""
-    records = list(records)
+    """``records`` after checking each carries this version's ``schema_version``; a record
+    of another version raises `ConfigError` naming the file and the fix (nothing is
+    rewritten: the file stays as it is). A record of this version with a missing, mistyped
+    or non-finite field (`record_problem`) is skipped with a warning, as a torn line is:
+    a resumed benchmark measures it again."""
+    kept = []
     for i, r in enumerate(records):
         version = r.get("schema_version") if isinstance(r, dict) else None
         if version != SCHEMA_VERSION:
@@ -86,7 +140,11 @@ def check_schema(records: Iterable[dict], source="results") -> list[dict]:
                 f"schema_version={SCHEMA_VERSION}; summarize/report it with the spec-zoo version that wrote it, "
                 "or rerun the benchmark into a new out= directory (the file is left as it is)."
             )
-    return records
+        if problem := record_problem(r):
+            warnings.warn(f"{source}: record {i + 1} {problem}; ignoring it (a resumed run measures it again).")
+            continue
+        kept.append(r)
+    return kept
 
 
 class RecordWriter:
