@@ -122,6 +122,25 @@ def read_record(file: Path, fmt: str, version: int, what: str, fix: str) -> dict
     return record
 
 
+#: the types of the shape fields a head's record may hold (what each head class's `describe` writes)
+RECORD_TYPES = {"train_head": bool, "mlp": bool, "hidden_size": int, "draft_vocab_size": int, "init_layer": int,
+                "exit_layer": int, "num_heads": int}
+
+
+def check_artefact_values(record: dict, tensors: dict, key: str, path, what: str) -> None:
+    """Refuse a record field of the wrong type or a weight that is NaN or infinite at load,
+    rather than let sampling fail on it later."""
+    for field, kind in RECORD_TYPES.items():
+        if field in record and type(record[field]) is not kind:  # bool is no int here
+            raise ConfigError(f"{key}: {path} records {field}={record[field]!r:.40}, not "
+                              f"{'true or false' if kind is bool else 'an integer'}; the {what} is corrupt: retrain "
+                              "or re-copy it.")
+    bad = [name for name, t in tensors.items() if t.is_floating_point() and not bool(torch.isfinite(t).all())]
+    if bad:
+        raise ConfigError(f"{key}: {path} has NaN or infinite weights ({', '.join(sorted(bad)[:3])}); the {what} "
+                          "is corrupt (a diverged training?): retrain or re-copy it.")
+
+
 _FP_ROWS, _FP_DIMS = 16, 8
 
 

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from spec_zoo.artefacts import check_target, write_artefact
+from spec_zoo.artefacts import check_artefact_values, check_target, write_artefact
 from spec_zoo.artefacts import read_record as read_json_record
 from spec_zoo.errors import ConfigError
 
@@ -182,6 +182,7 @@ def load_artefact(path, dtype: str = "float32", device: str = "cpu"):
     except Exception as e:  # truncated/corrupt safetensors, bad config.json, ...
         raise ConfigError(f"drafter.path={str(path)!r}: the model files cannot be loaded ({type(e).__name__}: "
                           f"{str(e)[:200]}); the checkpoint is corrupt or incomplete: retrain or re-copy it.") from None
+    check_artefact_values({}, dict(model.state_dict()), "drafter.path", path, "distilled draft")
     rows = model.get_output_embeddings().weight.shape[0]
     vocab = record.get("draft_vocab")
     expected = len(vocab) if vocab is not None else (record.get("target") or {}).get("vocab_size", rows)

@@ -93,27 +93,28 @@ def read_traces(path) -> dict[tuple, dict]:
 
 _NUMBER, _INT = (int, float), (int,)
 
-#: the type of each field a summary or report reads: (types, None allowed); numbers must be finite
+#: the type of each field a summary or report reads: (types, required); a required field must be
+#: present and not null, another may be missing or null; numbers must be finite and not negative
 FIELD_TYPES = {
-    "method": ((str,), False), "category": ((str,), False), "question_id": ((int, str), False),
-    "turn": (_INT, False), "repeat": (_INT, False), "config_hash": ((str,), False),
-    "prompt_tokens": (_INT, False), "new_tokens": (_INT, False), "wall_s": (_NUMBER, False),
-    "tokens_per_s": (_NUMBER, False), "output_ids": ((list,), False), "temperature": (_NUMBER, False),
-    "max_new_tokens": (_INT, False), "target_forwards": (_INT, True), "tau": (_NUMBER, True),
-    "alpha": (_NUMBER, True), "drafted": (_INT, True), "accepted": (_INT, True), "draft_s": (_NUMBER, True),
-    "verify_s": (_NUMBER, True), "accept_per_position": ((list,), True), "predicted_speedup": (_NUMBER, True),
-    "matches_baseline": ((bool,), True), "top2_margin_at_mismatch": (_NUMBER, True), "lossless": ((bool,), True),
-    "params": ((dict,), True),
+    "method": ((str,), True), "category": ((str,), True), "question_id": ((int, str), True),
+    "turn": (_INT, True), "repeat": (_INT, True), "config_hash": ((str,), True),
+    "new_tokens": (_INT, True), "wall_s": (_NUMBER, True),
+    "prompt_tokens": (_INT, False), "tokens_per_s": (_NUMBER, False), "output_ids": ((list,), False),
+    "temperature": (_NUMBER, False), "max_new_tokens": (_INT, False), "target_forwards": (_INT, False),
+    "tau": (_NUMBER, False), "alpha": (_NUMBER, False), "drafted": (_INT, False), "accepted": (_INT, False),
+    "draft_s": (_NUMBER, False), "verify_s": (_NUMBER, False), "accept_per_position": ((list,), False),
+    "predicted_speedup": (_NUMBER, False), "matches_baseline": ((bool,), False),
+    "top2_margin_at_mismatch": (_NUMBER, False), "lossless": ((bool,), False), "params": ((dict,), False),
 }
 
 
 def record_problem(record: dict) -> str | None:
     """What makes ``record`` unreadable by a summary (a missing field, a wrong type, a
     non-finite or negative number), or None."""
-    for field, (types, nullable) in FIELD_TYPES.items():
+    for field, (types, required) in FIELD_TYPES.items():
         value = record.get(field)
         if value is None:
-            if not nullable:
+            if required:
                 return f"has no {field}" if field not in record else f"has {field}=null"
             continue
         if isinstance(value, bool) and bool not in types or not isinstance(value, types):
@@ -126,12 +127,11 @@ def record_problem(record: dict) -> str | None:
 
 
 def check_schema(records: Iterable[dict], source="results") -> list[dict]:
-    """``records`` after checking each carries this version's ``schema_version``; a record
-    of another version raises `ConfigError` naming the file and the fix (nothing is
-    rewritten: the file stays as it is). A record of this version with a missing, mistyped
-    or non-finite field (`record_problem`) is skipped with a warning, as a torn line is:
-    a resumed benchmark measures it again."""
-    kept = []
+    """``records`` as a list, after checking each carries this version's ``schema_version`` and
+    readable fields (`record_problem`); any other record raises `ConfigError` naming the file,
+    the record and the fix (nothing is rewritten: the file stays as it is). A torn last line
+    is not a record: `read_records` skips it with a warning, and a resumed run measures it again."""
+    records = list(records)
     for i, r in enumerate(records):
         version = r.get("schema_version") if isinstance(r, dict) else None
         if version != SCHEMA_VERSION:
@@ -141,10 +141,10 @@ def check_schema(records: Iterable[dict], source="results") -> list[dict]:
                 "or rerun the benchmark into a new out= directory (the file is left as it is)."
             )
         if problem := record_problem(r):
-            warnings.warn(f"{source}: record {i + 1} {problem}; ignoring it (a resumed run measures it again).")
-            continue
-        kept.append(r)
-    return kept
+            raise ConfigError(f"{source}: record {i + 1} {problem}; it was not written by spec-zoo-bench: fix or "
+                              "remove that line, or rerun the benchmark into a new out= directory (the file is left "
+                              "as it is).")
+    return records
 
 
 class RecordWriter:
