@@ -225,6 +225,12 @@ def main() -> None:
         print(f"spec-zoo-bench: error: out: {given['out']} is a file; give a directory (results.jsonl and "
               "summary.md go in it).", file=sys.stderr)
         sys.exit(2)
+    try:  # Hydra makes out= (its run dir) before bench() runs
+        if given.get("out"):
+            check_writable(given["out"], "out")
+    except ConfigError as err:
+        print(f"spec-zoo-bench: error: {err}", file=sys.stderr)
+        sys.exit(2)
     if given.get("summarize") not in (None, "null") and "out" not in given:
         sys.argv.append("hydra.run.dir=.")
     _hydra_main()
