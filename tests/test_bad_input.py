@@ -195,6 +195,8 @@ TABLE = [  # (console script, arguments, the key the one-line error must name)
     ("spec-zoo", ["drafter=eagle", "drafter.tree={policy:dynamic,width:100}"], "tree.width"),
     ("spec-zoo", ["drafter=eagle", "drafter.tree={policy:auto,max_width:5000}"], "tree.max_width"),
     ("spec-zoo", ["drafter=eagle", "drafter.tree={policy:multi_draft,n:1000,depth:8}"], "tree.n"),
+    ("spec-zoo", ["drafter=ngram", "drafter.max_draft=1000000000"], "drafter.max_draft"),
+    ("spec-zoo", ["drafter=eagle", "drafter.num_draft=100000", "drafter.adaptive=false"], "drafter.num_draft"),
     ("spec-zoo-bench", ["seed=18446744073709551616"], "seed"),
     ("spec-zoo-bench", ["generation.temperature=nan"], "generation.temperature"),
     ("spec-zoo-bench", ["dataset=jsonl", "dataset.path=LATIN1"], "dataset.path"),
