@@ -198,6 +198,7 @@ TABLE = [  # (console script, arguments, the key the one-line error must name)
     ("spec-zoo", ["drafter=ngram", "drafter.max_draft=1000000000"], "drafter.max_draft"),
     ("spec-zoo", ["drafter=eagle", "drafter.num_draft=100000", "drafter.adaptive=false"], "drafter.num_draft"),
     ("spec-zoo-bench", ["seed=18446744073709551616"], "seed"),
+    ("spec-zoo-bench", ["seed=18446744073709551615", "repeats=2"], "seed"),
     ("spec-zoo-bench", ["generation.temperature=nan"], "generation.temperature"),
     ("spec-zoo-bench", ["dataset=jsonl", "dataset.path=LATIN1"], "dataset.path"),
     ("spec-zoo-bench", ["out=FILE/sub"], "out"),

@@ -49,6 +49,9 @@ def bench(cfg: DictConfig) -> Summary:
 
     from spec_zoo.models import check_model_config, check_runtime
 
+    if cfg.seed + cfg.repeats - 1 > 2**64 - 1:  # repeat r runs with seed + r
+        raise ConfigError(f"seed: {cfg.seed} + {cfg.repeats - 1} (repeat r uses seed + r) passes 2^64 - 1, the "
+                          "largest seed; e.g. seed=0.")
     data, gen = cfg.dataset, cfg.generation
     questions = load_dataset(data)
     if empty := next((q for q in questions if any(not t.strip() for t in q.turns)), None):
