@@ -140,9 +140,10 @@ class Static(TreePolicy):
         return tree.draft(self.sibling_modes(True)[0])
 
 
-#: the most nodes a draft tree may have: it is scored in one target forward (an attention mask
-#: of nodes x (context + nodes)), so a bigger one is refused before any work rather than run out of memory
-MAX_NODES = 1024
+#: the most nodes a draft tree may have: it is scored in one target forward (an attention mask of
+#: nodes x (context + nodes)) and keeps a q row per node (8192 x a 49k vocabulary in float32: 1.6 GB), so a
+#: bigger one is refused before any work rather than run the machine out of memory
+MAX_NODES = 8192
 
 
 def check_nodes(key: str, nodes: int, what: str) -> None:

@@ -194,7 +194,7 @@ TABLE = [  # (console script, arguments, the key the one-line error must name)
     ("spec-zoo", ["drafter=eagle", "drafter.tree={policy:chain,depth:100000}"], "tree.depth"),
     ("spec-zoo", ["drafter=eagle", "drafter.tree={policy:dynamic,width:100}"], "tree.width"),
     ("spec-zoo", ["drafter=eagle", "drafter.tree={policy:auto,max_width:5000}"], "tree.max_width"),
-    ("spec-zoo", ["drafter=eagle", "drafter.tree={policy:multi_draft,n:1000,depth:8}"], "tree.n"),
+    ("spec-zoo", ["drafter=eagle", "drafter.tree={policy:multi_draft,n:10000,depth:8}"], "tree.n"),
     ("spec-zoo", ["drafter=ngram", "drafter.max_draft=1000000000"], "drafter.max_draft"),
     ("spec-zoo", ["drafter=eagle", "drafter.num_draft=100000", "drafter.adaptive=false"], "drafter.num_draft"),
     ("spec-zoo-bench", ["seed=18446744073709551616"], "seed"),
