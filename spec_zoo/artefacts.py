@@ -1,9 +1,11 @@
 """Trained artefacts on disk: a directory of safetensors files plus a JSON record, and
 the target it was trained for (a fingerprint checked at load time).
 
-Shared by the distilled drafts and the exit adapters: write the whole directory
-atomically (a temp dir, then one rename: an interrupted save never leaves half an
-artefact), and read a record back with its format and version checked.
+Every artefact directory spec-zoo writes (drafts, heads, adapters, converted models) goes
+through `write_artefact`: the whole directory atomically (a temp dir, then one rename: an
+interrupted save never leaves half an artefact), replacing only a previous artefact, never
+the user's files (`check_out_dir`, also called before the work starts). Records are read
+back with their format and version checked.
 """
 
 from __future__ import annotations
@@ -18,21 +20,90 @@ from pathlib import Path
 import torch
 
 from spec_zoo.errors import ConfigError
+from spec_zoo.outputs import check_writable
+
+#: every file an artefact directory may hold: JSON records and configs, safetensors weights,
+#: tokenizer files (what ``save_pretrained`` writes). A directory holding anything else is the
+#: user's, and is never replaced.
+ARTEFACT_FILES = ("*.json", "*.safetensors", "*.jinja", "merges.txt", "tokenizer.model")
 
 
-def write_artefact(out_dir, record_name: str, record: dict, write_files: Callable[[Path], None]) -> Path:
-    """Create ``out_dir`` with what ``write_files(tmp_dir)`` writes plus ``record_name``."""
+def artefact_format(out_dir: Path, record_name: str | None = None) -> str | None:
+    """What artefact ``out_dir`` holds: the ``spec-zoo-*`` format its JSON record names (the
+    one called ``record_name``, or any), else ``"model"`` for a Hugging Face model dir (a
+    ``config.json`` naming a ``model_type``; only when ``record_name`` is None); None when it
+    holds anything but artefact files (a subdirectory, another file) or no such record."""
+    entries = list(out_dir.iterdir())
+    if any(e.is_symlink() or not e.is_file() or not any(e.match(p) for p in ARTEFACT_FILES) for e in entries):
+        return None
+    records = {e.name: _json_object(e) for e in ([out_dir / record_name] if record_name else entries)}
+    formats = [r["format"] for r in records.values()
+               if isinstance(r.get("format"), str) and r["format"].startswith("spec-zoo-")]
+    if formats:
+        return formats[0]
+    model = record_name is None and isinstance(records.get("config.json", {}).get("model_type"), str)
+    return "model" if model else None
+
+
+def _json_object(file: Path) -> dict:
+    """The JSON object in ``file``, or {} when it is missing, unreadable or not an object."""
+    try:
+        value = json.loads(file.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+def check_out_dir(out_dir, record_name: str, fmt: str, key: str, overwrite: bool = False) -> Path:
+    """``out_dir`` if an artefact of format ``fmt`` may be written there, else a one-line
+    `ConfigError` naming ``key``, the path and the fix. Allowed: a new or empty directory
+    (under a writable one), or one holding exactly a previous artefact of the same format
+    (its record ``record_name`` says so); with ``overwrite``, any spec-zoo artefact or model
+    dir. Never a directory with other files, the current directory or one of its parents.
+    Called before the work that makes the artefact, and again just before it is written."""
     out_dir = Path(out_dir).expanduser()
+    flag = f"{key.rsplit('.', 1)[0]}.overwrite=true" if "." in key else "--overwrite"
+    where, fresh = f"{key}: {str(out_dir)!r}", f"choose a new directory for {key}"
+    here = Path.cwd().resolve()
+    if out_dir.resolve() in (here, *here.parents):
+        raise ConfigError(f"{where} is the current directory or one of its parents, which is never replaced; "
+                          f"{fresh}.")
+    if out_dir.is_symlink() or (out_dir.exists() and not out_dir.is_dir()):
+        raise ConfigError(f"{where} exists and is not a directory; {fresh}, or move it away.")
+    check_writable(out_dir.parent, key)  # the temp dir is made beside out_dir
+    if not out_dir.is_dir() or not any(out_dir.iterdir()):
+        return out_dir
+    if artefact_format(out_dir, record_name) == fmt:
+        return out_dir
+    found = artefact_format(out_dir)
+    if found is None:
+        raise ConfigError(f"{where} already holds other files than a previous {fmt} artefact, which would be "
+                          f"lost; {fresh} (a directory with other files is never replaced, even with {flag}).")
+    if not overwrite:
+        raise ConfigError(f"{where} holds a {found} artefact, not a {fmt} one; {fresh}, or pass {flag} to "
+                          "replace it.")
+    return out_dir
+
+
+def write_artefact(out_dir, record_name: str, record: dict, write_files: Callable[[Path], None],
+                   key: str = "output.dir", overwrite: bool = False) -> Path:
+    """Create ``out_dir`` with what ``write_files(tmp_dir)`` writes plus ``record_name``, atomically:
+    into a temp dir beside it, then one rename. What was there is replaced only when
+    `check_out_dir` allows it (checked again here), so an interrupted save never leaves
+    half an artefact and a save never deletes the user's files."""
+    out_dir = check_out_dir(out_dir, record_name, record["format"], key, overwrite)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}-", dir=out_dir.parent))
+    old = tmp.with_name(tmp.name + ".old")
     try:
         write_files(tmp)
         (tmp / record_name).write_text(json.dumps(record, indent=1))
-        if out_dir.exists():
-            shutil.rmtree(out_dir)
+        if out_dir.exists():  # the previous artefact, checked above: moved aside, then deleted
+            os.replace(out_dir, old)
         os.replace(tmp, out_dir)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+        shutil.rmtree(old, ignore_errors=True)
     return out_dir
 
 
@@ -49,6 +120,25 @@ def read_record(file: Path, fmt: str, version: int, what: str, fix: str) -> dict
         raise ConfigError(f"{file} has format_version {record['format_version']}; this spec-zoo reads up to "
                           f"{version}: upgrade spec-zoo.")
     return record
+
+
+#: the types of the shape fields a head's record may hold (what each head class's `describe` writes)
+RECORD_TYPES = {"train_head": bool, "mlp": bool, "hidden_size": int, "draft_vocab_size": int, "init_layer": int,
+                "exit_layer": int, "num_heads": int}
+
+
+def check_artefact_values(record: dict, tensors: dict, key: str, path, what: str) -> None:
+    """Refuse a record field of the wrong type or a weight that is NaN or infinite at load,
+    rather than let sampling fail on it later."""
+    for field, kind in RECORD_TYPES.items():
+        if field in record and type(record[field]) is not kind:  # bool is no int here
+            raise ConfigError(f"{key}: {path} records {field}={record[field]!r:.40}, not "
+                              f"{'true or false' if kind is bool else 'an integer'}; the {what} is corrupt: retrain "
+                              "or re-copy it.")
+    bad = [name for name, t in tensors.items() if t.is_floating_point() and not bool(torch.isfinite(t).all())]
+    if bad:
+        raise ConfigError(f"{key}: {path} has NaN or infinite weights ({', '.join(sorted(bad)[:3])}); the {what} "
+                          "is corrupt (a diverged training?): retrain or re-copy it.")
 
 
 _FP_ROWS, _FP_DIMS = 16, 8

@@ -29,7 +29,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-from spec_zoo.artefacts import check_target, read_record, write_artefact
+from spec_zoo.artefacts import check_artefact_values, check_target, read_record, write_artefact
 from spec_zoo.errors import ConfigError
 from spec_zoo.layers import DecoderStack
 
@@ -109,12 +109,14 @@ class BlockHead(VocabHead):
         return {"init_layer": self.init_layer, "mlp": self.mlp, **super().describe()}
 
 
-def save_head(head: VocabHead, out_dir, target_info: dict, record: dict, dtype=torch.float16) -> Path:
-    """Write the head's weights + JSON record atomically (temp dir, then rename)."""
+def save_head(head: VocabHead, out_dir, target_info: dict, record: dict, dtype=torch.float16,
+              overwrite: bool = False) -> Path:
+    """Write the head's weights + JSON record with `write_artefact` (atomic; replaces only a previous artefact)."""
     tensors = {k: (v if k == "vocab_ids" else v.to(dtype)).detach().contiguous() for k, v in head.state_dict().items()}
     full = {"format": head.FORMAT, "format_version": head.FORMAT_VERSION, **head.describe(), "target": target_info,
             **record}
-    return write_artefact(out_dir, head.RECORD, full, lambda tmp: save_file(tensors, str(tmp / head.WEIGHTS)))
+    return write_artefact(out_dir, head.RECORD, full, lambda tmp: save_file(tensors, str(tmp / head.WEIGHTS)),
+                          overwrite=overwrite)
 
 
 def read_head_record(cls: type[VocabHead], path, key: str, fix: str) -> dict:
@@ -135,13 +137,17 @@ def load_head(cls: type[VocabHead], path, target_model, key: str, train_command:
     except Exception as e:  # missing, truncated or corrupt file
         raise ConfigError(f"{key}={str(path)!r}: {cls.WEIGHTS} cannot be read ({type(e).__name__}: "
                           f"{str(e)[:160]}); the file is corrupt or incomplete: retrain or re-copy it.") from None
+    check_artefact_values(record, tensors, key, path, cls.WHAT)
     ids, vocab = tensors.get("vocab_ids"), target_model.lm_head.weight.shape[0]
     if ids is not None and (ids.dim() != 1 or ids.is_floating_point() or not ids.numel()
                             or int(ids.min()) < 0 or int(ids.max()) >= vocab):
         raise ConfigError(f"{key}: {cls.WEIGHTS} in {path} has vocab_ids outside the target's vocabulary "
                           f"(0..{vocab - 1}); the {cls.WHAT} was made for another model or is corrupt: retrain "
                           "or re-copy it.")
-    head = cls.from_record(target_model, record, ids)
+    try:
+        head = cls.from_record(target_model, record, ids)
+    except KeyError as e:
+        raise ConfigError(f"{key}: {path / cls.RECORD} lacks {e}; the {cls.WHAT} is corrupt: retrain or re-copy it.") from None
     dtype = target_model.lm_head.weight.dtype
     try:
         head.load_state_dict({k: (v if k == "vocab_ids" else v.to(dtype)) for k, v in tensors.items()})

@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from spec_zoo.errors import ConfigError
+from spec_zoo.trees import MAX_NODES
 
 if TYPE_CHECKING:
     from spec_zoo.interfaces import DecodeState
@@ -66,6 +67,10 @@ class DraftLength:
             raise ConfigError(
                 f"{key}.max_draft={maximum} is below {key}.num_draft={initial}; raise max_draft or lower num_draft."
             )
+        for name, length in (("num_draft", initial), ("max_draft", maximum if adaptive else 0)):
+            if length > MAX_NODES:  # a draft is scored in one target forward, as a tree is
+                raise ConfigError(f"{key}.{name}: {length} tokens per draft is more than the {MAX_NODES} one target "
+                                  f"forward may score; use a shorter draft, e.g. {key}.{name}=8.")
         if not 0.0 <= token_cost < 1.0:
             raise ConfigError(
                 f"{key}.token_cost={token_cost}; it is the cost of one drafted token in target forwards, in [0, 1)."

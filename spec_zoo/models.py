@@ -10,17 +10,15 @@ from __future__ import annotations
 
 import copy
 import importlib.util
-import os
 import re
-import shutil
 import sys
-import tempfile
-from contextlib import contextmanager
 from pathlib import Path
 
 import torch
 
+from spec_zoo.artefacts import write_artefact
 from spec_zoo.errors import ConfigError
+from spec_zoo.outputs import one_writer
 from spec_zoo.paths import cache_root
 from spec_zoo.target import Target
 
@@ -127,35 +125,24 @@ def load_gguf(name: str = "smollm2-135m"):
     return model, tokenizer
 
 
-def _save_atomically(out_dir: Path, model, tokenizer=None) -> None:
-    """Write into a temp dir next to ``out_dir`` and rename it into place, so an
-    interrupted write never leaves a half model that later loads would trust."""
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}-", dir=out_dir.parent))
-    try:
+#: the JSON record of a model dir spec-zoo makes (a truncated draft, a converted GGUF): it says
+#: which, so a later run may replace it (`spec_zoo.artefacts.write_artefact`)
+MODEL_RECORD = "spec_zoo.json"
+TRUNCATED, CONVERTED = "spec-zoo-truncated-draft", "spec-zoo-converted-model"
+
+
+def _save_atomically(out_dir: Path, model, tokenizer=None, record: dict | None = None, key: str = "--out",
+                     overwrite: bool = False) -> Path:
+    """Write a model dir (+ ``MODEL_RECORD``) with `write_artefact`: atomically, and replacing
+    only a previous one of its kind, so an interrupted write never leaves a half model that
+    later loads would trust, and no write deletes the user's files."""
+    def write_files(tmp: Path) -> None:
         model.save_pretrained(tmp, safe_serialization=True)
         if tokenizer is not None:
             tokenizer.save_pretrained(tmp)
-        if out_dir.exists():  # replacing an older copy (e.g. a re-made draft)
-            shutil.rmtree(out_dir)
-        os.replace(tmp, out_dir)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
 
-
-@contextmanager
-def _one_maker(out_dir: Path):
-    """Let one process at a time make ``out_dir`` (two first runs at once, or parallel test
-    workers, would otherwise both convert and replace each other's copy mid-read)."""
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    with open(out_dir.parent / f".{out_dir.name}.lock", "w") as lock:
-        try:
-            import fcntl
-
-            fcntl.flock(lock, fcntl.LOCK_EX)
-        except ImportError:  # no fcntl (Windows): unlocked, as before
-            pass
-        yield
+    record = record or {"format": CONVERTED, "format_version": 1}
+    return write_artefact(out_dir, MODEL_RECORD, record, write_files, key, overwrite)
 
 
 def embedded_model_dir(name: str = "smollm2-135m") -> Path:
@@ -163,7 +150,7 @@ def embedded_model_dir(name: str = "smollm2-135m") -> Path:
     out = cache_root() / EMBEDDED[name][2]
     if _is_cached(name):
         return out
-    with _one_maker(out):
+    with one_writer(out.parent / f".{out.name}.lock"):  # one maker at a time; the others wait
         if _is_cached(name):  # another process made it while this one waited
             return out
         model, tokenizer = load_gguf(name)
@@ -172,7 +159,7 @@ def embedded_model_dir(name: str = "smollm2-135m") -> Path:
         model.hf_quantizer = None
         if hasattr(model.config, "quantization_config"):
             del model.config.quantization_config
-        _save_atomically(out, model, tokenizer)
+        _save_atomically(out, model, tokenizer, key="SPEC_ZOO_CACHE")
     return out
 
 
@@ -219,10 +206,11 @@ def on_runtime(runtime: str, model, tokenizer=None, **compiled) -> Target:
     return Target(model, tokenizer)
 
 
-def make_truncated_draft(target_model, num_layers: int, out_dir, tokenizer=None) -> Path:
+def make_truncated_draft(target_model, num_layers: int, out_dir, tokenizer=None, overwrite: bool = False) -> Path:
     """Save the first ``num_layers`` layers of ``target_model`` (with its embeddings, final
     norm and LM head) as a standard model dir: a zero-training draft model that shares
-    the target's vocabulary, used by the ``small_model`` drafter."""
+    the target's vocabulary, used by the ``small_model`` drafter. ``out_dir`` must be new, empty
+    or a previous truncated draft (`spec_zoo.artefacts.check_out_dir`; ``overwrite``: any artefact)."""
     from transformers import AutoModelForCausalLM
 
     total = target_model.config.num_hidden_layers
@@ -241,9 +229,8 @@ def make_truncated_draft(target_model, num_layers: int, out_dir, tokenizer=None)
     }
     draft.load_state_dict(state, strict=True)
     draft.generation_config = copy.deepcopy(target_model.generation_config)
-    out_dir = Path(out_dir).expanduser()
-    _save_atomically(out_dir, draft, tokenizer)
-    return out_dir
+    record = {"format": TRUNCATED, "format_version": 1, "layers": num_layers}
+    return _save_atomically(Path(out_dir).expanduser(), draft, tokenizer, record, overwrite=overwrite)
 
 
 def truncated_draft(layers: int = 4, name: str = "smollm2-135m") -> Path:
@@ -252,7 +239,7 @@ def truncated_draft(layers: int = 4, name: str = "smollm2-135m") -> Path:
     out = cache_root() / f"{name}-trunc{layers}"
     if (out / "config.json").is_file():
         return out
-    with _one_maker(out):
+    with one_writer(out.parent / f".{out.name}.lock"):  # one maker at a time; the others wait
         if not (out / "config.json").is_file():
             print(f"spec-zoo: making the {layers}-layer truncated draft of {name} once -> {out}", file=sys.stderr)
             target = load_target(name)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import difflib
 import functools
 import inspect
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -39,17 +40,25 @@ class Limit:
 
     def problem(self, value) -> str | None:
         if self.low is not None and (value < self.low or (self.low_open and value == self.low)):
-            return f"must be {'>' if self.low_open else '>='} {self.low:g}"
+            return f"must be {'>' if self.low_open else '>='} {_number(self.low)}"
         if self.high is not None and (value > self.high or (self.high_open and value == self.high)):
-            return f"must be {'<' if self.high_open else '<='} {self.high:g}"
+            return f"must be {'<' if self.high_open else '<='} {_number(self.high)}"
         return None
 
 
+def _number(x) -> str:
+    return str(x) if isinstance(x, int) else f"{x:g}"
+
+
 POSITIVE, NON_NEGATIVE = Limit(low=1), Limit(low=0)
+SEED = Limit(low=0, high=2**64 - 1, example="0")  # what torch.Generator.manual_seed takes
 UNIT = Limit(low=0, high=1, high_open=True)
 
 # Ranges, by dotted key (the same names in spec-zoo, spec-zoo-bench and spec-zoo-train configs).
 LIMITS: dict[str, Limit] = {
+    "seed": SEED,
+    "train.seed": SEED,
+    "data.seed": SEED,
     "generation.temperature": Limit(low=0, example="0.7"),
     "generation.top_k": NON_NEGATIVE,
     "generation.top_p": Limit(low=0, high=1, low_open=True, example="0.9"),
@@ -152,6 +161,8 @@ def check_value(key: str, value, types, nullable: bool = False, example=None):
         raise fail(key, f"{value!r} is not {_names(types)}", _fix(key, types, example))
     if key in choices() and value not in choices()[key]:
         raise fail(key, f"{value!r} is not supported", f"use one of: {', '.join(choices()[key])}")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise fail(key, f"{value!r} is not a finite number", _fix(key, types, example or getattr(LIMITS.get(key), "example", None)))
     limit = LIMITS.get(key)
     if limit and isinstance(value, (int, float)) and not isinstance(value, bool) and (why := limit.problem(value)):
         raise fail(key, f"{value!r} {why}", f"e.g. {key}={limit.example or _suggest(limit)}")

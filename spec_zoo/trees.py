@@ -138,6 +138,19 @@ class Static(TreePolicy):
         return tree.draft(self.sibling_modes(True)[0])
 
 
+#: the most nodes a draft tree may have: it is scored in one target forward (an attention mask of
+#: nodes x (context + nodes)) and keeps a q row per node (8192 x a 49k vocabulary in float32: 1.6 GB), so a
+#: bigger one is refused before any work rather than run the machine out of memory
+MAX_NODES = 8192
+
+
+def check_nodes(key: str, nodes: int, what: str) -> None:
+    """Refuse a tree policy whose drafts would have more than `MAX_NODES` nodes, with the count."""
+    if nodes > MAX_NODES:
+        raise ConfigError(f"{key}: {what} make {nodes:.3g} nodes per draft, more than the {MAX_NODES} a draft may "
+                          f"have (one target forward scores them all); use a smaller tree, e.g. width 4, depth 4.")
+
+
 class TopK(Static):
     """``width`` children per node, ``depth`` levels: width + width^2 + ... nodes."""
 
@@ -146,6 +159,8 @@ class TopK(Static):
     def __init__(self, width: int = 2, depth: int = 3):
         if width < 1 or depth < 1:
             raise ConfigError(f"tree.width={width}, tree.depth={depth}: both must be >= 1.")
+        check_nodes("tree.depth" if width == 1 else "tree.width", depth if width == 1 else (width ** (min(depth, 64) + 1) - width) // (width - 1),
+                    f"width {width} over depth {depth}")
         self.width = width
         super().__init__([p for d in range(1, depth + 1) for p in _ranks(width, d)])
 
@@ -181,6 +196,7 @@ class Dynamic(TreePolicy):
     def __init__(self, width: int = 4, depth: int = 5, budget: int = 16):
         if width < 1 or depth < 1 or budget < 1:
             raise ConfigError(f"tree.width={width}, tree.depth={depth}, tree.budget={budget}: all must be >= 1.")
+        check_nodes("tree.width", width * width * depth, f"width {width} x {width} candidates over depth {depth}")
         self.width, self.depth, self.budget = width, depth, budget
 
     def sibling_modes(self, sampled: bool) -> tuple[str, ...]:
@@ -217,6 +233,7 @@ class MultiDraft(TreePolicy):
     def __init__(self, n: int = 3, depth: int = 4):
         if n < 1 or depth < 1:
             raise ConfigError(f"tree.n={n}, tree.depth={depth}: both must be >= 1.")
+        check_nodes("tree.n", n * depth, f"{n} chains of depth {depth}")
         self.n, self.depth = n, depth
 
     def sibling_modes(self, sampled: bool) -> tuple[str, ...]:
@@ -349,6 +366,8 @@ class Auto(TreePolicy):
         if min(max_nodes, max_depth, max_width) < 1 or not 0 <= draft_cost < 1 or not 0 <= scoring_cost < 1:
             raise ConfigError(f"tree.max_nodes={max_nodes}, tree.max_depth={max_depth}, tree.max_width={max_width}: "
                               f">= 1; tree.draft_cost={draft_cost}, tree.scoring_cost={scoring_cost}: in [0, 1).")
+        check_nodes("tree.max_nodes", max_nodes, f"tree.max_nodes={max_nodes}")
+        check_nodes("tree.max_width", max_width * max_depth, f"width {max_width} over depth {max_depth}")
         self.max_nodes, self.max_depth, self.max_width = max_nodes, max_depth, max_width
         self.draft_cost, self.scoring_cost = draft_cost, scoring_cost
         self.stats = RankAcceptance(max_width)

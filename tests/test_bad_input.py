@@ -3,6 +3,8 @@ key and says how to fix it."""
 
 from __future__ import annotations
 
+import json
+import os
 import re
 import subprocess
 import sys
@@ -182,28 +184,129 @@ TABLE = [  # (console script, arguments, the key the one-line error must name)
     ("spec-zoo-train", ["early_exit", "adapter.exit_layer=0"], "adapter.exit_layer"),
     ("spec-zoo-report", ["--seed", "abc", "x"], "--seed"),
     ("spec-zoo-report", ["/no/such/dir"], "paths"),
+    # issue 27: numbers out of range, resource bounds, undecodable files, unwritable outputs, bad records
+    ("spec-zoo", ["seed=18446744073709551616"], "seed"),
+    ("spec-zoo", ["seed=-1"], "seed"),
+    ("spec-zoo", ["generation.temperature=nan"], "generation.temperature"),
+    ("spec-zoo", ["generation.temperature=inf"], "generation.temperature"),
+    ("spec-zoo", ["generation.top_p=nan"], "generation.top_p"),
+    ("spec-zoo", ["drafter=eagle", "drafter.tree={policy:topk,width:1000,depth:10}"], "tree.width"),
+    ("spec-zoo", ["drafter=eagle", "drafter.tree={policy:chain,depth:100000}"], "tree.depth"),
+    ("spec-zoo", ["drafter=eagle", "drafter.tree={policy:dynamic,width:100}"], "tree.width"),
+    ("spec-zoo", ["drafter=eagle", "drafter.tree={policy:auto,max_width:5000}"], "tree.max_width"),
+    ("spec-zoo", ["drafter=eagle", "drafter.tree={policy:multi_draft,n:10000,depth:8}"], "tree.n"),
+    ("spec-zoo", ["drafter=ngram", "drafter.max_draft=1000000000"], "drafter.max_draft"),
+    ("spec-zoo", ["drafter=eagle", "drafter.num_draft=100000", "drafter.adaptive=false"], "drafter.num_draft"),
+    ("spec-zoo-bench", ["seed=18446744073709551616"], "seed"),
+    ("spec-zoo-bench", ["seed=18446744073709551615", "repeats=2"], "seed"),
+    ("spec-zoo-bench", ["generation.temperature=nan"], "generation.temperature"),
+    ("spec-zoo-bench", ["dataset=jsonl", "dataset.path=LATIN1"], "dataset.path"),
+    ("spec-zoo-bench", ["out=FILE/sub"], "out"),
+    ("spec-zoo-bench", ["out=READONLY"], "out"),
+    ("spec-zoo-bench", ["out=READONLY/sub"], "out"),
+    ("spec-zoo-bench", ["summarize=NOMETHOD/results.jsonl"], "results.jsonl"),
+    ("spec-zoo-train", ["distill", "train.seed=18446744073709551616"], "train.seed"),
+    ("spec-zoo-train", ["distill", "train.lr=nan"], "train.lr"),
+    ("spec-zoo-train", ["distill", "data.prompts=LATIN1"], "data.prompts"),
+    ("spec-zoo-train", ["eagle", "data.prompts=LATIN1"], "data.prompts"),
+    ("spec-zoo-train", ["medusa", "output.dir=USERDIR"], "output.dir"),
+    ("spec-zoo-train", ["distill", "output.dir=USERDIR", "output.overwrite=true"], "output.dir"),
+    ("spec-zoo-train", ["eagle", "output.dir=READONLY/head"], "output.dir"),
+    ("spec-zoo-train", ["medusa", "output.dir=."], "output.dir"),
+    ("spec-zoo-report", ["RESULTS", "-o", "FILE"], "-o"),
+    ("spec-zoo-report", ["RESULTS", "-o", "FILE/sub"], "-o"),
+    ("spec-zoo-report", ["RESULTS", "-o", "READONLY"], "-o"),
+    ("spec-zoo-report", ["NOMETHOD"], "results.jsonl"),
+    ("spec-zoo-report", ["BADTYPE"], "results.jsonl"),
+    ("spec-zoo-report", ["NANWALL"], "results.jsonl"),
+    ("spec-zoo-report", ["RESULTS", "--note", "@LATIN1"], "--note"),
+    ("spec-zoo-project", ["NOMETHOD", "--costs", "COSTS"], "results.jsonl"),
+    ("spec-zoo-project", ["NANWALL", "--costs", "COSTS"], "results.jsonl"),
+    ("spec-zoo-project", ["RESULTS", "--costs", "COSTS", "--max-nodes", "100000"], "--max-nodes"),
+    ("spec-zoo-project", ["RESULTS", "--costs", "COSTS", "--max-width", "100000"], "--max-width"),
+    ("spec-zoo-make-draft", ["--layers", "1", "--out", "USERDIR"], "--out"),
+    ("spec-zoo-make-draft", ["--layers", "1", "--out", "."], "--out"),
+    ("spec-zoo-make-draft", ["--layers", "1", "--out", "HEAD"], "--out"),
+    ("spec-zoo-make-draft", ["--layers", "1", "--out", "READONLY/draft"], "--out"),
 ]
 
 
 def console_main(script: str):
     from spec_zoo.bench.cli import main as bench
     from spec_zoo.cli import main as spec_zoo
+    from spec_zoo.cli import make_draft
     from spec_zoo.report.cli import main as report
+    from spec_zoo.report.cli import project
     from spec_zoo.train.cli import main as train
 
     return {"spec-zoo": spec_zoo, "spec-zoo-bench": bench, "spec-zoo-train": train,
-            "spec-zoo-report": lambda: sys.exit(report(sys.argv[1:]))}[script]
+            "spec-zoo-report": lambda: sys.exit(report(sys.argv[1:])),
+            "spec-zoo-project": lambda: sys.exit(project(sys.argv[1:])),
+            "spec-zoo-make-draft": lambda: make_draft(sys.argv[1:])}[script]
+
+
+def result_record(**changes) -> dict:
+    """A well-formed results record (spec_zoo.bench.records.FIELDS), with ``changes``."""
+    from spec_zoo.bench.records import FIELDS, SCHEMA_VERSION
+
+    values = {"schema_version": SCHEMA_VERSION, "method": "ar", "drafter": "none", "verifier": "greedy",
+              "lossless": True, "params": {}, "model": "tiny", "dataset": "test", "category": "qa",
+              "question_id": 1, "turn": 1, "repeat": 0, "prompt_tokens": 5, "new_tokens": 8, "wall_s": 0.5,
+              "tokens_per_s": 16.0, "target_forwards": 8, "tau": 1.0, "alpha": None, "drafted": 0, "accepted": 0,
+              "draft_s": 0.0, "verify_s": 0.5, "accept_per_position": [], "predicted_speedup": None,
+              "output_ids": list(range(8)), "matches_baseline": True, "top2_margin_at_mismatch": None,
+              "temperature": 0.0, "seed": 0, "max_new_tokens": 8, "device": "cpu", "platform": "x", "machine": "x",
+              "threads": 1, "torch_version": "x", "spec_zoo_version": "x", "config_hash": "h", **changes}
+    return {f: values[f] for f in FIELDS if f in values}
+
+
+def results_dir(path: Path, *records: dict) -> None:
+    path.mkdir(exist_ok=True)
+    (path / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+
+
+@pytest.fixture
+def read_only(tmp_path, monkeypatch):
+    """READONLY: a directory no file can be made in. Root ignores mode bits, so there the
+    check that tries to write (spec_zoo.outputs.writable) is told so for this directory."""
+    from spec_zoo import outputs
+
+    path = tmp_path / "READONLY"
+    path.mkdir(exist_ok=True)
+    path.chmod(0o555)
+    if os.geteuid() == 0:
+        real = outputs.writable
+        monkeypatch.setattr(outputs, "writable", lambda p: Path(p) != path and real(p))
+    yield path
+    path.chmod(0o755)
+
+
+PLACEHOLDERS = re.compile(r"\b(EMPTY|GARBAGE|NOWEIGHTS|CORRUPT|FILE|LATIN1|USERDIR|READONLY|RESULTS|NOMETHOD|BADTYPE|"
+                          r"NANWALL|COSTS|HEAD)\b")
 
 
 def concrete(args: list[str], tmp_path) -> list[str]:
-    """Fill in the placeholders: broken model dirs, an existing file."""
+    """Fill in the placeholders: broken model dirs, an existing file, a latin-1 JSONL, a dir of the
+    user's files, results (good; a record without `method`, with a mistyped field, with a NaN wall
+    time), a cost table of 16 sizes, an EAGLE-head-like artefact dir."""
     for name, files in MODEL_DIRS.items():
         (tmp_path / name).mkdir(exist_ok=True)
         for file, text in files.items():
             (tmp_path / name / file).write_text(text)
     (tmp_path / "FILE").write_text("x")
-    return [a.replace("=FILE", f"={tmp_path / 'FILE'}").replace(
-        *next(((f"={n}", f"={tmp_path / n}") for n in MODEL_DIRS if a.endswith(f"={n}")), ("", ""))) for a in args]
+    (tmp_path / "LATIN1").write_bytes(b'{"prompt": "ok", "turns": ["ok"]}\n{"prompt": "caf\xe9", "turns": ["x"]}\n')
+    (tmp_path / "USERDIR" / "sub").mkdir(parents=True, exist_ok=True)
+    (tmp_path / "USERDIR" / "precious.txt").write_text("mine")
+    results_dir(tmp_path / "RESULTS", result_record(), result_record(method="ngram", config_hash="n", wall_s=0.25))
+    results_dir(tmp_path / "NOMETHOD", {k: v for k, v in result_record().items() if k != "method"})
+    results_dir(tmp_path / "BADTYPE", result_record(new_tokens="8"))
+    results_dir(tmp_path / "NANWALL", result_record(wall_s=float("nan")))
+    (tmp_path / "COSTS").write_text(json.dumps({"seconds": [0.01] * 16, "model": "m", "runtime": "eager",
+                                                "dtype": "float32", "threads": 1, "machine": "x"}))
+    (tmp_path / "HEAD").mkdir(exist_ok=True)
+    (tmp_path / "HEAD" / "eagle.json").write_text('{"format": "spec-zoo-eagle-head"}')
+    (tmp_path / "HEAD" / "eagle.safetensors").write_text("")
+    return [PLACEHOLDERS.sub(lambda m: str(tmp_path / m.group(1)), a) for a in args]
 
 
 def one_line_error(stderr: str, key: str) -> None:
@@ -215,20 +318,29 @@ def one_line_error(stderr: str, key: str) -> None:
 
 def test_the_table_is_large_enough():
     assert len(TABLE) >= 30 and {s for s, _, _ in TABLE} == {"spec-zoo", "spec-zoo-bench", "spec-zoo-train",
-                                                            "spec-zoo-report"}
+                                                            "spec-zoo-report", "spec-zoo-project",
+                                                            "spec-zoo-make-draft"}
 
 
 @pytest.mark.parametrize("script, args, key", TABLE, ids=[f"{s}:{' '.join(a)}" for s, a, _ in TABLE])
-def test_bad_value_gives_one_line_naming_the_key_and_exit_2(script, args, key, tmp_path, monkeypatch, capsys):
+def test_bad_value_gives_one_line_naming_the_key_and_exit_2(script, args, key, tmp_path, monkeypatch, capsys,
+                                                            read_only):
     refuse = lambda **_: pytest.fail("a model was loaded before the bad input was rejected")  # noqa: E731
     monkeypatch.setattr("spec_zoo.api.load_target", refuse)
     monkeypatch.setattr("spec_zoo.models.load_target", refuse)
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(sys, "argv", [script, *concrete(args, tmp_path)])
+    before = snapshot(tmp_path)
     with pytest.raises(SystemExit) as done:
         console_main(script)()
     assert done.value.code == 2
     one_line_error(capsys.readouterr().err, key)
+    assert snapshot(tmp_path) == before  # nothing the user had is lost or changed
+
+
+def snapshot(root: Path) -> dict:
+    """Every file under ``root`` with its bytes."""
+    return {p.relative_to(root): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
 
 
 @pytest.mark.parametrize("script, args, key", [
@@ -285,3 +397,66 @@ def test_head_with_out_of_range_vocab_ids_is_refused(tmp_path):
     save_file({**tensors, "vocab_ids": torch.tensor([0, 1, 2, 3, 4, 5, 6, 1_000_000])}, str(tmp_path / EagleHead.WEIGHTS))
     with pytest.raises(ConfigError, match=r"drafter.head: .* vocab_ids outside the target's vocabulary \(0..63\)"):
         load_head(EagleHead, tmp_path, model, "drafter.head", "spec-zoo-train eagle")
+
+
+def saved_eagle_head(tmp_path):
+    from spec_zoo.artefacts import describe_target
+    from spec_zoo.draft_head import save_head
+    from spec_zoo.drafters.eagle.head import EagleHead
+    from tests.tiny import tiny_llama
+
+    model = tiny_llama()
+    save_head(EagleHead(model, 1, vocab_ids=torch.arange(8)), tmp_path / "head", describe_target(model, None), {})
+    return model, tmp_path / "head"
+
+
+@pytest.mark.parametrize("setup", ["alone", "tree", "cascade"])
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_head_with_non_finite_weights_is_refused_at_load(tmp_path, bad, setup):
+    from safetensors.torch import load_file, save_file
+
+    from spec_zoo.drafters.eagle.head import EagleHead
+
+    model, path = saved_eagle_head(tmp_path)
+    tensors = load_file(str(path / EagleHead.WEIGHTS))
+    name = next(k for k, v in tensors.items() if v.is_floating_point())
+    tensors[name].view(-1)[0] = bad
+    save_file(tensors, str(path / EagleHead.WEIGHTS))
+    drafter = {"alone": ["drafter=eagle", f"drafter.head={path}"],
+               "tree": ["drafter=eagle", f"drafter.head={path}", "drafter.tree={policy:topk,width:2,depth:2}"],
+               "cascade": ["drafter=cascade", "drafter.members=[ngram,eagle]",
+                           f"+drafter.params.eagle.head={path}"]}[setup]
+    cfg = compose_config([*drafter, "generation.temperature=0.7"])
+    with pytest.raises(ConfigError, match=rf"^(drafter.members\[1\]=eagle: )?drafter.head: .* has NaN or infinite weights \({re.escape(name)}"):
+        build_decoder(cfg, target=Target(model))
+
+
+@pytest.mark.parametrize("field, value, message", [
+    ("mlp", "yes", "mlp='yes', not true or false"),
+    ("init_layer", "1", "init_layer='1', not an integer"),
+    ("train_head", 1, "train_head=1, not true or false"),
+    ("init_layer", None, "init_layer=None, not an integer"),
+])
+def test_head_record_with_a_mistyped_field_is_refused_at_load(tmp_path, field, value, message):
+    from spec_zoo.drafters.eagle.head import EagleHead
+
+    model, path = saved_eagle_head(tmp_path)
+    record = json.loads((path / EagleHead.RECORD).read_text())
+    (path / EagleHead.RECORD).write_text(json.dumps({**record, field: value}))
+    cfg = compose_config(["drafter=eagle", f"drafter.head={path}", "generation.temperature=0.7"])
+    with pytest.raises(ConfigError, match=rf"^drafter.head: .*{re.escape(message)}"):
+        build_decoder(cfg, target=Target(model))
+    del record[field]
+    (path / EagleHead.RECORD).write_text(json.dumps(record))
+    with pytest.raises(ConfigError, match=rf"^drafter.head: .* lacks '{field}'"):
+        build_decoder(cfg, target=Target(model))
+
+
+def test_api_refuses_out_of_range_seeds_and_non_finite_numbers(no_model_load):
+    import spec_zoo
+
+    for kwargs, key in [({"seed": 2**64}, "seed"), ({"seed": -1}, "seed"),
+                        ({"temperature": float("nan")}, "generation.temperature"),
+                        ({"top_p": float("inf")}, "generation.top_p")]:
+        with pytest.raises(ConfigError, match=rf"^{re.escape(key)}: "):
+            spec_zoo.generate("hi", **kwargs)

@@ -43,7 +43,7 @@ def imported(path: str) -> set[str]:
 # higher one (the dotted name under spec_zoo; "" is the package itself). Methods sit above
 # the core, then the tools built on both, then training. A new module takes its place here.
 CORE_LAYERS = [
-    ("errors", "paths", "draft", "stats"),
+    ("errors", "paths", "inputs", "outputs", "draft", "stats"),
     ("sampling", "layers", "artefacts", "costs"),
     ("target", "interfaces", "draft_head"),
     ("draft_length", "runtime", "registry"),

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from spec_zoo.artefacts import check_target, write_artefact
+from spec_zoo.artefacts import check_artefact_values, check_target, write_artefact
 from spec_zoo.artefacts import read_record as read_json_record
 from spec_zoo.errors import ConfigError
 
@@ -133,8 +133,9 @@ def student_from_pretrained(path, target_model=None) -> tuple[Student, dict | No
     return Student(lm.float(), None, None), None
 
 
-def save_artefact(student: Student, out_dir, record: dict, dtype: str = "float16", tokenizer=None) -> Path:
-    """Write the HF model dir + ``distill.json`` atomically (temp dir, then rename)."""
+def save_artefact(student: Student, out_dir, record: dict, dtype: str = "float16", tokenizer=None,
+                  overwrite: bool = False) -> Path:
+    """Write the HF model dir + ``distill.json`` with `write_artefact` (atomic; replaces only a previous artefact)."""
     from spec_zoo.models import DTYPES
 
     lm = student.lm
@@ -153,7 +154,7 @@ def save_artefact(student: Student, out_dir, record: dict, dtype: str = "float16
         "draft_vocab": None if student.vocab_ids is None else student.vocab_ids.tolist(),
         **record,
     }
-    return write_artefact(out_dir, RECORD, full, write_files)
+    return write_artefact(out_dir, RECORD, full, write_files, overwrite=overwrite)
 
 
 def read_record(path) -> dict:
@@ -181,6 +182,7 @@ def load_artefact(path, dtype: str = "float32", device: str = "cpu"):
     except Exception as e:  # truncated/corrupt safetensors, bad config.json, ...
         raise ConfigError(f"drafter.path={str(path)!r}: the model files cannot be loaded ({type(e).__name__}: "
                           f"{str(e)[:200]}); the checkpoint is corrupt or incomplete: retrain or re-copy it.") from None
+    check_artefact_values({}, dict(model.state_dict()), "drafter.path", path, "distilled draft")
     rows = model.get_output_embeddings().weight.shape[0]
     vocab = record.get("draft_vocab")
     expected = len(vocab) if vocab is not None else (record.get("target") or {}).get("vocab_size", rows)

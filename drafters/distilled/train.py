@@ -10,7 +10,14 @@ from pathlib import Path
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from spec_zoo.drafters.distilled.student import Student, save_artefact, student_from_pretrained, student_from_target
+from spec_zoo.drafters.distilled.student import (
+    FORMAT,
+    RECORD,
+    Student,
+    save_artefact,
+    student_from_pretrained,
+    student_from_target,
+)
 from spec_zoo.errors import ConfigError
 from spec_zoo.train.loop import TeacherData, draft_vocab, train_module
 
@@ -22,6 +29,7 @@ class DraftRecipe:
     recipe (`spec_zoo.drafters.early_exit.train`) reuses the whole pipeline for another module."""
 
     desc = "distill"
+    artefact = RECORD, FORMAT  # (record file, format) of what it writes: output.dir is checked against it first
 
     def check(self, cfg: DictConfig) -> None:
         if cfg.student.init not in INITS:
@@ -45,7 +53,8 @@ class DraftRecipe:
                 "copy_layers": None if s.copy_layers is None else list(s.copy_layers),
                 "lora": OmegaConf.to_container(s.lora)}
         return save_artefact(student, Path(cfg.output.dir).expanduser(),
-                             {"target": target_info, "init": init, **record}, dtype=str(cfg.output.dtype))
+                             {"target": target_info, "init": init, **record}, dtype=str(cfg.output.dtype),
+                             overwrite=bool(cfg.output.get("overwrite", False)))
 
 
 DRAFT = DraftRecipe()

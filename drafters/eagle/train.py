@@ -80,6 +80,7 @@ class EagleRecipe(HeadRecipe):
     """What `spec-zoo-train eagle` trains: an `EagleHead` (section ``head``)."""
 
     desc, section, student = "eagle head", "head", EagleStudent
+    artefact = EagleHead.RECORD, EagleHead.FORMAT
 
     def __init__(self, ttt_steps: int = 1):
         self.ttt_steps = ttt_steps

@@ -49,6 +49,7 @@ class ExitRecipe(HeadRecipe):
     """What `spec-zoo-train early_exit` trains: an `ExitAdapter` (section ``adapter``)."""
 
     desc, section, student = "exit adapter", "adapter", ExitStudent
+    artefact = ExitAdapter.RECORD, ExitAdapter.FORMAT
 
     def check(self, cfg: DictConfig) -> None:
         super().check(cfg)

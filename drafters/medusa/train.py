@@ -45,6 +45,7 @@ class MedusaRecipe(HeadRecipe):
     """What `spec-zoo-train medusa` trains: `MedusaHeads` (section ``heads``)."""
 
     desc, section, student = "medusa heads", "heads", MedusaStudent
+    artefact = MedusaHeads.RECORD, MedusaHeads.FORMAT
 
     def __init__(self, labels: str = "tokens", decay: float = 0.8):
         self.labels, self.decay = labels, decay

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import sys
+from contextlib import ExitStack
 from pathlib import Path
 
 import hydra
@@ -15,11 +16,12 @@ from omegaconf import DictConfig, OmegaConf
 from spec_zoo.api import quiet_loading
 from spec_zoo.bench.dataset import load_dataset, prompt_encoder
 from spec_zoo.bench.methods import build_method, resolve_methods
-from spec_zoo.bench.records import TRACE_FILE, check_schema, read_records
+from spec_zoo.bench.records import LOCK_FILE, TRACE_FILE, check_schema, read_records
 from spec_zoo.bench.runner import run_benchmark, run_context
 from spec_zoo.bench.summary import Summary, summarize, summarize_file
 from spec_zoo.cli import checked_command_line
 from spec_zoo.errors import ConfigError
+from spec_zoo.outputs import check_writable, one_writer
 from spec_zoo.registry import CONF_DIR
 from spec_zoo.sampling import SamplingParams
 from spec_zoo.schema import locate, validate
@@ -46,9 +48,11 @@ def bench(cfg: DictConfig) -> Summary:
         write_summary(summary, results.parent)
         return summary
 
-    from spec_zoo.decoder import SpeculativeDecoder
-    from spec_zoo.models import check_model_config, check_runtime, load_target
+    from spec_zoo.models import check_model_config, check_runtime
 
+    if cfg.seed + cfg.repeats - 1 > 2**64 - 1:  # repeat r runs with seed + r
+        raise ConfigError(f"seed: {cfg.seed} + {cfg.repeats - 1} (repeat r uses seed + r) passes 2^64 - 1, the "
+                          "largest seed; e.g. seed=0.")
     data, gen = cfg.dataset, cfg.generation
     questions = load_dataset(data)
     if empty := next((q for q in questions if any(not t.strip() for t in q.turns)), None):
@@ -64,6 +68,21 @@ def bench(cfg: DictConfig) -> Summary:
         check_runtime(spec.runtime or cfg.model.runtime, cfg.model.dtype, cfg.model.device, f"methods.{spec.name}")
     out = output_dir(cfg)
     results_path = out / "results.jsonl"
+    with ExitStack() as held:
+        if not cfg.get("dry_run"):  # one writer per results directory: a second run into it is refused
+            check_writable(out, "out")
+            held.enter_context(one_writer(out / LOCK_FILE, busy=(
+                f"out: {out} is being written by another spec-zoo-bench run (it holds {out / LOCK_FILE}); "
+                "wait for it to finish (a rerun then resumes), or give another out= directory.")))
+        return _run(cfg, specs, questions, sampling, notes, out, results_path)
+
+
+def _run(cfg: DictConfig, specs, questions, sampling: SamplingParams, notes: list[str], out: Path, results_path: Path):
+    """The plan (``dry_run``) or the measured run of `bench`, once ``out`` is this run's."""
+    from spec_zoo.decoder import SpeculativeDecoder
+    from spec_zoo.models import load_target
+
+    data, gen = cfg.dataset, cfg.generation
     existing = check_schema(read_records(results_path), str(results_path))  # before any model loads
     run_settings = {"model": OmegaConf.to_container(cfg.model), "generation": OmegaConf.to_container(gen),
                     "dataset": {"name": data.name, "path": data.path}, "seed": cfg.seed}
@@ -209,6 +228,12 @@ def main() -> None:
     if given.get("out") and Path(given["out"]).exists() and not Path(given["out"]).is_dir():
         print(f"spec-zoo-bench: error: out: {given['out']} is a file; give a directory (results.jsonl and "
               "summary.md go in it).", file=sys.stderr)
+        sys.exit(2)
+    try:  # Hydra makes out= (its run dir) before bench() runs
+        if given.get("out"):
+            check_writable(given["out"], "out")
+    except ConfigError as err:
+        print(f"spec-zoo-bench: error: {err}", file=sys.stderr)
         sys.exit(2)
     if given.get("summarize") not in (None, "null") and "out" not in given:
         sys.argv.append("hydra.run.dir=.")

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from spec_zoo.errors import ConfigError
+from spec_zoo.inputs import read_utf8
 
 #: datasets shipped with spec-zoo: name -> JSONL file (see data/SOURCE.md for origin and licence);
 #: repetitive is the cross-request reuse track (docs/suffix.md)
@@ -93,7 +94,8 @@ def load_questions(
         raise ConfigError(f"{where}={path} does not exist; point it at a JSONL file of prompts.")
     spec_bench_format = name != "jsonl"
     questions = []
-    for line_no, line in enumerate(file.read_text(encoding="utf-8").splitlines(), 1):
+    text = read_utf8(file, "dataset.path" if where == "dataset.path" else "dataset.name")
+    for line_no, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
         try:

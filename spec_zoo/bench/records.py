@@ -10,6 +10,7 @@ trace was lost; a trace written twice (interrupted before its record) is read on
 from __future__ import annotations
 
 import json
+import math
 import warnings
 from collections.abc import Iterable
 from pathlib import Path
@@ -24,6 +25,9 @@ SCHEMA_VERSION = 1
 
 #: the per-step traces beside a results file (``traces=true``)
 TRACE_FILE = "traces.jsonl"
+
+#: the lock file beside a results file: one spec-zoo-bench run writes into a directory at a time
+LOCK_FILE = ".spec-zoo-bench.lock"
 
 #: the fields of a record that name it (`record_key`), which its trace repeats
 KEY_FIELDS = ("method", "question_id", "turn", "repeat", "config_hash")
@@ -51,6 +55,20 @@ def record_key(record: dict) -> tuple:
     return tuple(record[f] for f in KEY_FIELDS)
 
 
+def unique_records(records: Iterable[dict], source="results") -> tuple[list[dict], str | None]:
+    """``records`` with each `record_key` kept once (the first), and a warning saying how many
+    were dropped (None: none), for the summary to show: two runs that wrote into one
+    directory at once must not be averaged twice."""
+    records, kept, seen = list(records), [], set()
+    for r in records:
+        if (key := record_key(r)) not in seen:
+            seen.add(key)
+            kept.append(r)
+    dropped = len(records) - len(kept)
+    return kept, (f"{source}: {dropped} duplicate record(s) (same method, question, turn, repeat and "
+                  "config_hash) ignored; each key counts once." if dropped else None)
+
+
 def read_records(path) -> list[dict]:
     """All records of a results file ([] when it does not exist); a line cut short by an
     interrupted write is skipped with a warning (its record is measured again on resume)."""
@@ -73,10 +91,46 @@ def read_traces(path) -> dict[tuple, dict]:
     return {record_key(t): t["steps"] for t in read_records(path)}
 
 
+_NUMBER, _INT = (int, float), (int,)
+
+#: the type of each field a summary or report reads: (types, required); a required field must be
+#: present and not null, another may be missing or null; numbers must be finite and not negative
+FIELD_TYPES = {
+    "method": ((str,), True), "category": ((str,), True), "question_id": ((int, str), True),
+    "turn": (_INT, True), "repeat": (_INT, True), "config_hash": ((str,), True),
+    "new_tokens": (_INT, True), "wall_s": (_NUMBER, True),
+    "prompt_tokens": (_INT, False), "tokens_per_s": (_NUMBER, False), "output_ids": ((list,), False),
+    "temperature": (_NUMBER, False), "max_new_tokens": (_INT, False), "target_forwards": (_INT, False),
+    "tau": (_NUMBER, False), "alpha": (_NUMBER, False), "drafted": (_INT, False), "accepted": (_INT, False),
+    "draft_s": (_NUMBER, False), "verify_s": (_NUMBER, False), "accept_per_position": ((list,), False),
+    "predicted_speedup": (_NUMBER, False), "matches_baseline": ((bool,), False),
+    "top2_margin_at_mismatch": (_NUMBER, False), "lossless": ((bool,), False), "params": ((dict,), False),
+}
+
+
+def record_problem(record: dict) -> str | None:
+    """What makes ``record`` unreadable by a summary (a missing field, a wrong type, a
+    non-finite or negative number), or None."""
+    for field, (types, required) in FIELD_TYPES.items():
+        value = record.get(field)
+        if value is None:
+            if required:
+                return f"has no {field}" if field not in record else f"has {field}=null"
+            continue
+        if isinstance(value, bool) and bool not in types or not isinstance(value, types):
+            return f"has {field}={value!r:.40}, not {' or '.join(t.__name__ for t in types)}"
+        if isinstance(value, float) and not math.isfinite(value):
+            return f"has {field}={value}, not a finite number"
+        if types in (_NUMBER, _INT) and value < 0 and field != "top2_margin_at_mismatch":
+            return f"has {field}={value}, a negative number"
+    return None
+
+
 def check_schema(records: Iterable[dict], source="results") -> list[dict]:
-    """``records`` as a list, after checking each carries this version's ``schema_version``;
-    a record of another version raises `ConfigError` naming the file and the fix (nothing is
-    rewritten: the file stays as it is)."""
+    """``records`` as a list, after checking each carries this version's ``schema_version`` and
+    readable fields (`record_problem`); any other record raises `ConfigError` naming the file,
+    the record and the fix (nothing is rewritten: the file stays as it is). A torn last line
+    is not a record: `read_records` skips it with a warning, and a resumed run measures it again."""
     records = list(records)
     for i, r in enumerate(records):
         version = r.get("schema_version") if isinstance(r, dict) else None
@@ -86,6 +140,10 @@ def check_schema(records: Iterable[dict], source="results") -> list[dict]:
                 f"schema_version={SCHEMA_VERSION}; summarize/report it with the spec-zoo version that wrote it, "
                 "or rerun the benchmark into a new out= directory (the file is left as it is)."
             )
+        if problem := record_problem(r):
+            raise ConfigError(f"{source}: record {i + 1} {problem}; it was not written by spec-zoo-bench: fix or "
+                              "remove that line, or rerun the benchmark into a new out= directory (the file is left "
+                              "as it is).")
     return records
 
 

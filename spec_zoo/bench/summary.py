@@ -27,11 +27,11 @@ within its own file).
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 
 from spec_zoo.bench.dataset import CATEGORIES
-from spec_zoo.bench.records import BASELINE, check_schema, method_label, read_records
+from spec_zoo.bench.records import BASELINE, check_schema, method_label, read_records, unique_records
 from spec_zoo.bench.stats import Pair, SpeedupStats, specbench_speedup, speedup_stats
 
 OVERALL = "overall"
@@ -282,7 +282,8 @@ def summarize(records: Iterable[dict], baseline: str = BASELINE, label: Callable
 
 def summarize_file(path, config_hashes: Sequence[str] | None = None) -> Summary:
     """Summary of a results file, optionally only of the records with the given config hashes."""
-    records = check_schema(read_records(path), str(path))
+    records, duplicates = unique_records(check_schema(read_records(path), str(path)), str(path))
     if config_hashes is not None:
         records = [r for r in records if r["config_hash"] in set(config_hashes)]
-    return summarize(records)
+    summary = summarize(records)
+    return replace(summary, warnings=(duplicates, *summary.warnings)) if duplicates else summary

@@ -11,6 +11,7 @@ or ``ngram [T=0.5]``.
 from __future__ import annotations
 
 import json
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import cached_property
@@ -18,7 +19,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
-from spec_zoo.bench.records import BASELINE, check_schema, method_label, read_records
+from spec_zoo.bench.records import BASELINE, check_schema, method_label, read_records, unique_records
 from spec_zoo.bench.summary import NEAR_TIE, OVERALL, Summary, summarize
 from spec_zoo.errors import ConfigError
 
@@ -49,15 +50,13 @@ def find_results(paths: Sequence) -> list[Path]:
 
 def load_results(paths: Sequence) -> list[dict]:
     """All records of the results files under ``paths`` (schema-checked), each tagged with
-    ``_source`` (its file), with duplicates (the same record key in one file) dropped."""
+    ``_source`` (its file), with duplicates (the same record key in one file) dropped with a warning."""
     records = []
     for file in find_results(paths):
-        seen = set()
-        for r in check_schema(read_records(file), str(file)):
-            key = (r["method"], r["question_id"], r["turn"], r["repeat"], r["config_hash"])
-            if key not in seen:
-                seen.add(key)
-                records.append({**r, "_source": str(file)})
+        unique, duplicates = unique_records(check_schema(read_records(file), str(file)), str(file))
+        if duplicates:
+            warnings.warn(duplicates)
+        records += [{**r, "_source": str(file)} for r in unique]
     if not records:
         raise ConfigError(f"paths: the results files under {', '.join(map(str, paths))} hold no records yet; "
                           "let spec-zoo-bench finish at least one question.")

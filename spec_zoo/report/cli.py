@@ -34,6 +34,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     from pathlib import Path
 
+    from spec_zoo.inputs import read_utf8
     from spec_zoo.report.build import build_report
 
     note = args.note
@@ -41,16 +42,54 @@ def main(argv=None) -> int:
         if not Path(note[1:]).is_file():
             print(f"spec-zoo-report: error: --note {note}: {note[1:]} is not a file.", file=sys.stderr)
             return 2
-        note = Path(note[1:]).read_text(encoding="utf-8").strip()
+        try:
+            note = read_utf8(note[1:], "--note").strip()
+        except ConfigError as err:
+            print(f"spec-zoo-report: error: {err}", file=sys.stderr)
+            return 2
     first = Path(args.paths[0])
-    out = args.out or ((first if first.is_dir() else first.parent) / "report")
+    out = Path(args.out or ((first if first.is_dir() else first.parent) / "report"))
     try:
+        check_report_path(out)
         path = build_report(args.paths, out, args.title, args.seed, note=note)
     except ConfigError as err:
         print(f"spec-zoo-report: error: {err}", file=sys.stderr)
         return 2
     print(f"report written to {path}")
     return 0
+
+
+def check_report_path(out) -> None:
+    """``-o``: a directory (made if new) or a .md file, where report.md and figures/ can be written."""
+    from spec_zoo.outputs import check_writable
+
+    md = out if out.suffix == ".md" else out / "report.md"
+    for path, is_dir in ((md.parent, True), (md, False), (md.parent / "figures", True)):
+        if path.exists() and path.is_dir() != is_dir:
+            raise ConfigError(f"-o: {path} exists and is not a {'directory' if is_dir else 'file'}; give a new "
+                              "directory (report.md and figures/ go in it) or a .md path.")
+    check_writable(md.parent, "-o")
+
+
+#: the projection's search bounds: a rank's prior acceptance halves per rank (2^-64 is nothing), and
+#: a tree deeper than 64 levels is never predicted faster on any measured table
+MAX_WIDTH = MAX_DEPTH = 64
+
+
+def tree_bounds(max_nodes: int | None, max_depth: int, max_width: int, priced: int, costs: str) -> int:
+    """``--max-nodes`` (default: 64, or what the table prices), refused with the estimate when
+    the cost table cannot price such a tree or the search would not end in reasonable time."""
+    if max_nodes is None:
+        max_nodes = max(1, min(64, priced - 1))
+    elif max_nodes > priced - 1:
+        raise ConfigError(f"--max-nodes: {max_nodes} nodes make {max_nodes + 1} scored tokens, but {costs} prices "
+                          f"t(M) only up to M={priced}; give --max-nodes {max(1, priced - 1)} or less (or a larger "
+                          "table: spec-zoo costs).")
+    for flag, value, most in (("--max-depth", max_depth, MAX_DEPTH), ("--max-width", max_width, MAX_WIDTH)):
+        if value > most:
+            raise ConfigError(f"{flag}: {value} is more than the projection searches (at most {most}: a tree of "
+                              f"--max-nodes {max_nodes} has no use for more); give {flag} {most} or less.")
+    return max_nodes
 
 
 def project(argv=None) -> int:
@@ -64,16 +103,21 @@ def project(argv=None) -> int:
     parser.add_argument("--costs", required=True,
                         help="a cost table JSON (spec-zoo costs writes one; docs/trees/roofline_gpu.json is a stated "
                              "GPU-like roofline)")
-    parser.add_argument("--max-nodes", type=int, default=64, help="largest tree considered (default 64)")
-    parser.add_argument("--max-depth", type=int, default=8, help="deepest tree or longest chain considered (default 8)")
-    parser.add_argument("--max-width", type=int, default=4, help="most children per node considered (default 4)")
+    parser.add_argument("--max-nodes", type=int, default=None,
+                        help="largest tree considered (default 64, or fewer when the table prices fewer tokens; "
+                             "at most the table's largest M - 1)")
+    parser.add_argument("--max-depth", type=int, default=8,
+                        help=f"deepest tree or longest chain considered (default 8, at most {MAX_DEPTH})")
+    parser.add_argument("--max-width", type=int, default=4,
+                        help=f"most children per node considered (default 4, at most {MAX_WIDTH})")
     args = parser.parse_args(argv)
-    if min(args.max_nodes, args.max_depth, args.max_width) < 1:
+    if min(args.max_nodes or 1, args.max_depth, args.max_width) < 1:
         parser.error("--max-nodes, --max-depth, --max-width: must be >= 1")
     from spec_zoo.report.projection import format_projection, load_table, project, traced_records
 
     try:
         table = load_table(args.costs)
+        args.max_nodes = tree_bounds(args.max_nodes, args.max_depth, args.max_width, len(table.seconds), args.costs)
         records = traced_records(args.paths)
     except ConfigError as err:
         print(f"spec-zoo-project: error: {err}", file=sys.stderr)

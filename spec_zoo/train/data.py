@@ -30,6 +30,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from spec_zoo.errors import ConfigError
+from spec_zoo.inputs import read_utf8
 
 PACKAGED_PROMPTS = Path(__file__).parent / "data" / "prompts.jsonl"
 
@@ -40,16 +41,15 @@ def read_records(path) -> list[dict]:
     if not path.is_file():
         raise ConfigError(f"data.prompts={str(path)!r} does not exist; give a JSONL file with a `prompt` field per line.")
     records = []
-    with open(path, encoding="utf-8") as f:
-        for i, line in enumerate(f):
-            if not line.strip():
-                continue
-            try:
-                rec = json.loads(line)
-                rec["prompt"]
-            except (json.JSONDecodeError, KeyError, TypeError):
-                raise ConfigError(f"data.prompts={str(path)!r}: line {i + 1} is not a JSON object with a `prompt`.") from None
-            records.append(rec)
+    for i, line in enumerate(read_utf8(path, "data.prompts").splitlines()):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+            rec["prompt"]
+        except (json.JSONDecodeError, KeyError, TypeError):
+            raise ConfigError(f"data.prompts: {str(path)!r} line {i + 1} is not a JSON object with a `prompt`; fix or remove that line.") from None
+        records.append(rec)
     return records
 
 

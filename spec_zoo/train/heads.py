@@ -72,6 +72,7 @@ class HeadRecipe:
 
     section = ""
     student = HeadStudent
+    artefact = ("", "")  # (record file, format) of what it writes: output.dir is checked against it first
 
     def check(self, cfg: DictConfig) -> None:
         if int(cfg[self.section].vocab_size) < 0:
@@ -100,4 +101,5 @@ class HeadRecipe:
     def save(self, student: HeadStudent, cfg: DictConfig, target_info: dict, record: dict) -> Path:
         from spec_zoo.models import DTYPES
 
-        return save_head(student.lm, cfg.output.dir, target_info, record, dtype=DTYPES[str(cfg.output.dtype)])
+        return save_head(student.lm, cfg.output.dir, target_info, record, dtype=DTYPES[str(cfg.output.dtype)],
+                         overwrite=bool(cfg.output.get("overwrite", False)))

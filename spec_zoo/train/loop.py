@@ -29,7 +29,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from spec_zoo.errors import ConfigError
-from spec_zoo.train.data import TeacherData, concat_data, data_key, forced_data, student_data
+from spec_zoo.train.data import TeacherData, concat_data, data_key, forced_data, read_records, student_data
 from spec_zoo.train.losses import LOSSES, agreement, divergence
 from spec_zoo.train.store import TeacherSet
 
@@ -50,6 +50,11 @@ def check_config(cfg: DictConfig, recipe) -> None:
         raise ConfigError(f"data.student_fraction={cfg.data.student_fraction}; use a fraction in [0, 1].")
     if not 0.0 <= float(cfg.data.heldout) < 1.0:
         raise ConfigError(f"data.heldout={cfg.data.heldout}; use a fraction in [0, 1).")
+    from spec_zoo.artefacts import check_out_dir
+
+    check_out_dir(cfg.output.dir, *recipe.artefact, "output.dir", bool(cfg.output.get("overwrite", False)))
+    if cfg.data.get("prompts") and cfg.data.get("token_ids") is None:
+        read_records(cfg.data.prompts)  # a missing, non-UTF-8 or malformed file fails here, before the target loads
     if cfg.output.dtype not in ("float32", "float16", "bfloat16"):
         raise ConfigError(f"output.dtype={cfg.output.dtype!r}; allowed values: float32, float16, bfloat16.")
     from spec_zoo.models import DEVICES
