@@ -12,6 +12,10 @@ from dataclasses import dataclass, field
 import torch
 
 ROOT = -1  # parent index of a node that follows the last committed token directly
+#: the most nodes a draft tree may have: it is scored in one target forward (an attention mask of
+#: nodes x (context + nodes)) and keeps a q row per node (8192 x a 49k vocabulary in float32: 1.6 GB), so a
+#: bigger one is refused before any work rather than run the machine out of memory
+MAX_NODES = 8192
 
 #: how a node's siblings were drawn from their shared q; exact verification needs to know
 #: (`spec_zoo.verifiers.rejection`): independent draws, draws without replacement (each

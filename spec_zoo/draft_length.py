@@ -37,8 +37,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from spec_zoo.draft import MAX_NODES
 from spec_zoo.errors import ConfigError
-from spec_zoo.trees import MAX_NODES
 
 if TYPE_CHECKING:
     from spec_zoo.interfaces import DecodeState

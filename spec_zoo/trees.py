@@ -33,7 +33,7 @@ from collections.abc import Callable, Mapping
 import torch
 
 from spec_zoo.costs import CostTable
-from spec_zoo.draft import ROOT, Draft
+from spec_zoo.draft import MAX_NODES, ROOT, Draft
 from spec_zoo.errors import ConfigError
 from spec_zoo.interfaces import DecodeState, Verdict
 from spec_zoo.sampling import logits_to_probs, sample, sample_distinct
@@ -136,12 +136,6 @@ class Static(TreePolicy):
                 for rank, token in enumerate(kids):
                     node_of[(*parent, rank)] = tree.add(node_of[parent], token, q)
         return tree.draft(self.sibling_modes(True)[0])
-
-
-#: the most nodes a draft tree may have: it is scored in one target forward (an attention mask of
-#: nodes x (context + nodes)) and keeps a q row per node (8192 x a 49k vocabulary in float32: 1.6 GB), so a
-#: bigger one is refused before any work rather than run the machine out of memory
-MAX_NODES = 8192
 
 
 def check_nodes(key: str, nodes: int, what: str) -> None:
