@@ -77,7 +77,7 @@ FAMILIES = {
     "qwen3": ("Qwen3Config", {"head_dim": 16}),
     "mistral": ("MistralConfig", {"sliding_window": WINDOW}),
     "gemma2": ("Gemma2Config", {"head_dim": 16, "sliding_window": WINDOW, "final_logit_softcapping": 2.0,
-                                "attn_logit_softcapping": 5.0, "query_pre_attn_scalar": 16}),
+                                "attn_logit_softcapping": 1.0, "query_pre_attn_scalar": 16}),
     "gemma3": ("Gemma3TextConfig", {"head_dim": 16, "sliding_window": WINDOW, "final_logit_softcapping": 2.0,
                                     "layer_types": ["sliding_attention", "full_attention"] * 2,
                                     "rope_parameters": {"full_attention": {"rope_type": "default", "rope_theta": 1e6},
@@ -95,8 +95,9 @@ FAMILIES = {
 def tiny_family(family: str, seed: int = 0, vocab: int = 64, layers: int = 2, sharpness: float = 3.0,
                 dtype=torch.float64, **config):
     """A random model of ``family`` (a key of FAMILIES): hidden 64, ``layers`` layers, as
-    `tiny_llama` otherwise (``sharpness`` scales the LM head; generation never stops at EOS;
-    ``config`` overrides any field of the family's config)."""
+    `tiny_llama` otherwise (``sharpness`` scales the LM head, and query and key projections are
+    scaled so attention is peaked; generation never stops at EOS; ``config`` overrides any
+    field of the family's config)."""
     import transformers
 
     name, extra = FAMILIES[family]
@@ -113,6 +114,9 @@ def tiny_family(family: str, seed: int = 0, vocab: int = 64, layers: int = 2, sh
         model = transformers.AutoModelForCausalLM.from_config(config).to(dtype).eval()
     with torch.no_grad():
         model.get_output_embeddings().weight.mul_(sharpness)
+        for name, weight in model.named_parameters():  # peaked attention: windows and soft-caps then matter
+            if name.endswith(("q_proj.weight", "k_proj.weight")):
+                weight.mul_(5.0)
     model.generation_config.eos_token_id = None
     return model
 

@@ -9,9 +9,12 @@ against the model's own forward on that context (the distribution it verifies ag
 target's; the rejection rule's exactness given those rows is proven in test_sampling_exact.py),
 and the check catches the old KV-reuse path that skipped the logit soft-cap.
 
-The compiled runtime compiles once for the module (Gemma 2 with a window as long as the
-static cache, soft-capping on both attention and logits, ATen GEMMs so the compile is short);
-every family is also built on it, so its refusals are checked everywhere.
+The compiled runtime: every family is built on it (its refusals are checked everywhere), and
+every family it serves decodes through its graph function run without compiling (the
+row-wise attention, the static cache and the logits exactly as the graph computes them; the
+runtime's own fallback path), with windows as long as the static cache. Compiling takes
+minutes here, so one family compiles, once for the module: Gemma 2 (soft-capping on both
+attention and logits, sliding and full layers; ATen GEMMs so the compile is short).
 
 The table in docs/families.md is this matrix: ``python -m tests.test_families`` writes it,
 and the last test fails when the page is not what this run found.
@@ -21,6 +24,7 @@ from __future__ import annotations
 
 import functools
 from pathlib import Path
+from unittest import mock
 
 import pytest
 import torch
@@ -97,8 +101,23 @@ REFUSED = {  # (family, drafter, runtime) that must be refused, by a message con
 
 
 @functools.cache
-def reference(family: str) -> tuple[int, ...]:
-    return tuple(hf_greedy(model(family), PROMPT, NEW))
+def wide_model(family: str):
+    """``family`` in float32 (the compiled runtime's precision) with windows as long as its
+    cache (it refuses shorter ones)."""
+    return tiny_family(family, dtype=torch.float32, **({"sliding_window": COMPILED_CACHE} if family in WINDOWED else {}))
+
+
+@functools.cache
+def reference(target_model) -> tuple[int, ...]:
+    return tuple(hf_greedy(target_model, PROMPT, NEW))
+
+
+def uncompiled_target(target_model) -> CompiledTarget:
+    """A `CompiledTarget` whose graph function runs as it is (``torch.compile`` made the identity)."""
+    target = CompiledTarget(target_model, max_cache_len=COMPILED_CACHE, buckets=(2, 4), key_block=16)
+    with mock.patch.object(torch, "compile", lambda fn, **_: fn):
+        target.warm_up()
+    return target
 
 
 @functools.cache
@@ -119,7 +138,9 @@ def decode(target, drafter, sampling=None, verifier=None, seed=0) -> list[int]:
 def outcome(family: str, drafter: str, runtime: str) -> str:
     """'equal' (greedy output == transformers' generate), 'built' (a compiled target built, not
     decoded) or 'refused: <the one-line error>' (raised while building the target or decoder);
-    a different output or any other error fails. ``family`` COMPILED_ROW: the compiled decode."""
+    a different output or any other error fails. Runtimes: eager, compiled (built only; the
+    family COMPILED_ROW compiles and decodes) and uncompiled (the compiled runtime's graph
+    function, not compiled, on `wide_model`)."""
     try:
         if family == COMPILED_ROW:
             target, expected = compiled_target()
@@ -128,7 +149,9 @@ def outcome(family: str, drafter: str, runtime: str) -> str:
             CompiledTarget(model(family), max_cache_len=COMPILED_CACHE)  # refused here, or compiled on first use
             return "built"
         else:
-            target, expected, target_model = Target(model(family)), reference(family), model(family)
+            target_model = model(family) if runtime == "eager" else wide_model(family)
+            target = Target(target_model) if runtime == "eager" else uncompiled_target(target_model)
+            expected = reference(target_model)
         decoder = SpeculativeDecoder(target, DRAFTERS[drafter](target_model, False), GreedyVerifier(), SamplingParams())
     except ConfigError as err:
         assert "\n" not in str(err), f"{family} x {drafter} ({runtime}): a refusal must be one line: {err}"
@@ -157,23 +180,35 @@ def test_the_compiled_runtime_builds_or_refuses_by_name(family):
         assert result == "built", result
 
 
+@pytest.mark.parametrize("family", list(FAMILIES))
+@pytest.mark.parametrize("drafter", COMPILED_DRAFTERS)
+def test_the_compiled_runtimes_graph_equals_generate_in_every_family_it_serves(family, drafter):
+    result = outcome(family, drafter, "uncompiled")
+    if family in NOT_LLAMA_LAYOUT:
+        assert result.startswith("refused:") and "Llama-family" in result, result
+    elif (family, drafter, "eager") in REFUSED:
+        assert result.startswith("refused:") and REFUSED[family, drafter, "eager"] in result, result
+    else:
+        assert result == "equal", result
+
+
 @pytest.mark.parametrize("drafter", COMPILED_DRAFTERS)
 def test_gemma2_on_the_compiled_runtime_equals_generate(drafter):
     """Soft-capped attention and logits, sliding and full layer types, one compile."""
     assert outcome(COMPILED_ROW, drafter, "compiled") == "equal"
 
 
-class RecordingTarget(Target):
-    """A target that keeps every (committed, draft, logits) it scored."""
+def recording(target):
+    """``target``, keeping every (committed, draft, logits) it scores in ``target.seen``."""
+    target.seen, score = [], target.score
 
-    def reset(self) -> None:
-        super().reset()
-        self.seen = getattr(self, "seen", [])
-
-    def score(self, committed, draft, hidden=False):
-        scores = super().score(committed, draft, hidden)
-        self.seen.append((list(committed), draft, scores.logits.clone()))
+    def recorded(committed, draft, hidden=False):
+        scores = score(committed, draft, hidden)
+        target.seen.append((list(committed), draft, scores.logits.clone()))
         return scores
+
+    target.score = recorded
+    return target
 
 
 def own_logits(m, committed: list[int], draft: Draft) -> torch.Tensor:
@@ -185,17 +220,17 @@ def own_logits(m, committed: list[int], draft: Draft) -> torch.Tensor:
     return torch.stack(rows)
 
 
-def assert_rows_are_the_models(m, drafter, sampling) -> int:
-    """Sampled decoding with ``drafter``: every logits row the verifier read equals the model's
-    own forward on that context; returns the number of rows checked."""
-    target = RecordingTarget(m)
+def assert_rows_are_the_models(m, drafter, sampling, target=None, atol=1e-5) -> int:
+    """Sampled decoding with ``drafter`` (on ``target``, default an eager one): every logits row
+    the verifier read equals the model's own forward on that context (up to ``atol``; 1e-5 in
+    float64: Gemma 2's eager attention takes its softmax in float32, while a soft-cap or window
+    error is of the order of the logits themselves); returns the number of rows checked."""
+    target = recording(target or Target(m))
     with torch.no_grad():
         for seed in range(3):
             decode(target, drafter, sampling, RejectionVerifier(), seed=seed)
         for committed, draft, logits in target.seen:
-            # 1e-5: Gemma 2's eager attention takes its softmax in float32 (a soft-cap or window
-            # error is of the order of the logits themselves)
-            torch.testing.assert_close(logits, own_logits(m, committed, draft), rtol=0, atol=1e-5)
+            torch.testing.assert_close(logits, own_logits(m, committed, draft), rtol=0, atol=atol)
     return sum(len(draft) + 1 for _, draft, _ in target.seen)
 
 
@@ -205,6 +240,23 @@ def test_sampled_paths_verify_against_the_models_own_logits(family, drafter):
     m = model(family)
     assert m.config.final_logit_softcapping is not None
     assert assert_rows_are_the_models(m, DRAFTERS[drafter](m, "auto"), SamplingParams(temperature=0.7)) >= 3 * NEW
+
+
+@pytest.mark.parametrize("family", SOFTCAPPED)
+@pytest.mark.parametrize("drafter", ["early_exit", "small_model"])
+def test_the_compiled_runtimes_graph_verifies_against_the_models_own_logits(family, drafter):
+    m = wide_model(family)
+    rows = assert_rows_are_the_models(m, DRAFTERS[drafter](m, "auto"), SamplingParams(temperature=0.7),
+                                      uncompiled_target(m), atol=1e-4)
+    assert rows >= 3 * NEW
+
+
+def test_compiled_sampled_early_exit_verifies_against_the_models_own_logits():
+    target, _ = compiled_target()
+    m = target.model
+    rows = assert_rows_are_the_models(m, DRAFTERS["early_exit"](m, "auto"), SamplingParams(temperature=0.7),
+                                      target, atol=1e-4)
+    assert rows >= 3 * NEW
 
 
 def test_a_resume_without_the_models_softcapping_is_caught(monkeypatch):
@@ -235,8 +287,9 @@ def page() -> str:
         "",
         "<!-- generated by `python -m tests.test_families` from the matrix of tests/test_families.py; do not edit -->",
         "",
-        "Every family x drafter x runtime cell on a tiny random model (hidden 64, 2 layers, float64,",
-        "sliding windows of 8 tokens, shorter than the 39-token sequences; Gemma soft-capping on):",
+        "Every family x drafter x runtime cell on a tiny random model (hidden 64, 2 layers; float64,",
+        "float32 on the compiled runtime; sliding windows of 8 tokens, shorter than the 39-token",
+        "sequences; Gemma soft-capping on):",
         "✓ = greedy output equal to transformers' `generate`, token for token; refused = a one-line",
         "`ConfigError` raised while the decoder is built, before any decoding (the notes give it).",
         "Sampled decoding on Gemma 2 and 3 (early exit with and without KV reuse, small-model trees,",
@@ -253,20 +306,23 @@ def page() -> str:
         "",
         "## Compiled runtime",
         "",
-        f"Every family is built on it (`model.max_cache_len={COMPILED_CACHE}`: the refusals come here,",
-        "before any compiling). Compiles take minutes on a small CPU, so one family is decoded:",
-        f"{COMPILED_FAMILY} with a window of {COMPILED_CACHE} (soft-capped attention and logits, sliding and",
-        "full layers), one compile shared by these drafters (the Llama model of tests/test_runtime.py",
-        "covers the rest of the drafters):",
+        f"*built*: the family built on it with `model.max_cache_len={COMPILED_CACHE}` (the refusals come",
+        "here, before any compiling). The drafter columns decode through the runtime's graph function",
+        "run without compiling (row-wise attention, static cache, logits: what the graph computes; the",
+        f"runtime's own fallback path), on the family with windows of {COMPILED_CACHE}. Compiles take",
+        f"minutes on a small CPU, so one row is compiled: {COMPILED_FAMILY} with a window of {COMPILED_CACHE}",
+        "(soft-capped attention and logits, sliding and full layers), one compile shared by its",
+        "drafters (tests/test_runtime.py compiles a Llama model for every drafter).",
         "",
         "| family | built | " + " | ".join(COMPILED_DRAFTERS) + " |",
         "|---" * (len(COMPILED_DRAFTERS) + 2) + "|",
     ]
     for family in FAMILIES:
         built = cell(outcome(family, "none", "compiled"), notes)
-        lines.append(f"| {family} | {built} | " + " | ".join("not run" for _ in COMPILED_DRAFTERS) + " |")
+        decoded = [cell(outcome(family, d, "uncompiled"), notes) for d in COMPILED_DRAFTERS]
+        lines.append(f"| {family} | {built} | " + " | ".join(decoded) + " |")
     decoded = [cell(outcome(COMPILED_ROW, d, "compiled"), notes) for d in COMPILED_DRAFTERS]
-    lines.append(f"| {COMPILED_ROW} | {cell('built', notes)} | " + " | ".join(decoded) + " |")
+    lines.append(f"| {COMPILED_ROW}, **compiled** | built | " + " | ".join(decoded) + " |")
     lines += ["", "Notes:", ""] + [f"{i}. {note.removeprefix('refused: ')}" for i, note in enumerate(notes, 1)]
     return "\n".join(lines) + "\n"
 
