@@ -269,6 +269,19 @@ def test_a_resume_without_the_models_softcapping_is_caught(monkeypatch):
         assert_rows_are_the_models(m, DRAFTERS["early_exit"](m, "auto"), SamplingParams(temperature=0.7))
 
 
+@pytest.mark.parametrize("runtime", ["eager", "compiled"])
+def test_a_model_whose_forward_the_layer_path_would_not_reproduce_is_refused_before_work(runtime):
+    """The layer-by-layer path is checked against the model's own forward: here it would
+    soft-cap logits the model (a Llama, which has no such key) does not."""
+    m = tiny_family("llama", dtype=torch.float32)
+    m.config.final_logit_softcapping = 0.5
+    with pytest.raises(ConfigError, match="differs from the model's own"):
+        if runtime == "eager":
+            SpeculativeDecoder(Target(m), DRAFTERS["early_exit"](m, False))
+        else:
+            CompiledTarget(m, max_cache_len=COMPILED_CACHE)
+
+
 # -- the page ------------------------------------------------------------------------------------
 def cell(result: str, notes: list[str]) -> str:
     if result in ("equal", "built"):
