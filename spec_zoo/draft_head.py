@@ -83,6 +83,10 @@ class BlockHead(VocabHead):
             raise ConfigError(f"init_layer={init_layer}; the target has layers 0..{stack.num_layers - 1}.")
         self.init_layer, self.mlp = init_layer, mlp
         block = copy.deepcopy(stack.inner.layers[init_layer])
+        if not all(hasattr(block, part) for part in ("input_layernorm", "self_attn", "post_attention_layernorm", "mlp")):
+            raise ConfigError(f"{type(block).__name__} is not a pre-norm block (input_layernorm, self_attn, "
+                              "post_attention_layernorm, mlp), which an EAGLE head or exit adapter is built from; "
+                              "use another drafter for this family.")
         block.self_attn.layer_idx = 0  # its own one-layer cache
         if not mlp:
             del block.mlp, block.post_attention_layernorm

@@ -221,7 +221,10 @@ def make_truncated_draft(target_model, num_layers: int, out_dir, tokenizer=None,
     if getattr(config, "layer_types", None):
         config.layer_types = config.layer_types[:num_layers]
     draft = AutoModelForCausalLM.from_config(config, dtype=target_model.dtype)
-    layer_index = re.compile(r"\.layers\.(\d+)\.")
+    # the decoder layers' list, whatever the family calls it (model.layers, transformer.h, gpt_neox.layers)
+    stack = next(name for name, module in target_model.named_modules()
+                 if isinstance(module, torch.nn.ModuleList) and len(module) == total)
+    layer_index = re.compile(rf"^{re.escape(stack)}\.(\d+)\.")
     state = {
         k: v
         for k, v in target_model.state_dict().items()

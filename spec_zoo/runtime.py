@@ -9,7 +9,7 @@ gpt-fast's recipe (static cache + ``torch.compile``) on the model's own modules.
 
 `CompiledTarget` keeps `Target`'s contract and changes only how a forward runs:
 
-- The cache is a transformers `StaticCache` of ``max_cache_len`` positions (+ one key block). Cropping moves
+- The cache is a transformers `Cache` of `StaticLayer`s of ``max_cache_len`` positions (+ one key block). Cropping moves
   its length; committing a tree path gathers the accepted rows into place (`Target.commit`).
 - The last committed token and the draft nodes (M rows) go through one compiled graph whose
   row count and attention span are dynamic dimensions: one compile serves every M, with the
@@ -22,6 +22,12 @@ gpt-fast's recipe (static cache + ``torch.compile``) on the model's own modules.
 - Committed tokens before the last one (the prompt) are prefilled eagerly into the same
   cache: one long forward that runs once per prompt and would cost a compile per length.
   Plain and speculative decoding prefill alike, so they still match bit for bit.
+
+Families: any model `spec_zoo.layers.DecoderStack` serves (refused otherwise, before any
+work). Attention soft-capping (Gemma 2) is applied as the model's own attention does; the
+logits get the model's post-processing (`spec_zoo.layers.final_logits`). Every layer gets a
+full static cache and one mask, so a sliding window must be at least ``max_cache_len`` (it
+then never cuts anything); a shorter one is refused with the fix.
 
 The graph compiles once per process (frozen weights keep inductor's on-disk FX cache from
 serving another process); `warm_up` compiles ahead of time and says how long it took.
@@ -37,12 +43,13 @@ from contextlib import contextmanager
 
 import torch
 from torch._inductor import config as inductor_config
-from transformers import AttentionInterface, StaticCache
+from transformers import AttentionInterface
+from transformers.cache_utils import Cache, StaticLayer
 from transformers.utils import output_capturing
 
 from spec_zoo.draft import Draft
 from spec_zoo.errors import ConfigError
-from spec_zoo.layers import DecoderStack, causal_mask
+from spec_zoo.layers import DecoderStack, causal_mask, final_logits
 from spec_zoo.paths import cache_root
 from spec_zoo.target import Target
 
@@ -52,7 +59,7 @@ DEFAULT_BUCKETS = (2,)  # a single row runs as 2: the row count is a dynamic dim
 
 
 def rowwise_attention(module, query, key, value, attention_mask, scaling, dropout=0.0, draft_slots=None,
-                      draft_mask=None, **kwargs):
+                      draft_mask=None, softcap=None, sliding_window=None, **kwargs):
     """Attention whose every output row is computed on its own, as fused multiply-and-sum
     reductions over the key axis: inductor generates the same loop for a row whatever the
     number of rows, which the CPU SDPA kernel (another blocking per query length) does not.
@@ -64,15 +71,20 @@ def rowwise_attention(module, query, key, value, attention_mask, scaling, dropou
     a tree node sums its ancestors in the order its path scored as a chain (or plain decoding)
     does, bit for bit; only these N slots are gathered (gathering all S made attention 5x
     slower). query [B, H, M, D]; key, value [B, Hkv, slots, D]; attention_mask additive
-    [B, 1, 1, S]; draft_mask additive [M, N]."""
+    [B, 1, 1, S]; draft_mask additive [M, N]. ``softcap``: the model's attention soft-capping
+    (Gemma 2), tanh(s / c) * c on the scaled scores before the mask, as its own attention does;
+    ``sliding_window`` needs nothing here (`CompiledTarget` refuses windows shorter than its cache)."""
     b, heads, m, d = query.shape
     groups = heads // key.shape[1]
     span = attention_mask.shape[-1]
     q = query.reshape(b, key.shape[1], groups, m, 1, d)
     prefix_k, prefix_v = key[:, :, None, None, :span], value[:, :, None, None, :span]  # [B, Hkv, 1, 1, S, D]
     draft_k, draft_v = key[:, :, draft_slots].unsqueeze(2), value[:, :, draft_slots].unsqueeze(2)  # [B, Hkv, 1, M, N, D]
-    prefix = ((q * prefix_k).sum(-1) * scaling).float() + attention_mask[:, :, None]  # [B, Hkv, G, M, S]
-    drafts = ((q * draft_k).sum(-1) * scaling).float() + draft_mask  # [B, Hkv, G, M, N]
+    prefix, drafts = (q * prefix_k).sum(-1) * scaling, (q * draft_k).sum(-1) * scaling
+    if softcap is not None:
+        prefix, drafts = torch.tanh(prefix / softcap) * softcap, torch.tanh(drafts / softcap) * softcap
+    prefix = prefix.float() + attention_mask[:, :, None]  # [B, Hkv, G, M, S]
+    drafts = drafts.float() + draft_mask  # [B, Hkv, G, M, N]
     top = torch.maximum(prefix.amax(-1, keepdim=True), drafts.amax(-1, keepdim=True))
     prefix, drafts = torch.exp(prefix - top), torch.exp(drafts - top)
     total = prefix.sum(-1, keepdim=True) + drafts.sum(-1, keepdim=True)
@@ -112,6 +124,7 @@ class CompiledTarget(Target):
         fallback: bool = True,
         key_block: int = KEY_BLOCK,
     ):
+        stack = DecoderStack(model)  # refuses a model that is not laid out as the runtime needs
         buckets = sorted({int(b) for b in buckets})
         if not buckets or buckets[0] < 2:
             raise ConfigError(f"model.buckets={list(buckets)}; give row counts of at least 2 (a dynamic graph "
@@ -121,13 +134,19 @@ class CompiledTarget(Target):
         if not 1 < max_cache_len <= limit:
             raise ConfigError(f"model.max_cache_len={max_cache_len}; it must be between 2 and the model's "
                               f"max_position_embeddings ({limit}).")
+        window = getattr(model.config.get_text_config(), "sliding_window", None)
+        if "sliding_attention" in stack.layer_types and window < max_cache_len:
+            raise ConfigError(f"model.runtime=compiled: {type(model).__name__} has sliding-window attention (window "
+                              f"{window}) shorter than model.max_cache_len={max_cache_len}, and the compiled attention "
+                              f"has no windows; set model.max_cache_len={window} or less, or model.runtime=eager.")
         self.max_cache_len, self.buckets, self.fallback, self.key_block = max_cache_len, buckets, fallback, key_block
         self.settings = inductor_settings(freezing, gemm_backends)
         self._compiled = None  # the graph, compiled at the first compiled forward
         self.compile_s: float | None = None
         super().__init__(model, tokenizer)
         self.max_length = max_cache_len
-        self._stack = DecoderStack(model)
+        stack.check()  # against the model's own forward, before any compiling
+        self._stack = stack
 
     @property
     def cache_slots(self) -> int:
@@ -138,7 +157,8 @@ class CompiledTarget(Target):
 
     def _fresh_cache(self):
         if getattr(self, "cache", None) is None:
-            cache = StaticCache(config=self.config, max_cache_len=self.cache_slots)
+            # a full static layer for every layer, sliding ones included (windows never cut: see __init__)
+            cache = Cache(layers=[StaticLayer(max_cache_len=self.cache_slots) for _ in self.layer_types])
             heads = self.config.num_key_value_heads
             head_dim = getattr(self.config, "head_dim", None) or self.config.hidden_size // self.config.num_attention_heads
             cache.early_initialization(1, heads, head_dim, self.dtype, self.device)  # allocated before compiling
@@ -166,7 +186,7 @@ class CompiledTarget(Target):
         states.append(tail)
         return logits, torch.cat(states) if hidden else None
 
-    def causal_mask(self, past: int, q: int) -> torch.Tensor:
+    def layer_mask(self, past: int, q: int) -> torch.Tensor:
         """Over every slot of the static cache: the positions past the sequence are hidden."""
         mask = torch.full((1, 1, q, self.cache_slots), torch.finfo(self.dtype).min, dtype=self.dtype)
         mask[..., : past + q] = causal_mask(past, q, self.dtype, "cpu") if q > 1 else 0.0
@@ -176,7 +196,7 @@ class CompiledTarget(Target):
         stack, q = self._stack, len(tokens)
         positions = torch.arange(past, past + q, device=self.device)[None]
         out = stack.run(stack.embed(torch.tensor([tokens], device=self.device)), 0, stack.num_layers,
-                        positions, self.cache, self.causal_mask(past, q))
+                        positions, self.cache, self.layer_mask(past, q))
         return stack.inner.norm(out[0])
 
     def _compiled_rows(self, tokens: list[int], draft: Draft, past: int):
@@ -222,7 +242,7 @@ class CompiledTarget(Target):
         hidden = stack.run(stack.embed(ids), 0, stack.num_layers, positions, self.cache, mask,
                            draft_slots=draft_slots, draft_mask=draft_mask)
         out = stack.inner.norm(hidden)[0]
-        return self.model.lm_head(out), out
+        return final_logits(self.model, out), out
 
     def _with_rowwise_attention(self, fn):
         """``fn`` run with the row-wise attention and the inductor settings; the model keeps its

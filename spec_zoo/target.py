@@ -16,6 +16,12 @@ cache by the target itself, the states entering layer E kept here. The next ``sc
 whose new positions are those tokens resumes at layer E (KV reuse); anything else drops
 them. The shallow layers may hold more KV than the deep ones meanwhile, so every crop here
 is to an absolute length, which keeps all layers consistent on rejection.
+
+Sliding-window attention (Mistral, Gemma 2/3, Qwen2 windows, Phi-3): transformers' sliding
+cache layers drop the KV that leaves the window, so a rejected draft could not be undone
+(their ``crop`` refuses). The cache here keeps every layer's full KV and the window lives in
+the masks (the model's own mask functions, and tree masks built per layer type), so
+rollback is a plain crop. The cost: sliding layers hold and read the whole sequence.
 """
 
 from __future__ import annotations
@@ -26,7 +32,7 @@ import torch
 from transformers import DynamicCache
 
 from spec_zoo.draft import Draft
-from spec_zoo.layers import DecoderStack, LayerStates, causal_mask
+from spec_zoo.layers import DecoderStack, LayerStates, final_logits, layer_types
 
 
 def shared_prefix(a: list[int], b: list[int], bound: int) -> int:
@@ -98,7 +104,8 @@ class Target:
         self.vocab_size = model.get_output_embeddings().weight.shape[0]
         self.max_length = getattr(model.config, "max_position_embeddings", None)
         self.forwards = 0
-        self._stack: DecoderStack | None = None  # layer access, built at the first partial forward
+        self._stack: DecoderStack | None = None  # layer access, built (and checked) on first use
+        self.layer_types = layer_types(model.config)
         self.reset()
 
     @property
@@ -119,7 +126,18 @@ class Target:
         self._partial_tokens: list[int] = []  # after `cached`, KV only in layers < E
 
     def _fresh_cache(self):
-        return DynamicCache(config=self.config)
+        # no config: every layer a full `DynamicLayer`, sliding ones included, so any crop works
+        return DynamicCache()
+
+    @property
+    def stack(self) -> DecoderStack:
+        """The model's layers for partial forwards, checked once against the model's own
+        forward (a family this path would get wrong is refused here, before any work)."""
+        if self._stack is None:
+            stack = DecoderStack(self.model)
+            stack.check()
+            self._stack = stack
+        return self._stack
 
     def rewind(self, committed: list[int], limit: int | None = None) -> int:
         """Crop every layer's cache to the longest cached prefix of ``committed`` (at most
@@ -138,12 +156,11 @@ class Target:
         these tokens resumes at layer ``end`` instead of running them again (KV reuse)."""
         if self._partial is not None and self._partial.layer != end:
             raise RuntimeError(f"forward_layers(end={end}) after a partial forward to layer {self._partial.layer}")
-        if self._stack is None:
-            self._stack = DecoderStack(self.model)
+        stack = self.stack
         past, m = len(self.cached) + len(self._partial_tokens), len(tokens)
-        hidden = self._stack.embed(torch.tensor([tokens], device=self.device))
+        hidden = stack.embed(torch.tensor([tokens], device=self.device))
         positions = torch.arange(past, past + m, device=self.device)[None]
-        hidden = self._stack.run(hidden, 0, end, positions, self.cache, self.causal_mask(past, m))[0]
+        hidden = stack.run(hidden, 0, end, positions, self.cache, self.layer_mask(past, m))[0]
         rows = hidden if self._partial is None else torch.cat([self._partial.hidden, hidden])
         self._partial, self._partial_tokens = LayerStates(end, rows), self._partial_tokens + list(tokens)
         return hidden
@@ -195,18 +212,19 @@ class Target:
         past, n = len(self.cached), len(draft)
         crop_cache(self.cache, past + q)  # shallow KV of nodes cut from the draft, if any
         self._partial, self._partial_tokens = None, []
-        stack = self._stack
+        stack = self.stack
         positions = torch.arange(past, past + q, device=self.device)[None]
-        out = stack.run(states[None], layer, stack.num_layers, positions, self.cache, self.causal_mask(past, q))
+        out = stack.run(states[None], layer, stack.num_layers, positions, self.cache, self.layer_mask(past, q))
         normed = stack.inner.norm(out[0])
-        logits = self.model.lm_head(normed[q - n - 1 :])
+        logits = final_logits(self.model, normed[q - n - 1 :])  # the model's own post-processing too
         self.forwards += 1
         self._scored(committed, draft)
         return Scores(logits, normed if hidden else None, q - n)
 
-    def causal_mask(self, past: int, q: int) -> torch.Tensor | None:
-        """The additive mask of ``q`` new positions after ``past`` cached ones, sized for this cache."""
-        return causal_mask(past, q, self.dtype, self.device)
+    def layer_mask(self, past: int, q: int) -> torch.Tensor | None:
+        """The mask of a partial forward of ``q`` positions after ``past`` cached ones; None:
+        the model's own masks (full or sliding per layer, `DecoderStack.masks`)."""
+        return None
 
     def _scored(self, committed: list[int], draft: Draft) -> None:
         # a chain is a valid continuation, so keep it as cached tokens: the next rewind
@@ -214,14 +232,26 @@ class Target:
         self.cached = list(committed) + (draft.tokens.tolist() if draft.is_chain else [])
         self._pending, self._base = draft, len(committed)
 
-    def _tree_mask(self, past: int, m: int, draft: Draft) -> torch.Tensor:
-        """Float [1, 1, m + n, past + m + n] additive mask for a tree after m new committed tokens."""
+    def _tree_mask(self, past: int, m: int, draft: Draft):
+        """Additive [1, 1, m + n, past + m + n] mask for a tree after m new committed tokens;
+        a dict by layer type when the model mixes full and sliding-window layers."""
         n = len(draft)
         allowed = torch.zeros(m + n, past + m + n, dtype=torch.bool)
         allowed[:, :past] = True
         allowed[:m, past : past + m] = torch.ones(m, m, dtype=torch.bool).tril()
         allowed[m:, past : past + m] = True
         allowed[m:, past + m :] = draft.ancestors_mask()
+        # a node's place in its path read as a chain: sliding windows count back from there
+        depths = torch.tensor(draft.depths, dtype=torch.long)
+        places = torch.cat([torch.arange(past + m), past + m + depths])
+        masks = {kind: self._additive(allowed & (places[past:, None] - places[None, :] < self._window(kind)))
+                 for kind in set(self.layer_types)}
+        return next(iter(masks.values())) if len(masks) == 1 else masks
+
+    def _window(self, kind: str) -> float:
+        return self.config.get_text_config().sliding_window if kind == "sliding_attention" else float("inf")
+
+    def _additive(self, allowed: torch.Tensor) -> torch.Tensor:
         mask = torch.zeros(allowed.shape, dtype=self.dtype)
         mask.masked_fill_(~allowed, torch.finfo(self.dtype).min)
         return mask[None, None].to(self.device)

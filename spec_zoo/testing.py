@@ -80,6 +80,60 @@ def tiny_llama(seed: int = 0, vocab: int = 64, layers: int = 2, sharpness: float
     return model
 
 
+# tiny random configs of the families spec-zoo serves (`tiny_family`): the config class and
+# what the family needs on top of the shared sizes; sliding windows are SHORTER than the
+# test sequences, soft-capping is on where the family has it
+WINDOW = 8
+FAMILIES = {
+    "llama": ("LlamaConfig", {}),
+    "qwen2": ("Qwen2Config", {"use_sliding_window": True, "sliding_window": WINDOW, "max_window_layers": 1}),
+    "qwen3": ("Qwen3Config", {"head_dim": 16}),
+    "mistral": ("MistralConfig", {"sliding_window": WINDOW}),
+    "gemma2": ("Gemma2Config", {"head_dim": 16, "sliding_window": WINDOW, "final_logit_softcapping": 2.0,
+                                "attn_logit_softcapping": 1.0, "query_pre_attn_scalar": 16}),
+    "gemma3": ("Gemma3TextConfig", {"head_dim": 16, "sliding_window": WINDOW, "final_logit_softcapping": 2.0,
+                                    "layer_types": ["sliding_attention", "full_attention"] * 2,
+                                    "rope_parameters": {"full_attention": {"rope_type": "default", "rope_theta": 1e6},
+                                                        "sliding_attention": {"rope_type": "default",
+                                                                              "rope_theta": 1e4}}}),
+    "phi3": ("Phi3Config", {"sliding_window": WINDOW, "pad_token_id": 0}),
+    "gpt_neox": ("GPTNeoXConfig", {}),
+    "gpt2": ("GPT2Config", {}),
+    "olmo2": ("Olmo2Config", {}),
+    "qwen2_moe": ("Qwen2MoeConfig", {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
+                                     "shared_expert_intermediate_size": 32, "experts_implementation": "eager"}),
+}
+
+
+def tiny_family(family: str, seed: int = 0, vocab: int = 64, layers: int = 2, sharpness: float = 3.0,
+                dtype=torch.float64, **config):
+    """A random model of ``family`` (a key of FAMILIES): hidden 64, ``layers`` layers, as
+    `tiny_llama` otherwise (``sharpness`` scales the LM head, and query and key projections are
+    scaled so attention is peaked; generation never stops at EOS; ``config`` overrides any
+    field of the family's config)."""
+    import transformers
+
+    name, extra = FAMILIES[family]
+    fields = dict(vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=layers,
+                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                  tie_word_embeddings=False, bos_token_id=0, eos_token_id=1, pad_token_id=None)
+    fields.update(extra)
+    fields.update(config)
+    if "layer_types" in fields:
+        fields["layer_types"] = fields["layer_types"][:layers]
+    config = getattr(transformers, name)(**fields)
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        model = transformers.AutoModelForCausalLM.from_config(config).to(dtype).eval()
+    with torch.no_grad():
+        model.get_output_embeddings().weight.mul_(sharpness)
+        for name, weight in model.named_parameters():  # peaked attention: windows and soft-caps then matter
+            if name.endswith(("q_proj.weight", "k_proj.weight")):
+                weight.mul_(5.0)
+    model.generation_config.eos_token_id = None
+    return model
+
+
 def hf_greedy(model, prompt: list[int], max_new_tokens: int, eos: int | None = None) -> list[int]:
     """Reference: transformers' own greedy decoding."""
     out = model.generate(

@@ -30,7 +30,7 @@ from spec_zoo.draft_length import DraftLength
 from spec_zoo.drafters.early_exit.adapter import ExitAdapter, check_exit_layer, load_adapter
 from spec_zoo.errors import ConfigError
 from spec_zoo.interfaces import DecodeState
-from spec_zoo.layers import DecoderStack, causal_mask
+from spec_zoo.layers import causal_mask
 from spec_zoo.sampling import check_sample_mode, drafts_sampled, to_full_vocab
 from spec_zoo.target import Target, follow, shared_prefix
 from spec_zoo.trees import TreeLevels, build_tree_policy
@@ -100,7 +100,7 @@ class EarlyExitDrafter(ChainDrafter):
         self.target: Target | None = None
 
     def attach(self, target: Target) -> None:
-        self.stack = DecoderStack(target.model)
+        self.stack = target.stack  # refuses a family its layer-by-layer forward would get wrong
         check_exit_layer(self.exit_layer, self.stack.num_layers)
         source = self.adapter_source
         if isinstance(source, ExitAdapter):
@@ -136,21 +136,22 @@ class EarlyExitDrafter(ChainDrafter):
         past, m = len(self._fed), len(new)
         device = self.target.device
         positions = torch.arange(past, past + m, device=device)[None]
-        states = self._run(new, positions, causal_mask(past, m, self.target.dtype, device))
+        states = self._run(new, positions)
         self._fed += new
         return self._exit_logits(states[-1]) if need_logits else None
 
-    def _run(self, tokens: list[int], positions: torch.Tensor, mask) -> torch.Tensor:
-        """The exit head's input states [m, H] of ``tokens`` at ``positions`` (KV appended)."""
+    def _run(self, tokens: list[int], positions: torch.Tensor, mask=None) -> torch.Tensor:
+        """The exit head's input states [m, H] of ``tokens`` at ``positions`` (KV appended);
+        ``mask``: a tree level's mask, None for a chain (the model's own masks, windows included)."""
         if self.reuse_kv:  # the target runs its own shallow layers into its own cache
             hidden = self.target.forward_layers(tokens, self.exit_layer)[None]
-            rotary = self.stack.rotary(hidden, positions) if self.adapter is not None else None
         else:
             hidden = self.stack.embed(torch.tensor([tokens], device=self.target.device))
-            rotary = self.stack.rotary(hidden, positions)
-            hidden = self.stack.run(hidden, 0, self.exit_layer, positions, self._shallow, mask, rotary)
+            hidden = self.stack.run(hidden, 0, self.exit_layer, positions, self._shallow, mask)
         if self.adapter is not None:
-            hidden = self.adapter(hidden, rotary, self._adapted, mask)
+            if mask is None:
+                mask = causal_mask(int(positions[0, 0]), len(tokens), self.target.dtype, self.target.device)
+            hidden = self.adapter(hidden, self.stack.rotary(hidden, positions), self._adapted, mask)
         return hidden[0]
 
     def _exit_logits(self, states: torch.Tensor) -> torch.Tensor:

@@ -31,6 +31,7 @@ from safetensors.torch import load_file, save_file
 
 from spec_zoo.errors import ConfigError
 from spec_zoo.inputs import read_utf8
+from spec_zoo.layers import final_logits
 
 PACKAGED_PROMPTS = Path(__file__).parent / "data" / "prompts.jsonl"
 
@@ -257,7 +258,7 @@ def score_continuations(model, prompts: list[list[int]], continuations: list[lis
     topk_logp = torch.full((B, max_new_tokens, k), float("-inf"), dtype=torch.float16)
     for i, (p, c) in enumerate(zip(prompts, continuations)):
         g = len(c)
-        logp = model.lm_head(hidden[i, len(p) - 1 : len(p) - 1 + g]).float().log_softmax(-1)
+        logp = final_logits(model, hidden[i, len(p) - 1 : len(p) - 1 + g]).float().log_softmax(-1)
         vals, idx = torch.topk(logp, k, dim=-1)
         topk_ids[i, :g], topk_logp[i, :g] = idx.to("cpu", torch.int32), vals.to("cpu", torch.float16)
     seq = torch.full((B, width), -1, dtype=torch.int32)
