@@ -53,7 +53,7 @@ class OffByOne(Method):
         super().__init__("off_by_one", "none", "greedy", {}, "h-off")
         self.baseline = baseline
 
-    def run(self, prompt_ids, max_new_tokens, seed):
+    def run(self, prompt_ids, max_new_tokens, seed, request_id=None):
         measured = self.baseline.run(prompt_ids, max_new_tokens, seed)
         ids = measured.output_ids[:-1] + [(measured.output_ids[-1] + 1) % 64]
         return Measurement(ids, measured.fields)

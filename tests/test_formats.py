@@ -419,7 +419,7 @@ def test_bad_published_heads_fail_in_one_line(tmp_path):
 def _export_cfg(tmp_path, *overrides):
     from hydra import compose, initialize_config_dir
 
-    from spec_zoo.api import CONF_DIR
+    from spec_zoo.registry import CONF_DIR
 
     with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
         return compose("train_export", overrides=[f"export.out={tmp_path / 'out'}", *overrides])
