@@ -86,12 +86,14 @@ def check_out_dir(out_dir, record_name: str, fmt: str, key: str, overwrite: bool
 
 
 def write_artefact(out_dir, record_name: str, record: dict, write_files: Callable[[Path], None],
-                   key: str = "output.dir", overwrite: bool = False) -> Path:
+                   key: str = "output.dir", overwrite: bool = False, fmt: str | None = None) -> Path:
     """Create ``out_dir`` with what ``write_files(tmp_dir)`` writes plus ``record_name``, atomically:
     into a temp dir beside it, then one rename. What was there is replaced only when
     `check_out_dir` allows it (checked again here), so an interrupted save never leaves
-    half an artefact and a save never deletes the user's files."""
-    out_dir = check_out_dir(out_dir, record_name, record["format"], key, overwrite)
+    half an artefact and a save never deletes the user's files. ``fmt``: the artefact's kind
+    (default: the record's ``format``; a published layout, whose record has none, names its own,
+    and then only a new or empty directory is written)."""
+    out_dir = check_out_dir(out_dir, record_name, fmt or record["format"], key, overwrite)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}-", dir=out_dir.parent))
     old = tmp.with_name(tmp.name + ".old")

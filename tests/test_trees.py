@@ -162,7 +162,7 @@ def test_multi_draft_replays_repeated_draws(model):
     drafter = small(model, MultiDraft(n=6, depth=2), noise=0.5)
     drafter.attach(Target(model))
     drafter.begin(None)
-    state = DecodeState([2, 3, 4, 2], 4, 8, SamplingParams(temperature=1.0), torch.Generator().manual_seed(0))
+    state = DecodeState([2, 3, 0, 2], 4, 8, SamplingParams(temperature=1.0), torch.Generator().manual_seed(0))
     draft = drafter.propose(state)
     assert draft.siblings == "iid" and draft.draws is not None
     assert sum(len(order) for order in draft.draws.values()) == 6 * 2  # every draw of every chain

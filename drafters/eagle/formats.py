@@ -326,4 +326,5 @@ def save_eagle3(head: Eagle3Head, out_dir, layout: str, verifier: str | None = N
             "transformer_layer_config": layer,
             **common,
         }
-    return write_artefact(out_dir, "config.json", config, lambda tmp: save_file(tensors, str(tmp / WEIGHTS)))
+    return write_artefact(out_dir, "config.json", config, lambda tmp: save_file(tensors, str(tmp / WEIGHTS)),
+                          key="export.out", fmt=f"{layout} layout")

@@ -119,4 +119,5 @@ def save_medusa(heads: MedusaHeads, out_dir, vocab: int, base_model: str | None,
         tensors[f"{i}.1.weight"] = rows.to(dtype).clone().contiguous()
     config = {"medusa_num_heads": heads.num_heads, "medusa_num_layers": 1, "base_model_name_or_path": base_model,
               "hidden_size": int(rows.shape[1]), "vocab_size": int(rows.shape[0])}
-    return write_artefact(out_dir, "config.json", config, lambda tmp: save_file(tensors, str(tmp / WEIGHTS)))
+    return write_artefact(out_dir, "config.json", config, lambda tmp: save_file(tensors, str(tmp / WEIGHTS)),
+                          key="export.out", fmt="Medusa layout")
