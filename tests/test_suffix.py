@@ -34,6 +34,16 @@ def test_sampling_is_certified_exact_with_rejection(setting):
         assert cert.tau > 1.0
 
 
+def test_a_suffix_chain_is_lossless_under_block_verification():
+    """A chain (tree=false) is what the block rule verifies: greedy identity and exactness."""
+    from spec_zoo.verifiers.block import BlockVerifier
+
+    chain = dict(tree=False, min_token_prob=0.0)
+    assert_greedy_identity(lambda model: SuffixDrafter(**chain), seeds=(0,), verifiers=[BlockVerifier()])
+    cert = assert_lossless(lambda model: SuffixDrafter(**chain), BlockVerifier(), CERTIFY_SETTINGS["t1"])
+    assert cert.tau > 1.0
+
+
 def test_frequency_tree_is_best_first_within_budget_and_threshold():
     # after the match: 1 2 3 (x2), 1 2 4, 5 -> P(1)=3/4, P(1 2)=3/4, P(1 2 3)=1/2, P(1 2 4)=1/4, P(5)=1/4
     continuations = [[1, 2, 3], [1, 2, 3], [1, 2, 4], [5]]
