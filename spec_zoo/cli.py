@@ -9,6 +9,8 @@ import hydra
 from omegaconf import DictConfig
 
 from spec_zoo.api import build_decoder, label, quiet_loading, run
+from spec_zoo.decoder import Output, SpeculativeDecoder
+from spec_zoo.drafters.none import NoDrafter
 from spec_zoo.errors import ConfigError
 from spec_zoo.registry import CONF_DIR
 from spec_zoo.schema import check_command_line
@@ -25,14 +27,36 @@ def _hydra_main(cfg: DictConfig) -> None:
     text, then print one summary line (tau, alpha, speed)."""
     from hydra.core.hydra_config import HydraConfig
 
+    drafter_choice = HydraConfig.get().runtime.choices.get("drafter")
     try:
         with quiet_loading():  # progress bars and load reports would interleave with the text
             decoder = build_decoder(cfg)
             out = run(cfg, decoder, on_text=lambda text: print(text, end="", flush=True))
+            plain = plain_run(cfg, decoder) if cfg.compare and not isinstance(decoder.drafter, NoDrafter) else None
     except ConfigError as e:
         _fail(e)
     print()
-    print(f"{label(cfg, decoder, HydraConfig.get().runtime.choices.get('drafter'))} | {out.stats.summary()}")
+    print(f"{label(cfg, decoder, drafter_choice)} | {out.stats.summary()}")
+    if plain is not None:
+        print(comparison(out, plain, greedy=decoder.sampling.temperature == 0))
+
+
+def plain_run(cfg: DictConfig, decoder: SpeculativeDecoder) -> Output:
+    """The same prompt decoded plainly (no drafter) on the same target, verifier and sampling:
+    the baseline the first run is measured against, so a user sees what speculation bought."""
+    baseline = build_decoder(cfg, target=decoder.target, drafter=NoDrafter(), verifier=decoder.verifier)
+    return run(cfg, baseline)
+
+
+def comparison(out: Output, plain: Output, greedy: bool) -> str:
+    """One line: plain decoding's figures, the speedup in tokens/s, and whether the texts agree
+    (greedy decoding must give the same text; sampled texts are equal in distribution only)."""
+    speedup = out.stats.tokens_per_s / plain.stats.tokens_per_s if plain.stats.tokens_per_s else float("nan")
+    same = ("same text: yes" if out.ids == plain.ids else "same text: NO (report this: greedy speculation is exact)"
+            ) if greedy else "sampled: texts differ by chance, not in distribution"
+    p = plain.stats
+    return (f"plain decoding (drafter=none) | {p.new_tokens} tokens in {p.wall_s:.2f} s ({p.tokens_per_s:.1f} tok/s) | "
+            f"speedup {speedup:.2f}x | {same} (compare=false skips this run)")
 
 
 def checked_command_line(config_name: str, prog: str = "error") -> None:

@@ -208,7 +208,7 @@ def test_token_ids_outside_the_vocabulary_are_refused(tiny_llama):
 
 @pytest.mark.parametrize("temperature, verifier", [(0.0, "greedy"), (0.7, "rejection")])
 def test_verifier_auto_follows_the_temperature(tiny_llama, temperature, verifier):
-    cfg = compose_config([f"generation.temperature={temperature}"])
+    cfg = compose_config([f"generation.temperature={temperature}", "drafter=none"])
     assert cfg.verifier._target_ == "spec_zoo.verifiers.auto.auto_verifier"  # the default
     decoder = build_decoder(cfg, target=Target(tiny_llama()))
     assert decoder.verifier.name == verifier
@@ -221,7 +221,7 @@ def test_verifier_auto_follows_the_temperature(tiny_llama, temperature, verifier
 def test_cli_samples_at_a_temperature_with_the_exact_verifier():
     from tests.test_cli import spec_zoo_cli, text_and_summary
 
-    text, summary = text_and_summary(spec_zoo_cli("generation.temperature=0.7", "generation.max_new_tokens=4"))
+    text, summary = text_and_summary(spec_zoo_cli("generation.temperature=0.7", "generation.max_new_tokens=4", "drafter=none"))
     assert summary.startswith("drafter=none verifier=rejection (auto: temperature 0.7) | 4 tokens")
 
 
