@@ -43,9 +43,9 @@ class SuffixCache:
 
     An output is filed under a ``key`` (source and prompt): adding one with a key already
     held replaces the old output (a repeat does not count twice). Keys and sources are kept
-    as text, so a cache saved and loaded again (a resumed benchmark) hides the same outputs. The index maps each token to
-    the positions, per output, where it is followed by another token, so a lookup touches
-    only occurrences of the current last token, and eviction drops an output's entries.
+    as text, so a cache saved and loaded again (a resumed benchmark) hides the same outputs.
+    The index maps each token to the positions, per output, where it is followed by another
+    token, so a lookup touches only occurrences of the current last token, and eviction drops an output's entries.
     """
 
     FORMAT = "spec-zoo-suffix-cache-v1"

@@ -52,11 +52,12 @@ class CostTable:
         return path
 
     @classmethod
-    def load(cls, path: Path) -> "CostTable":
+    def load(cls, path: Path) -> CostTable:
         try:
             table = cls(**json.loads(Path(path).read_text()))
         except (OSError, ValueError, TypeError) as err:
-            raise ConfigError(f"cost table {path} cannot be read ({err}); re-measure it with `spec-zoo costs`.") from None
+            raise ConfigError(f"cost table {path} cannot be read ({err}); "
+                              "re-measure it with `spec-zoo costs`.") from None
         if not table.seconds or min(table.seconds) <= 0:
             raise ConfigError(f"cost table {path} holds no positive timings; re-measure it with `spec-zoo costs`.")
         return table

@@ -89,7 +89,8 @@ class SpeculativeDecoder:
         except TypeError:
             ids = None
         if ids is None or len(ids) != len(prompt):
-            raise ConfigError(f"prompt: {list(prompt)[:8]!r} is not text or token ids; pass a string or a list of ints.")
+            raise ConfigError(f"prompt: {list(prompt)[:8]!r} is not text or token ids; "
+                              "pass a string or a list of ints.")
         vocab = self.target.vocab_size
         if bad := [t for t in ids if not 0 <= t < vocab]:
             raise ConfigError(

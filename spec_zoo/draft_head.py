@@ -64,7 +64,7 @@ class VocabHead(torch.nn.Module):
                 "draft_vocab_size": int(self.head.shape[0])}
 
     @classmethod
-    def from_record(cls, target_model, record: dict, vocab_ids: torch.Tensor | None) -> "VocabHead":
+    def from_record(cls, target_model, record: dict, vocab_ids: torch.Tensor | None) -> VocabHead:
         """An untrained head of the shape ``record`` describes (its weights are loaded next)."""
         raise NotImplementedError
 
@@ -83,7 +83,8 @@ class BlockHead(VocabHead):
             raise ConfigError(f"init_layer={init_layer}; the target has layers 0..{stack.num_layers - 1}.")
         self.init_layer, self.mlp = init_layer, mlp
         block = copy.deepcopy(stack.inner.layers[init_layer])
-        if not all(hasattr(block, part) for part in ("input_layernorm", "self_attn", "post_attention_layernorm", "mlp")):
+        if not all(hasattr(block, part) for part in ("input_layernorm", "self_attn", "post_attention_layernorm",
+                                                     "mlp")):
             raise ConfigError(f"{type(block).__name__} is not a pre-norm block (input_layernorm, self_attn, "
                               "post_attention_layernorm, mlp), which an EAGLE head or exit adapter is built from; "
                               "use another drafter for this family.")
@@ -151,7 +152,8 @@ def load_head(cls: type[VocabHead], path, target_model, key: str, train_command:
     try:
         head = cls.from_record(target_model, record, ids)
     except KeyError as e:
-        raise ConfigError(f"{key}: {path / cls.RECORD} lacks {e}; the {cls.WHAT} is corrupt: retrain or re-copy it.") from None
+        raise ConfigError(f"{key}: {path / cls.RECORD} lacks {e}; "
+                          f"the {cls.WHAT} is corrupt: retrain or re-copy it.") from None
     dtype = target_model.lm_head.weight.dtype
     try:
         head.load_state_dict({k: (v if k == "vocab_ids" else v.to(dtype)) for k, v in tensors.items()})

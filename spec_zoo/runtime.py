@@ -79,7 +79,8 @@ def rowwise_attention(module, query, key, value, attention_mask, scaling, dropou
     span = attention_mask.shape[-1]
     q = query.reshape(b, key.shape[1], groups, m, 1, d)
     prefix_k, prefix_v = key[:, :, None, None, :span], value[:, :, None, None, :span]  # [B, Hkv, 1, 1, S, D]
-    draft_k, draft_v = key[:, :, draft_slots].unsqueeze(2), value[:, :, draft_slots].unsqueeze(2)  # [B, Hkv, 1, M, N, D]
+    draft_k = key[:, :, draft_slots].unsqueeze(2)  # [B, Hkv, 1, M, N, D]
+    draft_v = value[:, :, draft_slots].unsqueeze(2)
     prefix, drafts = (q * prefix_k).sum(-1) * scaling, (q * draft_k).sum(-1) * scaling
     if softcap is not None:
         prefix, drafts = torch.tanh(prefix / softcap) * softcap, torch.tanh(drafts / softcap) * softcap
@@ -160,7 +161,8 @@ class CompiledTarget(Target):
             # a full static layer for every layer, sliding ones included (windows never cut: see __init__)
             cache = Cache(layers=[StaticLayer(max_cache_len=self.cache_slots) for _ in self.layer_types])
             heads = self.config.num_key_value_heads
-            head_dim = getattr(self.config, "head_dim", None) or self.config.hidden_size // self.config.num_attention_heads
+            head_dim = (getattr(self.config, "head_dim", None)
+                        or self.config.hidden_size // self.config.num_attention_heads)
             cache.early_initialization(1, heads, head_dim, self.dtype, self.device)  # allocated before compiling
             return cache
         crop_all(self.cache, 0)  # keep the tensors: compiled graphs hold their addresses
@@ -285,7 +287,7 @@ class CompiledTarget(Target):
             crop_all(self.cache, where)
             with torch.no_grad():
                 graph(*inputs)
-        except Exception as err:  # noqa: BLE001 (any compiler failure: fall back visibly or re-raise)
+        except Exception as err:  # any compiler failure: fall back visibly or re-raise
             if not self.fallback:
                 raise
             warnings.warn(f"model.runtime=compiled: compiling failed ({type(err).__name__}: "

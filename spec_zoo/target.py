@@ -207,7 +207,8 @@ class Target:
         """Score a chain from the partial forward's layer on: the first ``q`` partial tokens
         are the new committed tokens and the nodes; their lower layers already ran."""
         if hidden not in (True, False):
-            raise RuntimeError("a partial forward keeps only the last layer's states; score(hidden=layers) needs a full one")
+            raise RuntimeError("a partial forward keeps only the last layer's states; "
+                               "score(hidden=layers) needs a full one")
         layer, states = self._partial.layer, self._partial.hidden[:q]
         past, n = len(self.cached), len(draft)
         crop_cache(self.cache, past + q)  # shallow KV of nodes cut from the draft, if any

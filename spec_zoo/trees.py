@@ -105,7 +105,8 @@ class Static(TreePolicy):
     def __init__(self, choices):
         paths = sorted({tuple(int(r) for r in path) for path in choices}, key=lambda p: (len(p), p))
         if not paths or any(not p for p in paths):
-            raise ConfigError(f"tree.choices={choices!r}: give a non-empty list of non-empty paths, e.g. [[0],[1],[0,0]].")
+            raise ConfigError(f"tree.choices={choices!r}: give a non-empty list of non-empty paths, "
+                              "e.g. [[0],[1],[0,0]].")
         known = set(paths)
         for path in paths:
             needed = path[:-1] if path[-1] == 0 else (*path[:-1], path[-1] - 1)
@@ -153,7 +154,8 @@ class TopK(Static):
     def __init__(self, width: int = 2, depth: int = 3):
         if width < 1 or depth < 1:
             raise ConfigError(f"tree.width={width}, tree.depth={depth}: both must be >= 1.")
-        check_nodes("tree.depth" if width == 1 else "tree.width", depth if width == 1 else (width ** (min(depth, 64) + 1) - width) // (width - 1),
+        check_nodes("tree.depth" if width == 1 else "tree.width",
+                    depth if width == 1 else (width ** (min(depth, 64) + 1) - width) // (width - 1),
                     f"width {width} over depth {depth}")
         self.width = width
         super().__init__([p for d in range(1, depth + 1) for p in _ranks(width, d)])
@@ -255,7 +257,8 @@ class MultiDraft(TreePolicy):
         return tree.draft("iid")
 
 
-RANK_PRIOR_ACCEPT, RANK_PRIOR_WEIGHT, RANK_DECAY = 0.5, 2.0, 0.95  # per-rank acceptance: prior 0.5 / 2^rank, ~20-step memory
+# per-rank acceptance: prior 0.5 / 2^rank, ~20-step memory
+RANK_PRIOR_ACCEPT, RANK_PRIOR_WEIGHT, RANK_DECAY = 0.5, 2.0, 0.95
 
 Relative = Callable[[int], float]  # M scored tokens -> t(M) / t(1)
 

@@ -110,7 +110,8 @@ class EagleDrafter(ChainDrafter):
         embeds = self.stack.embed(torch.tensor([tokens], device=device))
         hidden = self.head.inputs(embeds, features[None].to(embeds.dtype))
         if positions is None:
-            positions, mask = torch.arange(past, past + m, device=device)[None], causal_mask(past, m, hidden.dtype, device)
+            positions = torch.arange(past, past + m, device=device)[None]
+            mask = causal_mask(past, m, hidden.dtype, device)
             self._fed += tokens
         out = self.head(hidden, self._rotary(hidden, positions), self.cache, mask)
         return out[0]

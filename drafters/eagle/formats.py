@@ -131,8 +131,9 @@ class Eagle3Head(PublishedHead):
         embeds, feature = hidden.split(self.config.hidden_size, dim=-1)
         normed = layer.hidden_norm(feature)
         residual = normed if self.norm_before_residual else feature
-        attn, _ = layer.self_attn(torch.cat([layer.input_layernorm(embeds), normed], dim=-1), position_embeddings=rotary,
-                                  attention_mask=mask, cache=cache, use_cache=cache is not None)
+        attn, _ = layer.self_attn(torch.cat([layer.input_layernorm(embeds), normed], dim=-1),
+                                  position_embeddings=rotary, attention_mask=mask, cache=cache,
+                                  use_cache=cache is not None)
         hidden = residual + attn
         return hidden + layer.mlp(layer.post_attention_layernorm(hidden))
 
@@ -166,9 +167,10 @@ def _tensors(path: Path, key: str, names_only: bool = False) -> dict[str, torch.
         raise ConfigError(f"{key}={str(path)!r} has no {WEIGHTS}{hint}.")
     try:
         with safe_open(str(file), framework="pt") as f:
-            return {k: None if names_only else f.get_tensor(k) for k in f.keys()}
+            return {k: None if names_only else f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 (a safe_open handle is not iterable)
     except Exception as e:  # truncated or corrupt
-        raise ConfigError(f"{key}: {file} cannot be read ({type(e).__name__}: {str(e)[:120]}); re-download it.") from None
+        raise ConfigError(f"{key}: {file} cannot be read ({type(e).__name__}: {str(e)[:120]}); "
+                          "re-download it.") from None
 
 
 def sniff(path, key: str = "drafter.head") -> str:
@@ -275,8 +277,8 @@ def load_published(path, target_model, fmt: str, key: str = "drafter.head") -> P
     try:
         _load_weights(head, tensors, LAYER_PREFIX[fmt], key, path)
     except RuntimeError as e:  # a shape that does not fit the config
-        raise ConfigError(f"{key}={str(path)!r}: the weights do not fit its config.json ({str(e).splitlines()[-1][:160]})"
-                          "; re-download the head.") from None
+        raise ConfigError(f"{key}={str(path)!r}: the weights do not fit its config.json "
+                          f"({str(e).splitlines()[-1][:160]}); re-download the head.") from None
     if isinstance(head, Eagle3Head):
         _check_vocab_map(head, target_vocab, key, path)
     return head.to(device=target_model.device, dtype=target_model.lm_head.weight.dtype).eval().requires_grad_(False)

@@ -75,12 +75,14 @@ def load_published_medusa(path, target_model, key: str = "drafter.heads") -> Pub
         raise ConfigError(f"{key}={str(path)!r} has no {WEIGHTS}{pt}.")
     try:
         with safe_open(str(file), framework="pt") as f:
-            tensors = {k: f.get_tensor(k) for k in f.keys()}
+            tensors = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 (a safe_open handle is not iterable)
     except Exception as e:
-        raise ConfigError(f"{key}: {file} cannot be read ({type(e).__name__}: {str(e)[:120]}); re-download it.") from None
+        raise ConfigError(f"{key}: {file} cannot be read ({type(e).__name__}: {str(e)[:120]}); "
+                          "re-download it.") from None
     vocab, hidden = target_model.lm_head.weight.shape
     if num_heads < 1 or num_layers < 0:
-        raise ConfigError(f"{key}: medusa_num_heads={num_heads}, medusa_num_layers={num_layers}; need at least one head.")
+        raise ConfigError(f"{key}: medusa_num_heads={num_heads}, medusa_num_layers={num_layers}; "
+                          "need at least one head.")
     head0 = tensors.get(f"0.{num_layers}.weight")
     if head0 is not None and tuple(head0.shape) != (vocab, hidden):
         raise ConfigError(f"{key}: the heads predict {head0.shape[0]} tokens from states of size {head0.shape[1]} but "

@@ -59,8 +59,10 @@ def describe(d, cats: dict) -> dict:
         return {"file": "data.token_ids", "sha256": digest, "categories": [["token_ids", 1.0, []]]}
     path = Path(d.prompts or PACKAGED_PROMPTS).expanduser()
     if not path.is_file():
-        raise ConfigError(f"data.prompts={str(path)!r} does not exist; give a JSONL file with a `prompt` field per line.")
-    return {"file": path.name, "sha256": file_digest(path), "categories": [[k, c["share"], c["sources"]] for k, c in cats.items()],
+        raise ConfigError(f"data.prompts={str(path)!r} does not exist; "
+                          "give a JSONL file with a `prompt` field per line.")
+    return {"file": path.name, "sha256": file_digest(path),
+            "categories": [[k, c["share"], c["sources"]] for k, c in cats.items()],
             "chat": bool(d.chat),
             "max_prompt_tokens": int(d.max_prompt_tokens), "seed": int(d.seed)}
 

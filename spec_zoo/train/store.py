@@ -44,7 +44,7 @@ class TeacherStore:
         self.used: list[tuple[Path, int]] = []  # (shard, rows taken) behind the last `fill`
 
     @classmethod
-    def open(cls, root, identity: dict) -> "TeacherStore":
+    def open(cls, root, identity: dict) -> TeacherStore:
         root = Path(root).expanduser()
         root.mkdir(parents=True, exist_ok=True)
         manifest = root / "manifest.json"
