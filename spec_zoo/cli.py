@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import cast
 
 import hydra
 from omegaconf import DictConfig
@@ -132,7 +133,8 @@ def show_option(choice: str) -> str:
     if not path.is_file():  # an installed plugin (ConfigStore)
         node = compose_config([f"{group}={name}"])[group]
         return f"# --- {group}={name} (installed plugin)\n{OmegaConf.to_yaml(node)}"
-    parents = [p for p in OmegaConf.load(path).get("defaults", []) if isinstance(p, str) and p != "_self_"]
+    defaults = cast(DictConfig, OmegaConf.load(path)).get("defaults", [])
+    parents = [p for p in defaults if isinstance(p, str) and p != "_self_"]
     return "\n".join([*(show_option(f"{group}={p}") for p in parents),
                       f"# --- conf/{group}/{name}.yaml\n{path.read_text(encoding='utf-8').rstrip()}"])
 

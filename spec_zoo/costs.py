@@ -14,6 +14,7 @@ import json
 import platform
 import statistics
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -110,7 +111,7 @@ def measure(target, max_tokens: int = 16, repeats: int = 9, past: int = 100, pro
                      past)
 
 
-def plot_table(table: CostTable, path: Path, others: list[CostTable] = ()) -> Path:
+def plot_table(table: CostTable, path: Path, others: Sequence[CostTable] = ()) -> Path:
     """t(M) in ms against M (with ``others``, e.g. another runtime, for comparison), as a PNG."""
     import matplotlib
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import copy
 from pathlib import Path
+from typing import TYPE_CHECKING, TypeVar
 
 import torch
 from safetensors.torch import load_file, save_file
@@ -32,6 +33,9 @@ from safetensors.torch import load_file, save_file
 from spec_zoo.artefacts import check_artefact_values, check_target, read_record, write_artefact
 from spec_zoo.errors import ConfigError
 from spec_zoo.layers import DecoderStack
+
+if TYPE_CHECKING:
+    from typing import Self
 
 
 class VocabHead(torch.nn.Module):
@@ -45,6 +49,9 @@ class VocabHead(torch.nn.Module):
     #: artefact format name, JSON record and weights file names, and what to call it in errors
     FORMAT, RECORD, WEIGHTS, WHAT = "", "", "", ""
     FORMAT_VERSION = 1
+    vocab_ids: torch.Tensor | None  # a buffer
+    head: torch.Tensor  # a parameter when trained, else a buffer
+    record: dict  # what `load_head` read
 
     def __init__(self, target_model, vocab_ids: torch.Tensor | None = None, train_head: bool = False):
         super().__init__()
@@ -64,7 +71,7 @@ class VocabHead(torch.nn.Module):
                 "draft_vocab_size": int(self.head.shape[0])}
 
     @classmethod
-    def from_record(cls, target_model, record: dict, vocab_ids: torch.Tensor | None) -> VocabHead:
+    def from_record(cls, target_model, record: dict, vocab_ids: torch.Tensor | None) -> Self:
         """An untrained head of the shape ``record`` describes (its weights are loaded next)."""
         raise NotImplementedError
 
@@ -132,7 +139,10 @@ def read_head_record(cls: type[VocabHead], path, key: str, fix: str) -> dict:
     return read_record(file, cls.FORMAT, cls.FORMAT_VERSION, cls.WHAT, f"retrain or re-copy the {cls.WHAT}")
 
 
-def load_head(cls: type[VocabHead], path, target_model, key: str, train_command: str) -> VocabHead:
+Head = TypeVar("Head", bound=VocabHead)
+
+
+def load_head(cls: type[Head], path, target_model, key: str, train_command: str) -> Head:
     """The ``cls`` head at ``path``, checked against ``target_model``; frozen, on its device."""
     path = Path(path).expanduser()
     record = read_head_record(cls, path, key, f"train one with `{train_command}`, or set {key}=null")

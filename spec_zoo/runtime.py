@@ -136,7 +136,7 @@ class CompiledTarget(Target):
             raise ConfigError(f"model.max_cache_len={max_cache_len}; it must be between 2 and the model's "
                               f"max_position_embeddings ({limit}).")
         window = getattr(model.config.get_text_config(), "sliding_window", None)
-        if "sliding_attention" in stack.layer_types and window < max_cache_len:
+        if "sliding_attention" in stack.layer_types and window is not None and window < max_cache_len:
             raise ConfigError(f"model.runtime=compiled: {type(model).__name__} has sliding-window attention (window "
                               f"{window}) shorter than model.max_cache_len={max_cache_len}, and the compiled attention "
                               f"has no windows; set model.max_cache_len={window} or less, or model.runtime=eager.")
@@ -173,7 +173,7 @@ class CompiledTarget(Target):
         return next((b for b in self.buckets if b >= rows), rows)
 
     # -- the forward --------------------------------------------------------------------------
-    def _forward(self, new: list[int], draft: Draft, past: int, hidden: bool):
+    def _forward(self, new: list[int], draft: Draft, past: int, hidden: bool | tuple[int, ...]):
         m, n = len(new), len(draft)
         if past + m + n > self.max_cache_len:
             raise ConfigError(
@@ -191,11 +191,12 @@ class CompiledTarget(Target):
     def layer_mask(self, past: int, q: int) -> torch.Tensor:
         """Over every slot of the static cache: the positions past the sequence are hidden."""
         mask = torch.full((1, 1, q, self.cache_slots), torch.finfo(self.dtype).min, dtype=self.dtype)
-        mask[..., : past + q] = causal_mask(past, q, self.dtype, "cpu") if q > 1 else 0.0
+        rows = causal_mask(past, q, self.dtype, "cpu")  # None for one row, which sees every past slot
+        mask[..., : past + q] = 0.0 if rows is None else rows
         return mask.to(self.device)
 
     def _prefill(self, tokens: list[int], past: int) -> torch.Tensor:
-        stack, q = self._stack, len(tokens)
+        stack, q = self.stack, len(tokens)
         positions = torch.arange(past, past + q, device=self.device)[None]
         out = stack.run(stack.embed(torch.tensor([tokens], device=self.device)), 0, stack.num_layers,
                         positions, self.cache, self.layer_mask(past, q))
@@ -303,6 +304,7 @@ class CompiledTarget(Target):
     def warm_up(self) -> float:
         """Compile now, before anything is timed; the seconds it took."""
         self._graph()
+        assert self.compile_s is not None  # set by the compile
         return self.compile_s
 
 

@@ -17,6 +17,7 @@ import inspect
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import cast
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
@@ -308,8 +309,8 @@ def check_config(cfg: DictConfig, defaults: DictConfig) -> None:
     """Validate ``cfg`` against ``defaults`` (the same config name composed with no overrides):
     unknown keys, types, ranges; drafter/verifier nodes against their classes. Loosely spelled
     values are normalised in ``cfg`` (read-only and struct flags lifted for that)."""
-    raw = OmegaConf.to_container(cfg, resolve=False)
-    changes = _walk(raw, OmegaConf.to_container(defaults, resolve=False), "")
+    raw = cast(dict, OmegaConf.to_container(cfg, resolve=False))
+    changes = _walk(raw, cast(dict, OmegaConf.to_container(defaults, resolve=False)), "")
     if not changes:
         return
     struct, readonly = OmegaConf.is_struct(cfg), OmegaConf.is_readonly(cfg)

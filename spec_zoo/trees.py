@@ -81,7 +81,11 @@ class TreePolicy(ABC):
     """Builds the step's tree by calling ``expand`` once per level."""
 
     name = "tree"
-    branches = True  # False: its drafts are chains (chain-only verifiers accept the drafter)
+
+    @property
+    def branches(self) -> bool:
+        """False: its drafts are chains (chain-only verifiers accept the drafter)."""
+        return True
 
     def sibling_modes(self, sampled: bool) -> tuple[str, ...]:
         """The ``Draft.siblings`` its drafts use (what a verifier must be exact for)."""
@@ -326,9 +330,11 @@ def best_tree(acc: list[float], relative: Relative, draft_cost: float, max_nodes
     (tokens / cost) within the limits. For each depth cap the best tree of n nodes is the n
     most valuable nodes (a node is worth no more than its parent or its lower-ranked
     sibling), taken from a heap, so no tree within the limits is predicted faster."""
-    best, best_value, best_cost = [], 1.0, tree_cost([], draft_cost, relative)
+    best: list[tuple[int, ...]] = []
+    best_value, best_cost = 1.0, tree_cost([], draft_cost, relative)
     for cap in range(1, max_depth + 1):
-        paths, frontier = [], [(-acc[0], (0,))]
+        paths: list[tuple[int, ...]] = []
+        frontier: list[tuple[float, tuple[int, ...]]] = [(-acc[0], (0,))]
         while frontier and len(paths) < max_nodes:
             worth, path = heapq.heappop(frontier)
             paths.append(path)
@@ -416,7 +422,7 @@ def build_tree_policy(spec) -> TreePolicy | None:
         spec = OmegaConf.to_container(spec, resolve=True)
     values = {"policy": spec} if isinstance(spec, str) else dict(spec) if isinstance(spec, Mapping) else None
     name = None if values is None else values.pop("policy", None)
-    if name not in option_names("tree"):
+    if values is None or name not in option_names("tree"):
         raise ConfigError(f"drafter.tree={spec!r}: name a tree policy ({', '.join(option_names('tree'))}), "
                           "or give {policy: NAME, KEY: VALUE}, e.g. drafter.tree={policy:topk,width:3}.")
     try:

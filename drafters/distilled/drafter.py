@@ -52,7 +52,7 @@ class DistilledDrafter(SmallModelDrafter):
             raise ConfigError("drafter.untrained=true needs a draft initialised from the target (student.init=target); "
                               f"{self.path} was initialised with {(self.record.get('init') or {}).get('kind')!r}.")
         self.full_vocab: int | None = None
-        self._attached_to = None
+        self._attached_to: object = None  # the target attached last (attach is idempotent for it)
 
     def attach(self, target: Target) -> None:
         from spec_zoo.artefacts import check_target
@@ -88,6 +88,8 @@ class DistilledDrafter(SmallModelDrafter):
         self._attached_to = target
 
     def to_target_vocab(self, logits: torch.Tensor) -> torch.Tensor:
-        if self.vocab_ids is not None and self.full_vocab is None:
+        if self.vocab_ids is None:
+            return logits
+        if self.full_vocab is None:
             raise RuntimeError("DistilledDrafter.attach(target) must be called before drafting")
         return to_full_vocab(logits, self.vocab_ids, self.full_vocab)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import cast
 
 import torch
 from safetensors import safe_open
@@ -42,9 +43,13 @@ class PublishedMedusaHeads(torch.nn.Module):
             for _ in range(num_heads))
         self.vocab_ids: torch.Tensor | None = None
 
+    def lm_heads(self) -> list[torch.nn.Linear]:
+        """Each head's own LM head (the last module of its blocks)."""
+        return [cast(torch.nn.Linear, cast(torch.nn.Sequential, head)[-1]) for head in self.heads]
+
     @property
     def dtype(self) -> torch.dtype:
-        return self.heads[0][-1].weight.dtype
+        return self.lm_heads()[0].weight.dtype
 
     def forward(self, states: torch.Tensor) -> torch.Tensor:
         """Logits [..., K, V_draft] of every head for states [..., H]."""
@@ -52,8 +57,8 @@ class PublishedMedusaHeads(torch.nn.Module):
 
     def keep_rows(self, ids: torch.Tensor) -> None:
         """Restrict every head's LM head to the rows ``ids`` (the draft vocabulary)."""
-        for head in self.heads:
-            head[-1].weight = torch.nn.Parameter(head[-1].weight.detach()[ids], requires_grad=False)
+        for lm_head in self.lm_heads():
+            lm_head.weight = torch.nn.Parameter(lm_head.weight.detach()[ids], requires_grad=False)
         self.vocab_ids = ids
 
 
@@ -97,7 +102,7 @@ def load_published_medusa(path, target_model, key: str = "drafter.heads") -> Pub
                           "the heads.") from None
     if not all(torch.isfinite(p).all() for p in heads.parameters()):
         raise ConfigError(f"{key}={str(path)!r}: the weights hold NaN or infinite values; re-download the heads.")
-    used = torch.stack([(h[-1].weight != 0).any(dim=1) for h in heads.heads]).any(dim=0)
+    used = torch.stack([(h.weight != 0).any(dim=1) for h in heads.lm_heads()]).any(dim=0)
     if not used.any():
         raise ConfigError(f"{key}={str(path)!r}: every LM-head row is zero; re-download the heads.")
     if not used.all():  # spec-zoo's reduced draft vocabulary, written as zero rows

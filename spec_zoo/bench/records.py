@@ -122,7 +122,8 @@ def record_problem(record: dict) -> str | None:
             return f"has {field}={value!r:.40}, not {' or '.join(t.__name__ for t in types)}"
         if isinstance(value, float) and not math.isfinite(value):
             return f"has {field}={value}, not a finite number"
-        if types in (_NUMBER, _INT) and value < 0 and field != "top2_margin_at_mismatch":
+        negative = isinstance(value, (int, float)) and value < 0
+        if types in (_NUMBER, _INT) and negative and field != "top2_margin_at_mismatch":
             return f"has {field}={value}, a negative number"
     return None
 

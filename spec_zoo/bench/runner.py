@@ -170,7 +170,7 @@ def _measure(method: Method, prompt: list[int], max_new_tokens: int, seed: int, 
     margin = None
     if matches is False:
         at = first_difference(measured.output_ids, baseline_ids)
-        if at < len(baseline_ids):
+        if at is not None and at < len(baseline_ids):
             margin = top2_margin(target, prompt + baseline_ids[:at])
     return {
         **measured.fields, "schema_version": SCHEMA_VERSION, "method": method.name, "drafter": method.drafter,

@@ -68,7 +68,7 @@ def labeller(records: Sequence[dict]) -> Callable[[dict], str]:
     variants: dict[str, dict] = {}
     for r in records:
         variants.setdefault(r["method"], {})[r["config_hash"]] = r
-    varying: dict[str, list] = {}
+    varying: dict[str, tuple[list[str], list[tuple[str, str]]]] = {}
     for method, configs in variants.items():
         if len(configs) < 2:
             continue

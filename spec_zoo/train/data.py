@@ -125,8 +125,8 @@ def stop_and_pad_ids(target) -> tuple[list[int], int]:
     if target.tokenizer is not None and target.tokenizer.eos_token_id is not None:
         eos_ids.add(int(target.tokenizer.eos_token_id))
     pads = (getattr(target.tokenizer, "pad_token_id", None), getattr(gen_cfg, "pad_token_id", None))
-    eos_ids = sorted(eos_ids)
-    return eos_ids, int(next((x for x in pads if x is not None), eos_ids[0] if eos_ids else 0))
+    ordered = sorted(eos_ids)
+    return ordered, int(next((x for x in pads if x is not None), ordered[0] if ordered else 0))
 
 
 def data_key(settings: dict) -> str:

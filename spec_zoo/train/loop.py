@@ -52,7 +52,8 @@ def check_config(cfg: DictConfig, recipe) -> None:
         raise ConfigError(f"data.heldout={cfg.data.heldout}; use a fraction in [0, 1).")
     from spec_zoo.artefacts import check_out_dir
 
-    check_out_dir(cfg.output.dir, *recipe.artefact, "output.dir", bool(cfg.output.get("overwrite", False)))
+    record_name, fmt = recipe.artefact
+    check_out_dir(cfg.output.dir, record_name, fmt, "output.dir", bool(cfg.output.get("overwrite", False)))
     if cfg.data.get("prompts") and cfg.data.get("token_ids") is None:
         read_records(cfg.data.prompts)  # a missing, non-UTF-8 or malformed file fails here, before the target loads
     if cfg.output.dtype not in ("float32", "float16", "bfloat16"):
@@ -89,14 +90,14 @@ def teacher_positions(student, data: TeacherData, rows: torch.Tensor, full_vocab
     L = int((data.prompt_len[rows] + data.gen_len[rows]).max())
     ids = ids[:, :L]
     mask = (ids >= 0).long()
-    where, t_ids, t_logp = [], [], []
+    where, id_rows, logp_rows = [], [], []
     for b, i in enumerate(rows.tolist()):
         p, g = int(data.prompt_len[i]), int(data.gen_len[i])
         # the hidden state at position p - 1 + t predicts token p + t
         where.append(b * L + torch.arange(p - 1, p - 1 + g))
-        t_ids.append(data.topk_ids[i, :g])
-        t_logp.append(data.topk_logp[i, :g])
-    t_ids, t_logp = torch.cat(t_ids), torch.cat(t_logp)
+        id_rows.append(data.topk_ids[i, :g])
+        logp_rows.append(data.topk_logp[i, :g])
+    t_ids, t_logp = torch.cat(id_rows), torch.cat(logp_rows)
     t_index = t_ids if lut is None else lut[t_ids]
     device = _device(student)
     return tuple(t.to(device) for t in (ids.clamp(min=0), mask, torch.cat(where), t_ids, t_index, t_logp))
@@ -277,7 +278,8 @@ def train_module(cfg: DictConfig, recipe, target=None) -> Path:
     gen = torch.Generator().manual_seed(int(cfg.train.seed))
     ckpt_dir = out_dir.parent / f".{out_dir.name}.checkpoints"
     ckpt = ckpt_dir / "last.pt"
-    step, history = 0, []
+    step = 0
+    history: list = []
     if bool(cfg.train.resume) and ckpt.is_file():
         step, history = _load_checkpoint(ckpt, student, opt, gen)
         print(f"resumed from {ckpt} at step {step}", file=sys.stderr)

@@ -27,7 +27,7 @@ def categories(d) -> dict[str, dict]:
     if d.get("sources"):
         raise ConfigError("data.sources is set but data.use_mixture=true, whose categories name their sources: "
                           "set data.sources=null, or data.use_mixture=false to filter one seeded order of prompts.")
-    out = {}
+    out: dict[str, dict] = {}
     for name, c in mixture.items():
         share = float(c["share"])
         if share < 0:
@@ -102,7 +102,9 @@ def _draw(tokenizer, d, cats: dict, num: int, heldout: frozenset | None):
         order = torch.randperm(len(pool), generator=torch.Generator().manual_seed(int(d.seed) * 1000 + c)).tolist()
         pools.append([pool[i] for i in (order[::-1] if heldout is not None else order)])
     cursor, taken = [0] * len(names), [0] * len(names)
-    prompts, cat_of, texts = [], [], []
+    prompts: list[list[int]] = []
+    cat_of: list[int] = []
+    texts: list[str] = []
     live = set(range(len(names)))
     while len(prompts) < num and live:
         n = len(prompts) + 1

@@ -150,7 +150,7 @@ def run_report(cfg: DictConfig, target=None) -> Path:
                                                int(r.exclude_mixture)))
     teacher = TeacherSet(cfg, target, int(r.per_category) * 64, heldout=exclude, per_category=int(r.per_category))
     data = teacher.fill(len(teacher.prompts), bool(cfg.progress))
-    results = {}
+    results: dict[str, dict] = {}
     for path, kind in zip(paths, kinds):
         student = load_student(path, kind, target.model)
         name = os.path.relpath(path) if path.resolve().is_relative_to(Path.cwd()) else str(path)
