@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import cast
 
 import hydra
 from omegaconf import DictConfig
@@ -114,7 +115,8 @@ def runtime_command(command: str, overrides: list[str]) -> None:
         return
     table = measure(target)
     path = table.save(table_path(target))
-    print(f"t(M) of {table.model} on {table.runtime}/{table.dtype}, {table.threads} thread(s), {table.past} cached tokens:")
+    print(f"t(M) of {table.model} on {table.runtime}/{table.dtype}, {table.threads} thread(s), "
+          f"{table.past} cached tokens:")
     print("  ".join(f"M={m}: {s * 1e3:.1f} ms ({table.relative(m):.2f}x)" for m, s in enumerate(table.seconds, 1)))
     print(f"saved {path} and {plot_table(table, path.with_suffix('.png'))}")
 
@@ -129,7 +131,8 @@ def usage() -> str:
     lines += [f"  {g:<11} {', '.join(option_names(g))}" for g in GROUPS]
     lines += ["", "Top-level keys: prompt (prompt=- reads stdin; quote commas: \"prompt='a, b'\"), prompt_file, seed.",
               "Also: spec-zoo list (every drafter, verifier, bench method), spec-zoo --cfg job (the composed config),",
-              "spec-zoo warmup model.runtime=compiled (compile ahead of time), spec-zoo costs [model...] (measure t(M)),",
+              "spec-zoo warmup model.runtime=compiled (compile ahead of time), "
+              "spec-zoo costs [model...] (measure t(M)),",
               "spec-zoo --hydra-help (Hydra's flags: multirun, config dirs). Every key: docs/configs.md."]
     return "\n".join(lines)
 
@@ -154,7 +157,8 @@ def show_option(choice: str) -> str:
     if not path.is_file():  # an installed plugin (ConfigStore)
         node = compose_config([f"{group}={name}"])[group]
         return f"# --- {group}={name} (installed plugin)\n{OmegaConf.to_yaml(node)}"
-    parents = [p for p in OmegaConf.load(path).get("defaults", []) if isinstance(p, str) and p != "_self_"]
+    defaults = cast(DictConfig, OmegaConf.load(path)).get("defaults", [])
+    parents = [p for p in defaults if isinstance(p, str) and p != "_self_"]
     return "\n".join([*(show_option(f"{group}={p}") for p in parents),
                       f"# --- conf/{group}/{name}.yaml\n{path.read_text(encoding='utf-8').rstrip()}"])
 

@@ -102,7 +102,7 @@ class Drafter(ABC):
     #: the ``Draft.siblings`` modes its drafts may use (verifiers refuse what they cannot verify)
     sibling_modes: tuple[str, ...] = ("iid", "deterministic")
 
-    def attach(self, target: "Target") -> None:
+    def attach(self, target: Target) -> None:
         """Called once when a decoder is built: check compatibility with the target
         (vocabulary, device) and grab what is shared with it. Raise `ConfigError` on mismatch."""
 
@@ -133,7 +133,7 @@ class Verifier(ABC):
     def check(self, sampling: SamplingParams) -> None:
         """Raise `ConfigError` when this verifier cannot honour ``sampling``."""
 
-    def check_drafter(self, drafter: "Drafter") -> None:
+    def check_drafter(self, drafter: Drafter) -> None:
         """Raise `ConfigError` when this verifier cannot read what ``drafter`` proposes
         (e.g. a chain-only rule and a tree drafter), before any decoding. The base rule
         refuses sibling sampling this verifier is not exact for; an override calls it."""

@@ -181,7 +181,7 @@ class Target:
         self._scored(committed, draft)
         return Scores(logits, states, len(new))
 
-    def _forward(self, new: list[int], draft: Draft, past: int, hidden: bool):
+    def _forward(self, new: list[int], draft: Draft, past: int, hidden: bool | tuple[int, ...]):
         """(logits [len(draft) + 1, V], last-layer states [len(new) + len(draft), H] or None)
         for ``new`` committed tokens and the draft nodes after ``past`` cached tokens; their
         KV is appended to the cache. The runtime's one job (`spec_zoo.runtime` compiles it)."""
@@ -203,11 +203,13 @@ class Target:
         )
         return out.logits[0], target_states(out.hidden_states, hidden)
 
-    def _resume(self, committed: list[int], draft: Draft, q: int, hidden: bool) -> Scores:
+    def _resume(self, committed: list[int], draft: Draft, q: int, hidden: bool | tuple[int, ...]) -> Scores:
         """Score a chain from the partial forward's layer on: the first ``q`` partial tokens
         are the new committed tokens and the nodes; their lower layers already ran."""
         if hidden not in (True, False):
-            raise RuntimeError("a partial forward keeps only the last layer's states; score(hidden=layers) needs a full one")
+            raise RuntimeError("a partial forward keeps only the last layer's states; "
+                               "score(hidden=layers) needs a full one")
+        assert self._partial is not None  # score() resumes only from one
         layer, states = self._partial.layer, self._partial.hidden[:q]
         past, n = len(self.cached), len(draft)
         crop_cache(self.cache, past + q)  # shallow KV of nodes cut from the draft, if any

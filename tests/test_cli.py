@@ -55,10 +55,12 @@ def test_bare_run_speculates_and_compares_with_plain_decoding():
     the same prompt, the speedup and that the texts are equal; compare=false drops the baseline."""
     result = spec_zoo_cli("generation.max_new_tokens=24")
     assert result.returncode == 0, result.stderr
-    *text, spec, plain = result.stdout.rstrip("\n").split("\n")
+    *_, spec, plain = result.stdout.rstrip("\n").split("\n")
     assert spec.startswith("drafter=ngram verifier=greedy") and "tau " in spec
-    assert float(re.search(r"tau ([0-9.]+)", spec).group(1)) > 1.0  # the default prompt gives the lookup something to copy
-    assert re.match(r"plain decoding \(drafter=none\) \| 24 tokens in .* speedup [0-9.]+x \| same text: yes", plain), plain
+    tau = re.search(r"tau ([0-9.]+)", spec)
+    assert tau and float(tau.group(1)) > 1.0  # the default prompt gives the lookup something to copy
+    assert re.match(r"plain decoding \(drafter=none\) \| 24 tokens in .* speedup [0-9.]+x \| same text: yes", plain), (
+        plain)
     alone = spec_zoo_cli("generation.max_new_tokens=4", "compare=false")
     assert alone.returncode == 0 and "plain decoding" not in alone.stdout
 

@@ -77,7 +77,8 @@ def import_graph(root: Path, tops: tuple[str, ...]) -> dict[str, set[str]]:
             elif isinstance(node, ast.ImportFrom):
                 base = node.module or ""
                 if node.level:
-                    base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1] + [base] * bool(base))
+                    parts = package.split(".")
+                    base = ".".join(parts[: len(parts) - node.level + 1] + [base] * bool(base))
                 wanted = [base] + [f"{base}.{a.name}" for a in node.names]
             else:
                 continue
@@ -156,7 +157,8 @@ def test_imports_follow_the_layers():
 
 
 def is_training(module: str) -> bool:
-    return module.startswith("spec_zoo.train") or (module.startswith("spec_zoo.drafters.") and module.endswith(".train"))
+    return module.startswith("spec_zoo.train") or (
+        module.startswith("spec_zoo.drafters.") and module.endswith(".train"))
 
 
 def test_core_imports_no_method():
@@ -169,7 +171,8 @@ def test_core_imports_no_method():
 def test_inference_imports_no_training():
     inference = [m for m in modules() if not m.startswith("spec_zoo/train/") and not m.endswith("/train.py")
                  and m != "spec_zoo/train/__init__.py"]
-    bad = {m: sorted(i for i in imported(m) if is_training(i) and i not in TRAINING_ALLOWED.get(m, ())) for m in inference}
+    bad = {m: sorted(i for i in imported(m) if is_training(i) and i not in TRAINING_ALLOWED.get(m, ()))
+           for m in inference}
     assert not {m: v for m, v in bad.items() if v}
 
 

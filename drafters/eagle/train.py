@@ -35,6 +35,8 @@ from spec_zoo.train.losses import agreement, divergence
 class EagleStudent(HeadStudent):
     """An `EagleHead` (``lm``) reading the frozen target's last-layer features."""
 
+    lm: EagleHead
+
     def __init__(self, target_model, head: EagleHead):
         super().__init__(target_model, head)
         self.regression = torch.zeros(())

@@ -25,6 +25,8 @@ from spec_zoo.train.loop import train_module
 class ExitStudent(HeadStudent):
     """An `ExitAdapter` (``lm``) reading the frozen target's states entering layer E."""
 
+    lm: ExitAdapter
+
     @property
     def states_name(self) -> str:
         return f"layer{self.lm.exit_layer}"

@@ -26,6 +26,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 from omegaconf import DictConfig, OmegaConf
@@ -39,6 +40,9 @@ from spec_zoo.registry import build_component, compose_option, option_names
 from spec_zoo.sampling import SamplingParams
 from spec_zoo.target import Target
 from spec_zoo.trees import Auto, path_shape
+
+if TYPE_CHECKING:
+    from transformers import StaticCache
 
 ENGINES = ("spec_zoo", "transformers")
 _SPEC_KEYS = {"engine", "runtime", "drafter", "verifier", "assistant", "params"}
@@ -111,9 +115,10 @@ def _resolve_option(group: str, value, method: str, root: DictConfig | None) -> 
 def _resolved(key: str, node, root: DictConfig | None) -> dict:
     """``node`` as a plain dict, its interpolations resolved as if it sat at ``key`` of the
     run config ``root`` (so ``${oc.env:...}`` and ``${model.device}`` both work)."""
-    scope = OmegaConf.create(OmegaConf.to_container(root, resolve=False)) if root is not None else OmegaConf.create()
+    scope = cast(DictConfig, OmegaConf.create(OmegaConf.to_container(root, resolve=False)) if root is not None
+                 else OmegaConf.create())
     scope[key] = node
-    return OmegaConf.to_container(scope[key], resolve=True)
+    return cast(dict, OmegaConf.to_container(scope[key], resolve=True))
 
 
 def _spec(name: str, entry: Mapping, root: DictConfig | None) -> MethodSpec:
@@ -142,9 +147,10 @@ def _spec(name: str, entry: Mapping, root: DictConfig | None) -> MethodSpec:
         return MethodSpec(name, engine, assistant=assistant, params=params, drafter_label=drafter_label)
     if entry.get("drafter") is None:
         raise ConfigError(f"method {name}: engine=spec_zoo needs a drafter (e.g. drafter: none).")
-    drafter, drafter_label = _resolve_option("drafter", entry["drafter"], name, root)
+    drafter, label = _resolve_option("drafter", entry["drafter"], name, root)
+    assert drafter is not None and label is not None  # entry["drafter"] is set (checked above)
     verifier, _ = _resolve_option("verifier", entry.get("verifier"), name, root)
-    return MethodSpec(name, engine, {**drafter, **params}, verifier, params=params, drafter_label=drafter_label,
+    return MethodSpec(name, engine, {**drafter, **params}, verifier, params=params, drafter_label=label,
                       runtime=runtime)
 
 
@@ -203,7 +209,8 @@ class StepTrace:
     predicted. Subscribed to the decoder's step observers while in its ``with`` block."""
 
     def __init__(self, decoder: SpeculativeDecoder):
-        self.decoder, self.steps = decoder, []
+        self.decoder = decoder
+        self.steps: list[tuple[list[int], list[int], tuple[float, float] | None]] = []
         policy = getattr(decoder.drafter, "tree", None)
         self.policy = policy if isinstance(policy, Auto) else None
 
@@ -285,7 +292,7 @@ class TransformersMethod(Method):
         params = dict(generate_kwargs or {}) if params is None else params
         super().__init__(name, drafter, "transformers", params, config_hash)
         self.model = model
-        self.kwargs = {"do_sample": not sampling.greedy}
+        self.kwargs: dict[str, Any] = {"do_sample": not sampling.greedy}
         if eos_token_ids:  # else generate() falls back to the model's generation_config
             eos = sorted(eos_token_ids)
             self.kwargs.update(eos_token_id=eos, pad_token_id=eos[0])
@@ -294,7 +301,7 @@ class TransformersMethod(Method):
         if stop_strings:
             self.kwargs.update(stop_strings=list(stop_strings), tokenizer=tokenizer)
         self.kwargs.update(generate_kwargs or {})
-        self.cache = None
+        self.cache: StaticCache | None = None
         if self.kwargs.get("cache_implementation") == "static":
             self._compile_static()
 

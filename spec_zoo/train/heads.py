@@ -22,7 +22,9 @@ class HeadStudent(torch.nn.Module):
     which target states it reads (`target_states`, named `states_name` in the teacher-data
     store; by default the last-layer features) and how (`hidden`)."""
 
-    states_name = "final"
+    @property
+    def states_name(self) -> str:
+        return "final"
 
     def __init__(self, target_model, head: BlockHead):
         super().__init__()

@@ -52,7 +52,8 @@ def check_config(cfg: DictConfig, recipe) -> None:
         raise ConfigError(f"data.heldout={cfg.data.heldout}; use a fraction in [0, 1).")
     from spec_zoo.artefacts import check_out_dir
 
-    check_out_dir(cfg.output.dir, *recipe.artefact, "output.dir", bool(cfg.output.get("overwrite", False)))
+    record_name, fmt = recipe.artefact
+    check_out_dir(cfg.output.dir, record_name, fmt, "output.dir", bool(cfg.output.get("overwrite", False)))
     if cfg.data.get("prompts") and cfg.data.get("token_ids") is None:
         read_records(cfg.data.prompts)  # a missing, non-UTF-8 or malformed file fails here, before the target loads
     if cfg.output.dtype not in ("float32", "float16", "bfloat16"):
@@ -89,14 +90,14 @@ def teacher_positions(student, data: TeacherData, rows: torch.Tensor, full_vocab
     L = int((data.prompt_len[rows] + data.gen_len[rows]).max())
     ids = ids[:, :L]
     mask = (ids >= 0).long()
-    where, t_ids, t_logp = [], [], []
+    where, id_rows, logp_rows = [], [], []
     for b, i in enumerate(rows.tolist()):
         p, g = int(data.prompt_len[i]), int(data.gen_len[i])
         # the hidden state at position p - 1 + t predicts token p + t
         where.append(b * L + torch.arange(p - 1, p - 1 + g))
-        t_ids.append(data.topk_ids[i, :g])
-        t_logp.append(data.topk_logp[i, :g])
-    t_ids, t_logp = torch.cat(t_ids), torch.cat(t_logp)
+        id_rows.append(data.topk_ids[i, :g])
+        logp_rows.append(data.topk_logp[i, :g])
+    t_ids, t_logp = torch.cat(id_rows), torch.cat(logp_rows)
     t_index = t_ids if lut is None else lut[t_ids]
     device = _device(student)
     return tuple(t.to(device) for t in (ids.clamp(min=0), mask, torch.cat(where), t_ids, t_index, t_logp))
@@ -165,7 +166,8 @@ def _lr(step: int, cfg: DictConfig, steps: int) -> float:
     if step < warm:
         return float(t.lr) * (step + 1) / warm
     progress = (step - warm) / max(1, steps - warm)
-    return float(t.lr) * (float(t.min_lr_ratio) + (1 - float(t.min_lr_ratio)) * 0.5 * (1 + math.cos(math.pi * progress)))
+    floor = float(t.min_lr_ratio)
+    return float(t.lr) * (floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress)))
 
 
 def _save_checkpoint(path: Path, student, opt, step: int, gen: torch.Generator, history: list) -> None:
@@ -186,7 +188,8 @@ def _load_checkpoint(path: Path, student, opt, gen: torch.Generator) -> tuple[in
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:
-        raise ConfigError(f"checkpoint {path} is corrupt ({type(e).__name__}); delete it or set train.resume=false.") from None
+        raise ConfigError(f"checkpoint {path} is corrupt ({type(e).__name__}); "
+                          "delete it or set train.resume=false.") from None
     saved_vocab = state.get("vocab_ids")
     if (saved_vocab is None) != (student.vocab_ids is None) or (
         saved_vocab is not None and not torch.equal(saved_vocab, student.vocab_ids)
@@ -221,7 +224,8 @@ def train_module(cfg: DictConfig, recipe, target=None) -> Path:
     n_forced = int(d.get("forced_prompts", 0))
     t_data = time.time()
     teacher = TeacherSet(cfg, target, int(d.num_prompts) + n_forced)
-    prompt_ids, n_prompts = teacher.prompts, len(teacher.prompts) - n_forced  # the last n_forced are read, not continued
+    # the last n_forced are read, not continued
+    prompt_ids, n_prompts = teacher.prompts, len(teacher.prompts) - n_forced
     forced_ids = prompt_ids[n_prompts:] if n_forced else []
     if n_prompts < 2:
         raise ConfigError(f"only {n_prompts} usable prompts; raise data.num_prompts or data.max_prompt_tokens.")
@@ -229,7 +233,7 @@ def train_module(cfg: DictConfig, recipe, target=None) -> Path:
     data = teacher.fill(n_prompts, bool(cfg.progress))
     data_s = time.time() - t_data
     order = torch.randperm(len(data), generator=torch.Generator().manual_seed(int(d.seed)))
-    n_held = int(round(len(data) * float(d.heldout)))
+    n_held = round(len(data) * float(d.heldout))
     held, train = data.subset(order[:n_held]), data.subset(order[n_held:])
     forced_positions, continued = 0, len(train)  # train rows continued by the target (before forced ones)
     if forced_ids:  # cheap extra positions: text the target reads (one forward each) instead of writes;
@@ -254,7 +258,7 @@ def train_module(cfg: DictConfig, recipe, target=None) -> Path:
               file=sys.stderr)
         return teacher.store.root
     full_vocab = target.vocab_size
-    n_student = int(round(continued * float(d.get("student_fraction", 0.0))))
+    n_student = round(continued * float(d.get("student_fraction", 0.0)))
     if n_student:  # on-policy for the student too: its own continuations, scored by the target
         t_student = time.time()
         prompts = [train.ids[i, : int(train.prompt_len[i])].tolist() for i in range(n_student)]
@@ -274,7 +278,8 @@ def train_module(cfg: DictConfig, recipe, target=None) -> Path:
     gen = torch.Generator().manual_seed(int(cfg.train.seed))
     ckpt_dir = out_dir.parent / f".{out_dir.name}.checkpoints"
     ckpt = ckpt_dir / "last.pt"
-    step, history = 0, []
+    step = 0
+    history: list = []
     if bool(cfg.train.resume) and ckpt.is_file():
         step, history = _load_checkpoint(ckpt, student, opt, gen)
         print(f"resumed from {ckpt} at step {step}", file=sys.stderr)
@@ -324,7 +329,8 @@ def train_module(cfg: DictConfig, recipe, target=None) -> Path:
     record = {
         "data": {"prompts": str(d.prompts or "spec_zoo/train/data/prompts.jsonl"), "store": str(teacher.store.root),
                  "mixture": teacher.taken, "sequences": len(data) + len(forced_ids),
-                 "train_sequences": len(train), "heldout_sequences": len(held), "positions": data.positions + forced_positions,
+                 "train_sequences": len(train), "heldout_sequences": len(held),
+                 "positions": data.positions + forced_positions,
                  "student_sequences": n_student, "forced_prompts": int(d.get("forced_prompts", 0)),
                  "max_new_tokens": int(d.max_new_tokens), "top_k": int(d.top_k), "temperature": float(d.temperature),
                  "chat": bool(d.chat)},
