@@ -18,9 +18,6 @@ ROOT = Path(__file__).resolve().parents[1]
 SOURCES = ("spec_zoo", "drafters", "verifiers")
 # consumers of methods (they sit above them): training, and the test harness for plugin authors
 ABOVE_METHODS = ("spec_zoo/train/", "spec_zoo/testing.py")
-# the one allowed exception: validating a spec-zoo-train command line needs the loss names
-# (a lazy import that only runs for train configs)
-TRAINING_ALLOWED = {"spec_zoo/schema.py": {"spec_zoo.train.losses"}}
 
 
 def modules() -> list[str]:
@@ -150,8 +147,7 @@ def test_a_planted_circle_is_found(tmp_path):
 
 def test_imports_follow_the_layers():
     graph = import_graph(ROOT, SOURCES)
-    upward = sorted(f"{m} -> {d}" for m, deps in graph.items() for d in deps
-                    if layer(d) > layer(m) and d not in TRAINING_ALLOWED.get(m.replace(".", "/") + ".py", ()))
+    upward = sorted(f"{m} -> {d}" for m, deps in graph.items() for d in deps if layer(d) > layer(m))
     assert not upward, f"imports against the layering (a lower module importing a higher one): {upward}"
 
 
@@ -169,7 +165,7 @@ def test_core_imports_no_method():
 def test_inference_imports_no_training():
     inference = [m for m in modules() if not m.startswith("spec_zoo/train/") and not m.endswith("/train.py")
                  and m != "spec_zoo/train/__init__.py"]
-    bad = {m: sorted(i for i in imported(m) if is_training(i) and i not in TRAINING_ALLOWED.get(m, ())) for m in inference}
+    bad = {m: sorted(i for i in imported(m) if is_training(i)) for m in inference}
     assert not {m: v for m, v in bad.items() if v}
 
 
