@@ -41,7 +41,7 @@ def imported(path: str) -> set[str]:
 # the core, then the tools built on both, then training. A new module takes its place here.
 CORE_LAYERS = [
     ("errors", "paths", "inputs", "outputs", "draft", "stats"),
-    ("sampling", "layers", "artefacts", "costs"),
+    ("sampling", "layers", "partial", "artefacts", "costs"),
     ("target", "interfaces", "draft_head"),
     ("draft_length", "runtime", "registry"),
     ("chain", "trees", "models", "schema"),
@@ -188,7 +188,7 @@ def test_every_experiment_preset_and_method_composes():
     """Every preset and bench method resolves after the move (no model loads)."""
     from hydra import compose, initialize_config_dir
 
-    from spec_zoo.bench.methods import resolve_methods
+    from spec_zoo.bench.specs import resolve_methods
     from spec_zoo.registry import CONF_DIR, option_names
 
     with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
