@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hydra.errors import InstantiationException
-from hydra.utils import get_object, instantiate
+from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from spec_zoo.errors import ConfigError, first_line
@@ -171,8 +171,8 @@ def build_component(node: DictConfig, key: str):
 def _artefact_keys(node: DictConfig) -> tuple[str, ...]:
     """The keys of a component node that name a file its class loads (`Drafter.artefact_keys`)."""
     try:
-        built = get_object(str(node.get("_target_")))
-    except Exception:  # Hydra wraps import errors of every kind; reported elsewhere
+        built = _class_of(str(node.get("_target_")))
+    except (ImportError, AttributeError, ValueError):  # a bad _target_: reported by the caller
         return Drafter.artefact_keys
     return built.artefact_keys if isinstance(built, type) and issubclass(built, Drafter) else Drafter.artefact_keys
 
