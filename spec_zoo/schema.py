@@ -105,7 +105,7 @@ class Keys:
         return Keys({**self.limits, **other.limits}, {**self.types, **other.types}, {**self.choices, **other.choices})
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def core_keys() -> Keys:
     """The keys of spec-zoo's and spec-zoo-bench's configs; the words of model keys come from
     the module that defines them."""

@@ -172,7 +172,7 @@ class Target:
         self._scored(committed, draft)
         return Scores(logits, states, len(new))
 
-    def _forward(self, new: list[int], draft: Draft, past: int, hidden: bool):
+    def _forward(self, new: list[int], draft: Draft, past: int, hidden: bool | tuple[int, ...]):
         """(logits [len(draft) + 1, V], last-layer states [len(new) + len(draft), H] or None)
         for ``new`` committed tokens and the draft nodes after ``past`` cached tokens; their
         KV is appended to the cache. The runtime's one job (`spec_zoo.runtime` compiles it)."""

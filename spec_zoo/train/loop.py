@@ -55,7 +55,8 @@ def check_config(cfg: DictConfig, recipe: Recipe) -> None:
         raise ConfigError(f"data.heldout={cfg.data.heldout}; use a fraction in [0, 1).")
     from spec_zoo.artefacts import check_out_dir
 
-    check_out_dir(cfg.output.dir, *recipe.artefact, "output.dir", bool(cfg.output.get("overwrite", False)))
+    record_name, fmt = recipe.artefact
+    check_out_dir(cfg.output.dir, record_name, fmt, "output.dir", bool(cfg.output.get("overwrite", False)))
     if cfg.data.get("prompts") and cfg.data.get("token_ids") is None:
         read_records(cfg.data.prompts)  # a missing, non-UTF-8 or malformed file fails here, before the target loads
     if cfg.output.dtype not in ("float32", "float16", "bfloat16"):
@@ -83,7 +84,8 @@ def _lr(step: int, cfg: DictConfig, steps: int) -> float:
     if step < warm:
         return float(t.lr) * (step + 1) / warm
     progress = (step - warm) / max(1, steps - warm)
-    return float(t.lr) * (float(t.min_lr_ratio) + (1 - float(t.min_lr_ratio)) * 0.5 * (1 + math.cos(math.pi * progress)))
+    floor = float(t.min_lr_ratio)
+    return float(t.lr) * (floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress)))
 
 
 def _save_checkpoint(path: Path, student: Student, opt: torch.optim.Optimizer, step: int, gen: torch.Generator,
@@ -106,7 +108,8 @@ def _load_checkpoint(path: Path, student: Student, opt: torch.optim.Optimizer,
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:
-        raise ConfigError(f"checkpoint {path} is corrupt ({type(e).__name__}); delete it or set train.resume=false.") from None
+        raise ConfigError(f"checkpoint {path} is corrupt ({type(e).__name__}); "
+                          "delete it or set train.resume=false.") from None
     saved_vocab = state.get("vocab_ids")
     if (saved_vocab is None) != (student.vocab_ids is None) or (
         saved_vocab is not None and not torch.equal(saved_vocab, student.vocab_ids)
@@ -249,7 +252,8 @@ def train_student(cfg: DictConfig, recipe: Recipe, student: Student, split: Teac
     gen = torch.Generator().manual_seed(int(cfg.train.seed))
     out_dir = Path(cfg.output.dir).expanduser()
     ckpt = out_dir.parent / f".{out_dir.name}.checkpoints" / "last.pt"
-    step, history = 0, []
+    step = 0
+    history: list[dict] = []  # one record per held-out evaluation
     if bool(cfg.train.resume) and ckpt.is_file():
         step, history = _load_checkpoint(ckpt, student, opt, gen)
         print(f"resumed from {ckpt} at step {step}", file=sys.stderr)
