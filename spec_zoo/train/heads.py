@@ -71,7 +71,13 @@ class HeadStudent(torch.nn.Module):
             states[b, :n] = self._cache[key[b]]
         return states
 
+    def hidden(self, ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        """The states the head reads, [B, L, H], for a right-padded batch (each head's own)."""
+        raise NotImplementedError
+
     def head(self, hidden: torch.Tensor) -> torch.Tensor:
+        """A block head's logits over the draft vocabulary."""
+        assert isinstance(self.lm, BlockHead)
         return self.lm.logits(hidden)
 
 
