@@ -14,7 +14,7 @@ from spec_zoo.decoder import Output, SpeculativeDecoder
 from spec_zoo.drafters.none import NoDrafter
 from spec_zoo.errors import ConfigError
 from spec_zoo.registry import CONF_DIR
-from spec_zoo.schema import check_command_line
+from spec_zoo.schema import Keys, check_command_line
 
 
 def _fail(error: ConfigError) -> None:
@@ -60,10 +60,11 @@ def comparison(out: Output, plain: Output, greedy: bool) -> str:
             f"speedup {speedup:.2f}x | {same} (compare=false skips this run)")
 
 
-def checked_command_line(config_name: str, prog: str = "error") -> None:
-    """Validate ``sys.argv`` for ``config_name`` before Hydra runs it; one line and exit 2 if bad."""
+def checked_command_line(config_name: str, prog: str = "error", keys: Keys | None = None) -> None:
+    """Validate ``sys.argv`` for ``config_name`` (and the ``keys`` its command adds) before Hydra
+    runs it; one line and exit 2 if bad."""
     try:
-        check_command_line(config_name, sys.argv[1:])
+        check_command_line(config_name, sys.argv[1:], keys)
     except ConfigError as e:
         print(f"{prog}: {e}", file=sys.stderr)
         sys.exit(2)

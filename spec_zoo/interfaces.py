@@ -101,6 +101,9 @@ class Drafter(ABC):
     drafts_trees: bool = False
     #: the ``Draft.siblings`` modes its drafts may use (verifiers refuse what they cannot verify)
     sibling_modes: tuple[str, ...] = ("iid", "deterministic")
+    #: its keys that name a file or folder it loads (a trained method's artefact): a load that
+    #: fails is reported against the first one set
+    artefact_keys: tuple[str, ...] = ("path",)
 
     def attach(self, target: Target) -> None:
         """Called once when a decoder is built: check compatibility with the target

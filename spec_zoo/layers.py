@@ -19,7 +19,6 @@ something this path does not is refused instead of served wrong.
 from __future__ import annotations
 
 import inspect
-from dataclasses import dataclass
 
 import torch
 from transformers.cache_utils import DynamicCache, get_layer_types_and_kwargs
@@ -28,15 +27,6 @@ from transformers.masking_utils import create_causal_mask, create_sliding_window
 from spec_zoo.errors import ConfigError
 
 MASKS = {"full_attention": create_causal_mask, "sliding_attention": create_sliding_window_causal_mask}
-
-
-@dataclass
-class LayerStates:
-    """Hidden states entering decoder layer ``layer`` ([positions, H]), for positions whose
-    KV in layers < ``layer`` is already in the target's cache: the target resumes from here."""
-
-    layer: int
-    hidden: torch.Tensor
 
 
 def layer_types(config) -> list[str]:

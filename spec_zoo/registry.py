@@ -160,7 +160,7 @@ def build_component(node: DictConfig, key: str):
         cause = e.__cause__
         if isinstance(cause, ConfigError):
             raise cause from None
-        where = next((f"{key}.{k}" for k in ("path", "head", "adapter") if isinstance(node.get(k), str)), None)
+        where = next((f"{key}.{k}" for k in _artefact_keys(node) if isinstance(node.get(k), str)), None)
         if where and isinstance(cause, (OSError, ValueError, KeyError)):
             raise ConfigError(f"{where}: {node.get(where.split('.')[-1])} could not be loaded ({first_line(cause)}); "
                               "point it at a complete, uncorrupted model directory.") from None
@@ -168,6 +168,15 @@ def build_component(node: DictConfig, key: str):
             raise ConfigError(f"{key}._target_: {node.get('_target_')} could not be built ({first_line(cause)}); "
                               f"check the {key}.* keys against its constructor.") from None
         raise
+
+
+def _artefact_keys(node: DictConfig) -> tuple[str, ...]:
+    """The keys of a component node that name a file its class loads (`Drafter.artefact_keys`)."""
+    try:
+        built = _class_of(str(node.get("_target_")))
+    except (ImportError, AttributeError, ValueError):  # a bad _target_: reported by the caller
+        return Drafter.artefact_keys
+    return built.artefact_keys if isinstance(built, type) and issubclass(built, Drafter) else Drafter.artefact_keys
 
 
 def _yaml_about(path: Path) -> str:

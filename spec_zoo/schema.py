@@ -3,8 +3,10 @@
 The shipped YAML is the schema: every key's type is the type of its shipped default
 (``generation.max_new_tokens: 128`` -> an integer), a drafter's or verifier's keys are its
 constructor's parameters with their annotations (so a custom ``_target_`` is checked
-too), and `TYPES` / `LIMITS` add what a default cannot say (keys whose default is null,
-ranges). Every problem ends as one `ConfigError` line, ``<key>: <problem>; <fix>``.
+too), and `Keys` add what a default cannot say (keys whose default is null, ranges, the
+words a key takes): the core's own `LIMITS` / `TYPES`, and what a command adds (spec-zoo-train:
+its pipeline's keys and each recipe's, registered from the method's folder). Every problem
+ends as one `ConfigError` line, ``<key>: <problem>; <fix>``.
 Values that a command line or YAML spells loosely are normalised in place: ``yes/no/on/off``
 for booleans, a plain string for ``stop_strings`` (one stop string, not its characters).
 """
@@ -16,7 +18,7 @@ import functools
 import inspect
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import cast
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
@@ -55,11 +57,10 @@ POSITIVE, NON_NEGATIVE = Limit(low=1), Limit(low=0)
 SEED = Limit(low=0, high=2**64 - 1, example="0")  # what torch.Generator.manual_seed takes
 UNIT = Limit(low=0, high=1, high_open=True)
 
-# Ranges, by dotted key (the same names in spec-zoo, spec-zoo-bench and spec-zoo-train configs).
+# Ranges, by dotted key, of the keys of spec-zoo's and spec-zoo-bench's configs (training's own
+# keys come with `spec_zoo.train`: its pipeline's and each recipe's, `Keys`).
 LIMITS: dict[str, Limit] = {
     "seed": SEED,
-    "train.seed": SEED,
-    "data.seed": SEED,
     "generation.temperature": Limit(low=0, example="0.7"),
     "generation.top_k": NON_NEGATIVE,
     "generation.top_p": Limit(low=0, high=1, low_open=True, example="0.9"),
@@ -69,30 +70,6 @@ LIMITS: dict[str, Limit] = {
     "plan_tokens_per_s": Limit(low=0, low_open=True, example="25"),
     "dataset.per_category": POSITIVE,
     "threads": POSITIVE,
-    "data.num_prompts": POSITIVE,
-    "data.max_prompt_tokens": POSITIVE,
-    "data.max_new_tokens": POSITIVE,
-    "data.temperature": NON_NEGATIVE,
-    "data.top_k": NON_NEGATIVE,
-    "data.batch_size": POSITIVE,
-    "data.forced_prompts": NON_NEGATIVE,
-    "data.student_fraction": Limit(low=0, high=1),
-    "data.heldout": UNIT,
-    "train.steps": NON_NEGATIVE,
-    "train.max_seconds": NON_NEGATIVE,
-    "train.batch_size": POSITIVE,
-    "train.lr": Limit(low=0, low_open=True, example="1e-3"),
-    "train.min_lr_ratio": Limit(low=0, high=1),
-    "train.warmup": NON_NEGATIVE,
-    "train.weight_decay": NON_NEGATIVE,
-    "train.grad_clip": NON_NEGATIVE,
-    "train.eval_every": POSITIVE,
-    "train.ckpt_every": POSITIVE,
-    "student.layers": POSITIVE,
-    "student.vocab_size": NON_NEGATIVE,
-    "head.vocab_size": NON_NEGATIVE,
-    "adapter.vocab_size": NON_NEGATIVE,
-    "adapter.exit_layer": POSITIVE,
     "model.max_cache_len": Limit(low=2, example="2048"),
 }
 
@@ -112,25 +89,32 @@ TYPES: dict[str, tuple[tuple[type, ...], bool]] = {
     "summarize": ((str,), True),
     "methods": ((list, dict, str), True),
     "method_params": ((dict,), True),
-    "target.path": ((str,), True),
-    "student.path": ((str,), True),
-    "student.copy_layers": ((list,), True),
-    "data.prompts": ((str,), True),
-    "data.sources": ((list, str), True),
-    "data.token_ids": ((list,), True),
-    "head.init_layer": ((int,), True),
-    "adapter.init_layer": ((int,), True),
 }
 
-@functools.cache
-def choices() -> dict[str, tuple]:
-    """Keys that take one of a few words, from the modules that define the words."""
-    from spec_zoo.models import DEVICES, DTYPES, RUNTIMES
-    from spec_zoo.train.losses import LOSSES
 
-    return {"model.dtype": tuple(DTYPES), "model.device": DEVICES, "model.runtime": RUNTIMES,
-            "target.dtype": tuple(DTYPES), "device": DEVICES,
-            "output.dtype": tuple(DTYPES), "loss": LOSSES}
+@dataclass(frozen=True)
+class Keys:
+    """What the shipped defaults cannot say about some keys: ranges (`Limit`), the types of
+    keys whose default is null or a list (``(types, null allowed)``), and the words a key
+    takes. The core's own are `core_keys`; a command that knows more keys adds them
+    (``core_keys() | more``: spec-zoo-train adds its pipeline's and its recipe's)."""
+
+    limits: Mapping[str, Limit] = field(default_factory=dict)
+    types: Mapping[str, tuple[tuple[type, ...], bool]] = field(default_factory=dict)
+    choices: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+
+    def __or__(self, other: Keys) -> Keys:
+        return Keys({**self.limits, **other.limits}, {**self.types, **other.types}, {**self.choices, **other.choices})
+
+
+@functools.cache
+def core_keys() -> Keys:
+    """The keys of spec-zoo's and spec-zoo-bench's configs; the words of model keys come from
+    the module that defines them."""
+    from spec_zoo.models import DEVICES, DTYPES, RUNTIMES
+
+    words = {"model.dtype": tuple(DTYPES), "model.device": tuple(DEVICES), "model.runtime": tuple(RUNTIMES)}
+    return Keys(LIMITS, TYPES, words)
 
 
 COMPONENT_GROUPS = ("drafter", "verifier")  # keys = the constructor's parameters
@@ -142,8 +126,10 @@ def fail(key: str, problem: str, fix: str) -> ConfigError:
     return ConfigError(f"{key}: {problem}; {fix}")
 
 
-def check_value(key: str, value, types, nullable: bool = False, example=None):
-    """``value`` checked against ``types`` (and `LIMITS`); returns it normalised."""
+def check_value(key: str, value, types, nullable: bool = False, example=None, keys: Keys | None = None):
+    """``value`` checked against ``types`` (and the ranges and words of ``keys``, by default
+    `core_keys`); returns it normalised."""
+    keys = keys or core_keys()
     if value is None or types is ANY:
         if value is None and not (nullable or types is ANY):
             raise fail(key, "must be set (got null)", _fix(key, types, example))
@@ -160,12 +146,12 @@ def check_value(key: str, value, types, nullable: bool = False, example=None):
     )
     if not ok:
         raise fail(key, f"{value!r} is not {_names(types)}", _fix(key, types, example))
-    if key in choices() and value not in choices()[key]:
-        raise fail(key, f"{value!r} is not supported", f"use one of: {', '.join(choices()[key])}")
+    if key in keys.choices and value not in keys.choices[key]:
+        raise fail(key, f"{value!r} is not supported", f"use one of: {', '.join(keys.choices[key])}")
     if isinstance(value, float) and not math.isfinite(value):
         raise fail(key, f"{value!r} is not a finite number",
-                   _fix(key, types, example or getattr(LIMITS.get(key), "example", None)))
-    limit = LIMITS.get(key)
+                   _fix(key, types, example or getattr(keys.limits.get(key), "example", None)))
+    limit = keys.limits.get(key)
     if limit and isinstance(value, (int, float)) and not isinstance(value, bool) and (why := limit.problem(value)):
         raise fail(key, f"{value!r} {why}", f"e.g. {key}={limit.example or _suggest(limit)}")
     return value
@@ -305,12 +291,13 @@ def _interpolation(value) -> bool:
     return isinstance(value, str) and "${" in value
 
 
-def check_config(cfg: DictConfig, defaults: DictConfig) -> None:
-    """Validate ``cfg`` against ``defaults`` (the same config name composed with no overrides):
-    unknown keys, types, ranges; drafter/verifier nodes against their classes. Loosely spelled
-    values are normalised in ``cfg`` (read-only and struct flags lifted for that)."""
+def check_config(cfg: DictConfig, defaults: DictConfig, keys: Keys | None = None) -> None:
+    """Validate ``cfg`` against ``defaults`` (the same config name composed with no overrides)
+    and ``keys`` (by default `core_keys`): unknown keys, types, ranges; drafter/verifier nodes
+    against their classes. Loosely spelled values are normalised in ``cfg`` (read-only and
+    struct flags lifted for that)."""
     raw = cast(dict, OmegaConf.to_container(cfg, resolve=False))
-    changes = _walk(raw, cast(dict, OmegaConf.to_container(defaults, resolve=False)), "")
+    changes = _walk(raw, cast(dict, OmegaConf.to_container(defaults, resolve=False)), "", keys or core_keys())
     if not changes:
         return
     struct, readonly = OmegaConf.is_struct(cfg), OmegaConf.is_readonly(cfg)
@@ -324,7 +311,7 @@ def check_config(cfg: DictConfig, defaults: DictConfig) -> None:
         OmegaConf.set_readonly(cfg, readonly)
 
 
-def _walk(node: Mapping, defaults: Mapping, prefix: str) -> dict:
+def _walk(node: Mapping, defaults: Mapping, prefix: str, keys: Keys) -> dict:
     changes = {}
     for name, value in node.items():
         key = f"{prefix}{name}"
@@ -333,16 +320,17 @@ def _walk(node: Mapping, defaults: Mapping, prefix: str) -> dict:
             continue
         if _interpolation(value) or (not prefix and name == "hydra"):
             continue
-        if isinstance(defaults, Mapping) and defaults and name not in defaults and key not in TYPES:
+        if isinstance(defaults, Mapping) and defaults and name not in defaults and key not in keys.types:
             raise unknown_key(key, defaults)
         default = defaults.get(name) if isinstance(defaults, Mapping) else None
-        if isinstance(value, Mapping) and key not in TYPES:
-            changes.update(_walk(value, default if isinstance(default, Mapping) else {}, f"{key}."))
+        if isinstance(value, Mapping) and key not in keys.types:
+            changes.update(_walk(value, default if isinstance(default, Mapping) else {}, f"{key}.", keys))
             continue
-        types, nullable = TYPES.get(key, (_types_of_default(default), False))
-        example = LIMITS[key].example if key in LIMITS and LIMITS[key].example else (
+        types, nullable = keys.types.get(key, (_types_of_default(default), False))
+        limit = keys.limits.get(key)
+        example = limit.example if limit and limit.example else (
             default if isinstance(default, (int, float, str)) and not isinstance(default, bool) else None)
-        checked = check_value(key, value, types, nullable, example)
+        checked = check_value(key, value, types, nullable, example, keys)
         if key in NORMALISE:
             checked = NORMALISE[key](checked)
         if checked is not value:
@@ -363,14 +351,14 @@ HYDRA_FLAGS = {"-h", "--help", "--hydra-help", "-c", "--cfg", "-i", "--info", "-
                "-sc", "--shell-completion", "--run", "-r", "--version"}
 
 
-def check_command_line(config_name: str, argv: list[str]) -> None:
+def check_command_line(config_name: str, argv: list[str], keys: Keys | None = None) -> None:
     """Compose and validate what ``argv`` asks for, before Hydra runs it, so a typo'd key, an
     unknown option or an unquoted comma ends in one `ConfigError` line rather than Hydra's
     multi-line report (exit 1). Command lines with Hydra flags are left to Hydra."""
     if any(a.split("=", 1)[0] in HYDRA_FLAGS for a in argv):
         return
     overrides = [a for a in argv if not a.lstrip("+~").startswith(("hydra.", "hydra/"))]
-    validate(composed(config_name, overrides), config_name)
+    validate(composed(config_name, overrides), config_name, keys)
 
 
 def composed(config_name: str, overrides: list[str]) -> DictConfig:
@@ -417,7 +405,7 @@ def shipped_defaults(config_name: str) -> DictConfig:
     return compose(config_name, [])
 
 
-def validate(cfg: DictConfig, config_name: str) -> DictConfig:
-    """`check_config` against the shipped defaults of ``config_name``; returns ``cfg``."""
-    check_config(cfg, shipped_defaults(config_name))
+def validate(cfg: DictConfig, config_name: str, keys: Keys | None = None) -> DictConfig:
+    """`check_config` against the shipped defaults of ``config_name`` and ``keys``; returns ``cfg``."""
+    check_config(cfg, shipped_defaults(config_name), keys)
     return cfg

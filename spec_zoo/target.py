@@ -12,10 +12,11 @@ just another causal LM whose cache must follow the committed sequence.
 
 A self-speculative drafter (``drafters/early_exit/``) asks the target for a partial
 forward, ``forward_layers(tokens, E)``: layers 0..E-1 only, their KV written into this
-cache by the target itself, the states entering layer E kept here. The next ``score``
-whose new positions are those tokens resumes at layer E (KV reuse); anything else drops
-them. The shallow layers may hold more KV than the deep ones meanwhile, so every crop here
-is to an absolute length, which keeps all layers consistent on rejection.
+cache by the target itself, the states entering layer E kept by its `PartialForward`
+(``spec_zoo.partial``). The next ``score`` whose new positions are those tokens resumes at
+layer E (KV reuse); anything else drops them. The shallow layers may hold more KV than the
+deep ones meanwhile, so every crop here is to an absolute length, which keeps all layers
+consistent on rejection.
 
 Sliding-window attention (Mistral, Gemma 2/3, Qwen2 windows, Phi-3): transformers' sliding
 cache layers drop the KV that leaves the window, so a rejected draft could not be undone
@@ -32,7 +33,8 @@ import torch
 from transformers import DynamicCache
 
 from spec_zoo.draft import Draft
-from spec_zoo.layers import DecoderStack, LayerStates, final_logits, layer_types
+from spec_zoo.layers import DecoderStack, layer_types
+from spec_zoo.partial import PartialForward
 
 
 def shared_prefix(a: list[int], b: list[int], bound: int) -> int:
@@ -118,12 +120,11 @@ class Target:
 
     def reset(self) -> None:
         """Forget the sequence: a fresh, empty cache."""
-        self.cache = self._fresh_cache()
-        self.cached: list[int] = []  # token ids whose KV the cache holds, in order
+        self.cache = self._fresh_cache()  # the KV cache
+        self.cached_tokens: list[int] = []  # token ids whose KV the cache holds, in order
         self._pending: Draft | None = None  # last scored draft, whose nodes sit in the cache
         self._base = 0  # committed tokens in the cache when _pending was scored
-        self._partial: LayerStates | None = None  # states entering layer E of _partial_tokens
-        self._partial_tokens: list[int] = []  # after `cached`, KV only in layers < E
+        self.partial = PartialForward()  # tokens after `cached_tokens` whose KV is only in layers < E
 
     def _fresh_cache(self):
         # no config: every layer a full `DynamicLayer`, sliding ones included, so any crop works
@@ -144,8 +145,9 @@ class Target:
         ``limit`` tokens, and never the last committed token, whose logits are needed);
         return its length."""
         bound = len(committed) - 1 if limit is None else min(limit, len(committed) - 1)
-        keep = follow(self.cached, committed, bound, self.cache)
-        self._pending, self._partial, self._partial_tokens = None, None, []
+        keep = follow(self.cached_tokens, committed, bound, self.cache)
+        self._pending = None
+        self.partial.clear()
         return keep
 
     @torch.no_grad()
@@ -154,16 +156,8 @@ class Target:
         writing their KV into this cache; return their states entering layer ``end``
         ([len(tokens), H]). A following `score` whose new committed tokens and draft nodes are
         these tokens resumes at layer ``end`` instead of running them again (KV reuse)."""
-        if self._partial is not None and self._partial.layer != end:
-            raise RuntimeError(f"forward_layers(end={end}) after a partial forward to layer {self._partial.layer}")
-        stack = self.stack
-        past, m = len(self.cached) + len(self._partial_tokens), len(tokens)
-        hidden = stack.embed(torch.tensor([tokens], device=self.device))
-        positions = torch.arange(past, past + m, device=self.device)[None]
-        hidden = stack.run(hidden, 0, end, positions, self.cache, self.layer_mask(past, m))[0]
-        rows = hidden if self._partial is None else torch.cat([self._partial.hidden, hidden])
-        self._partial, self._partial_tokens = LayerStates(end, rows), self._partial_tokens + list(tokens)
-        return hidden
+        past = len(self.cached_tokens) + len(self.partial.tokens)
+        return self.partial.run(self.stack, self.cache, tokens, end, past, self.layer_mask(past, len(tokens)))
 
     @torch.no_grad()
     def score(self, committed: list[int], draft: Draft, hidden: bool | tuple[int, ...] = False) -> Scores:
@@ -171,12 +165,10 @@ class Target:
         with ``hidden``, the target's states too (`target_states`)."""
         if not committed:
             raise ValueError("score() needs at least one committed token (an empty prompt?)")
-        if self._partial is not None and draft.is_chain:
-            expected = committed[len(self.cached) :] + draft.tokens.tolist()
-            if committed[: len(self.cached)] == self.cached and self._partial_tokens[: len(expected)] == expected:
-                return self._resume(committed, draft, len(expected), hidden)
+        if q := self.partial.resumable(self.cached_tokens, committed, draft):
+            return self._resume(committed, draft, q, hidden)
         new = committed[self.rewind(committed) :]
-        logits, states = self._forward(new, draft, len(self.cached), hidden)
+        logits, states = self._forward(new, draft, len(self.cached_tokens), hidden)
         self.forwards += 1
         self._scored(committed, draft)
         return Scores(logits, states, len(new))
@@ -203,22 +195,25 @@ class Target:
         )
         return out.logits[0], target_states(out.hidden_states, hidden)
 
+    @torch.no_grad()
+    def extend(self, tokens: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """Logits [len(tokens), V] after each of ``tokens`` fed after what the cache holds, at
+        ``positions`` under the additive ``mask`` (a draft model's next tree level,
+        `spec_zoo.trees.TreeLevels`). Their KV is appended but not counted as cached, so the
+        next `score` crops it. Eager runtime only (a static cache scores the tree instead)."""
+        out = self.model(input_ids=tokens[None].to(self.device), cache=self.cache, use_cache=True,
+                         position_ids=positions, attention_mask=mask, logits_to_keep=len(tokens))
+        return out.logits[0]
+
     def _resume(self, committed: list[int], draft: Draft, q: int, hidden: bool | tuple[int, ...]) -> Scores:
         """Score a chain from the partial forward's layer on: the first ``q`` partial tokens
         are the new committed tokens and the nodes; their lower layers already ran."""
         if hidden not in (True, False):
             raise RuntimeError("a partial forward keeps only the last layer's states; "
                                "score(hidden=layers) needs a full one")
-        assert self._partial is not None  # score() resumes only from one
-        layer, states = self._partial.layer, self._partial.hidden[:q]
-        past, n = len(self.cached), len(draft)
+        past, n = len(self.cached_tokens), len(draft)
         crop_cache(self.cache, past + q)  # shallow KV of nodes cut from the draft, if any
-        self._partial, self._partial_tokens = None, []
-        stack = self.stack
-        positions = torch.arange(past, past + q, device=self.device)[None]
-        out = stack.run(states[None], layer, stack.num_layers, positions, self.cache, self.layer_mask(past, q))
-        normed = stack.inner.norm(out[0])
-        logits = final_logits(self.model, normed[q - n - 1 :])  # the model's own post-processing too
+        logits, normed = self.partial.resume(self.stack, self.cache, past, q, n, self.layer_mask(past, q))
         self.forwards += 1
         self._scored(committed, draft)
         return Scores(logits, normed if hidden else None, q - n)
@@ -231,7 +226,7 @@ class Target:
     def _scored(self, committed: list[int], draft: Draft) -> None:
         # a chain is a valid continuation, so keep it as cached tokens: the next rewind
         # reuses its accepted prefix even without commit(); a tree needs commit()
-        self.cached = list(committed) + (draft.tokens.tolist() if draft.is_chain else [])
+        self.cached_tokens = list(committed) + (draft.tokens.tolist() if draft.is_chain else [])
         self._pending, self._base = draft, len(committed)
 
     def _tree_mask(self, past: int, m: int, draft: Draft):
@@ -275,4 +270,4 @@ class Target:
                 layer.keys[..., rows, :] = layer.keys[..., keep, :]  # in place: a static cache keeps its address
                 layer.values[..., rows, :] = layer.values[..., keep, :]
             crop_cache(self.cache, base + len(path))
-        self.cached = self.cached[:base] + [int(draft.tokens[i]) for i in path]
+        self.cached_tokens = self.cached_tokens[:base] + [int(draft.tokens[i]) for i in path]

@@ -37,6 +37,7 @@ from spec_zoo.draft import MAX_NODES, ROOT, Draft
 from spec_zoo.errors import ConfigError
 from spec_zoo.interfaces import DecodeState, Verdict
 from spec_zoo.sampling import logits_to_probs, sample, sample_distinct
+from spec_zoo.target import Target
 
 Expand = Callable[[Draft, list[int]], torch.Tensor]  # (tree so far, nodes) -> logits [len(nodes), V]
 
@@ -464,12 +465,12 @@ class TreeLevels:
 class DraftTreeForward:
     """``expand`` for a draft model driven by a `Target` (its own KV cache): the first call
     scores the committed tokens, each later one feeds only the requested nodes, in one
-    forward (`TreeLevels`). The tree's KV stays behind the committed tokens until the
+    forward (`TreeLevels`, `Target.extend`). The tree's KV stays behind the committed tokens until the
     runner's next ``score`` crops it. A compiled runner (`spec_zoo.runtime`, a static cache
     and fixed graphs) scores the tree so far instead, still one forward per level.
     ``to_vocab`` maps the model's logits to the target's vocabulary."""
 
-    def __init__(self, runner, committed: list[int], to_vocab: Callable[[torch.Tensor], torch.Tensor]):
+    def __init__(self, runner: Target, committed: list[int], to_vocab: Callable[[torch.Tensor], torch.Tensor]):
         self.runner, self.committed, self.to_vocab = runner, committed, to_vocab
         self.levels = TreeLevels(len(committed))
 
@@ -478,9 +479,7 @@ class DraftTreeForward:
         runner = self.runner
         if nodes == [ROOT]:
             return self.to_vocab(runner.score(self.committed, Draft.empty()).logits[-1:])
-        if getattr(runner, "runtime", "eager") != "eager":  # a static cache of its own: score the tree so far
+        if runner.runtime != "eager":  # a static cache of its own: score the tree so far
             return self.to_vocab(runner.score(self.committed, tree).logits[[node + 1 for node in nodes]])
         positions, mask = self.levels.feed(tree, nodes, runner.dtype, runner.device)
-        out = runner.model(input_ids=tree.tokens[nodes][None].to(runner.device), cache=runner.cache, use_cache=True,
-                           position_ids=positions, attention_mask=mask, logits_to_keep=len(nodes))
-        return self.to_vocab(out.logits[0])
+        return self.to_vocab(runner.extend(tree.tokens[nodes], positions, mask))

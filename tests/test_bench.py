@@ -8,9 +8,10 @@ import json
 import pytest
 
 from spec_zoo.bench.dataset import CATEGORIES, Question, load_questions, prompt_encoder
-from spec_zoo.bench.methods import Measurement, Method, build_method, resolve_methods
+from spec_zoo.bench.methods import Measurement, Method, build_method
 from spec_zoo.bench.records import FIELDS, SCHEMA_VERSION, read_records, record_key
 from spec_zoo.bench.runner import run_benchmark, run_context
+from spec_zoo.bench.specs import resolve_methods
 from spec_zoo.bench.summary import OVERALL, summarize, summarize_file
 from spec_zoo.errors import ConfigError
 from spec_zoo.sampling import SamplingParams

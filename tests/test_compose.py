@@ -207,7 +207,7 @@ def test_members_compose_from_their_yaml_with_overrides():
 
 
 def test_bench_methods_resolve():
-    from spec_zoo.bench.methods import resolve_methods
+    from spec_zoo.bench.specs import resolve_methods
 
     specs, _ = resolve_methods(["cascade", "cascade_distilled", "merge"], [])
     members = {s.name: s.drafter["members"] for s in specs if s.name != "ar"}

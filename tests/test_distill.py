@@ -15,7 +15,7 @@ from omegaconf import OmegaConf
 
 from spec_zoo import Draft, SpeculativeDecoder, Target
 from spec_zoo.artefacts import describe_target
-from spec_zoo.bench.methods import resolve_methods
+from spec_zoo.bench.specs import resolve_methods
 from spec_zoo.drafters.distilled.drafter import DistilledDrafter
 from spec_zoo.drafters.distilled.student import save_artefact, student_from_target
 from spec_zoo.drafters.distilled.train import distill

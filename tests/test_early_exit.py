@@ -70,7 +70,7 @@ def test_all_layer_caches_rewind_together():
         tokens += step
         # shallow and deep layers alike hold exactly the committed tokens but the last
         assert {layer.get_seq_length() for layer in target.cache.layers} == {len(tokens) - 1}
-        assert target.cached == tokens[:-1]
+        assert target.cached_tokens == tokens[:-1]
         cut_short += len(step) < 5  # a draft of 4 was rejected somewhere: the caches were rewound
     assert cut_short > 0
 
@@ -194,7 +194,7 @@ def test_configs_compose_and_build():
     assert len(out.ids) == 8
     names = set(bench.methods)
     assert {"ar", "early_exit", "early_exit_adapter", "hf_early_exit"} <= names
-    from spec_zoo.bench.methods import resolve_methods
+    from spec_zoo.bench.specs import resolve_methods
 
     specs, _ = resolve_methods(["hf_early_exit"], [])
     hf = next(s for s in specs if s.name == "hf_early_exit")

@@ -289,7 +289,7 @@ def test_summary_line_names_a_custom_drafter_by_its_name():
 
 def test_bench_records_name_the_option_or_the_custom_class():
     from spec_zoo.bench.cli import name_custom_drafters
-    from spec_zoo.bench.methods import resolve_methods
+    from spec_zoo.bench.specs import resolve_methods
 
     methods = {"small_model_tree": None, "distilled_tree": None, "early_exit_adapter": None,
                "mine": {"drafter": {"_target_": "tests.plugin_drafter.RepeatDrafter"}}}

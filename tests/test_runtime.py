@@ -107,7 +107,7 @@ def test_crop_after_a_rejection_reuses_the_accepted_prefix(compiled, model):
     compiled.score(PROMPT, Draft.chain([5, 2, 6, 3]))
     committed = PROMPT + [5, 2, 7]  # two accepted, then the target's own token
     logits = compiled.score(committed, Draft.chain([1])).logits
-    assert compiled.cached[: len(PROMPT) + 2] == PROMPT + [5, 2]
+    assert compiled.cached_tokens[: len(PROMPT) + 2] == PROMPT + [5, 2]
     torch.testing.assert_close(logits, Target(model).score(committed, Draft.chain([1])).logits, rtol=1e-4, atol=1e-4)
 
 

@@ -65,7 +65,7 @@ def test_commit_leaves_cache_equal_to_fresh_prefill(path):
     target.score(committed, TREE)
     target.commit(path)
     accepted = committed + TREE.tokens[path].tolist()
-    assert target.cached == accepted
+    assert target.cached_tokens == accepted
     fresh = Target(model)
     fresh.score(accepted, Draft.empty())
     for (k, v), (k2, v2) in zip(_kv(target), _kv(fresh)):
@@ -78,7 +78,7 @@ def test_chain_commit_crops_rejected_tail():
     target = Target(model)
     target.score([1, 2, 3], Draft.chain([4, 5, 6]))
     target.commit([0])
-    assert target.cached == [1, 2, 3, 4]
+    assert target.cached_tokens == [1, 2, 3, 4]
     assert target.cache.get_seq_length() == 4
 
 

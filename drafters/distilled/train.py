@@ -6,6 +6,7 @@ The data, loss, loop, checkpoints and progress are the generic `spec_zoo.train.l
 from __future__ import annotations
 
 from pathlib import Path
+from typing import ClassVar
 
 import torch
 from omegaconf import DictConfig, OmegaConf
@@ -19,17 +20,35 @@ from spec_zoo.drafters.distilled.student import (
     student_from_target,
 )
 from spec_zoo.errors import ConfigError
-from spec_zoo.train.loop import TeacherData, draft_vocab, train_module
+from spec_zoo.schema import NON_NEGATIVE, POSITIVE, Keys
+from spec_zoo.target import Target
+from spec_zoo.train.batches import batch_metrics, draft_vocab, same_at_every_depth
+from spec_zoo.train.data import TeacherData
+from spec_zoo.train.loop import train_module
+from spec_zoo.train.methods import register
+from spec_zoo.train.recipe import Recipe
+from spec_zoo.train.store import TeacherSet
 
 INITS = ("target", "pretrained", "random")
 
 
+@register("distill")
 class DraftRecipe:
-    """What `spec-zoo-train distill` trains: a small draft model (`Student`). Another
-    recipe (`spec_zoo.drafters.early_exit.train`) reuses the whole pipeline for another module."""
+    """What `spec-zoo-train distill` trains: a small draft model (`Student`), a
+    `spec_zoo.train.recipe.Recipe`."""
 
-    desc = "distill"
-    artefact = RECORD, FORMAT  # (record file, format) of what it writes: output.dir is checked against it first
+    name: ClassVar[str]
+    desc: ClassVar[str] = "distill"
+    drafter: ClassVar[str] = "distilled"
+    artefact: ClassVar[tuple[str, str]] = (RECORD, FORMAT)  # output.dir is checked against it first
+    keys: ClassVar[Keys] = Keys(
+        limits={"student.layers": POSITIVE, "student.vocab_size": NON_NEGATIVE},
+        types={"student.path": ((str,), True), "student.copy_layers": ((list,), True)})
+    chain_start: ClassVar[int] = 0
+
+    @classmethod
+    def from_config(cls, cfg: DictConfig) -> Recipe:
+        return cls()
 
     def check(self, cfg: DictConfig) -> None:
         if cfg.student.init not in INITS:
@@ -42,11 +61,21 @@ class DraftRecipe:
         if cfg.student.path and not Path(cfg.student.path).expanduser().is_dir():
             raise ConfigError(f"student.path={cfg.student.path!r} is not a directory.")
 
-    def make(self, cfg: DictConfig, target, train: TeacherData) -> Student:
+    def make(self, cfg: DictConfig, target: Target, train: TeacherData) -> Student:
         return _make_student(cfg, target, train)
+
+    def preload(self, student: Student, data: TeacherData, teacher: TeacherSet, cfg: DictConfig) -> None:
+        """Nothing: a draft model reads tokens only."""
 
     def trainable(self, student: Student, cfg: DictConfig) -> list[torch.nn.Parameter]:
         return _trainable(student, cfg)
+
+    def batch_metrics(self, student: Student, data: TeacherData, rows: torch.Tensor, full_vocab: int, kind: str,
+                      with_agreement: bool = False) -> dict[str, torch.Tensor]:
+        return batch_metrics(student, data, rows, full_vocab, kind, with_agreement)
+
+    def extra_loss(self, student: Student, cfg: DictConfig) -> torch.Tensor | None:
+        return None
 
     def save(self, student: Student, cfg: DictConfig, target_info: dict, record: dict) -> Path:
         s = cfg.student
@@ -57,11 +86,15 @@ class DraftRecipe:
                              {"target": target_info, "init": init, **record}, dtype=str(cfg.output.dtype),
                              overwrite=bool(cfg.output.get("overwrite", False)))
 
+    def load(self, path: Path, model: torch.nn.Module) -> Student:
+        return student_from_pretrained(path, model)[0].eval()
 
-DRAFT = DraftRecipe()
+    def depth_matches(self, student: Student, ids: torch.Tensor, mask: torch.Tensor, where: torch.Tensor,
+                      t_ids: torch.Tensor, local: torch.Tensor, depth: int) -> list[torch.Tensor]:
+        return same_at_every_depth(student, ids, mask, where, t_ids, depth)
 
 
-def _make_student(cfg: DictConfig, target, train: TeacherData) -> Student:
+def _make_student(cfg: DictConfig, target: Target, train: TeacherData) -> Student:
     s = cfg.student
     if s.init == "pretrained":
         student, _ = student_from_pretrained(s.path, target.model)
@@ -93,7 +126,7 @@ def _trainable(student: Student, cfg: DictConfig) -> list[torch.nn.Parameter]:
     return params
 
 
-def distill(cfg: DictConfig, target=None) -> Path:
+def distill(cfg: DictConfig, target: Target | None = None) -> Path:
     """Run the pipeline of ``cfg`` (conf/train_distill.yaml); return the artefact dir.
     ``target``: an already loaded `Target` (tests pass a tiny one)."""
-    return train_module(cfg, DRAFT, target)
+    return train_module(cfg, DraftRecipe.from_config(cfg), target)

@@ -52,6 +52,7 @@ class EagleDrafter(ChainDrafter):
     """
 
     name = "eagle"
+    artefact_keys = ("head",)
     needs_target_hidden = True
 
     def __init__(self, head=None, num_draft: int = 4, adaptive: bool = True, max_draft: int = 8,

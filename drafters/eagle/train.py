@@ -25,11 +25,17 @@ import torch
 from omegaconf import DictConfig
 from transformers import DynamicCache
 
-from spec_zoo.drafters.eagle.head import EagleHead
+from spec_zoo.drafters.eagle.head import EagleHead, load_eagle
 from spec_zoo.errors import ConfigError
+from spec_zoo.schema import NON_NEGATIVE, Keys
+from spec_zoo.target import Target
+from spec_zoo.train.batches import right_at, teacher_positions
+from spec_zoo.train.data import TeacherData
 from spec_zoo.train.heads import HeadRecipe, HeadStudent
-from spec_zoo.train.loop import teacher_positions, train_module
+from spec_zoo.train.loop import train_module
 from spec_zoo.train.losses import agreement, divergence
+from spec_zoo.train.methods import register
+from spec_zoo.train.recipe import Recipe, Student
 
 
 class EagleStudent(HeadStudent):
@@ -37,11 +43,12 @@ class EagleStudent(HeadStudent):
 
     lm: EagleHead
 
-    def __init__(self, target_model, head: EagleHead):
+    def __init__(self, target_model: torch.nn.Module, head: EagleHead):
         super().__init__(target_model, head)
         self.regression = torch.zeros(())
 
-    def unroll(self, ids: torch.Tensor, attention_mask: torch.Tensor, steps: int, regress_steps: int):
+    def unroll(self, ids: torch.Tensor, attention_mask: torch.Tensor, steps: int,
+               regress_steps: int) -> list[torch.Tensor]:
         """Block outputs [B, L, H] of right-padded ``ids`` at draft depths 1..``steps`` (see the
         module docstring); sets ``self.regression`` (feature loss, mean over the first ``regress_steps``)."""
         feats = self.cached_states(ids, attention_mask.sum(1).tolist())
@@ -67,7 +74,7 @@ class EagleStudent(HeadStudent):
         return self.unroll(ids, attention_mask, 1, 1)[0]
 
 
-def ttt_mask(T: int, step: int, dtype, device) -> torch.Tensor:
+def ttt_mask(T: int, step: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     """Additive [1, 1, T, (step + 1) T] mask of unroll step ``step`` (0-based) over the keys of
     steps 0..step: query i sees step 0 at positions <= i - step and step t at i - step + t."""
     i = torch.arange(T)[:, None]
@@ -78,14 +85,20 @@ def ttt_mask(T: int, step: int, dtype, device) -> torch.Tensor:
     return mask[None, None].to(device)
 
 
+@register("eagle")
 class EagleRecipe(HeadRecipe):
     """What `spec-zoo-train eagle` trains: an `EagleHead` (section ``head``)."""
 
-    desc, section, student = "eagle head", "head", EagleStudent
+    desc, drafter, section, student = "eagle head", "eagle", "head", EagleStudent
     artefact = EagleHead.RECORD, EagleHead.FORMAT
+    keys = Keys(limits={"head.vocab_size": NON_NEGATIVE}, types={"head.init_layer": ((int,), True)})
 
     def __init__(self, ttt_steps: int = 1):
         self.ttt_steps = ttt_steps
+
+    @classmethod
+    def from_config(cls, cfg: DictConfig) -> Recipe:
+        return cls(int(cfg.head.ttt_steps))
 
     def check(self, cfg: DictConfig) -> None:
         super().check(cfg)
@@ -95,14 +108,16 @@ class EagleRecipe(HeadRecipe):
             raise ConfigError(f"head.ttt_steps={cfg.head.ttt_steps}; use 1 (true features only) or the draft "
                               "depth to train at (e.g. 3).")
 
-    def build(self, cfg: DictConfig, target_model, init_layer: int, vocab_ids) -> EagleHead:
+    def build(self, cfg: DictConfig, target_model: torch.nn.Module, init_layer: int,
+              vocab_ids: torch.Tensor | None) -> EagleHead:
         h = cfg.head
         return EagleHead(target_model, init_layer, bool(h.mlp), vocab_ids, bool(h.train_head))
 
-    def batch_metrics(self, student: EagleStudent, data, rows, full_vocab: int, kind: str,
-                      with_agreement: bool = False) -> dict:
+    def batch_metrics(self, student: Student, data: TeacherData, rows: torch.Tensor, full_vocab: int, kind: str,
+                      with_agreement: bool = False) -> dict[str, torch.Tensor]:
         """Per-position values: ``loss`` = the mean over the ``ttt_steps`` unrolled depths; with
         ``with_agreement`` also each depth's greedy acceptance ``alpha_depth<s>`` (up to max(k, 3))."""
+        assert isinstance(student, EagleStudent)
         ids, mask, where, t_ids, t_index, t_logp = teacher_positions(student, data, rows, full_vocab)
         depth = max(self.ttt_steps, 3) if with_agreement else self.ttt_steps
         outs = student.unroll(ids, mask, depth, self.ttt_steps)
@@ -114,10 +129,21 @@ class EagleRecipe(HeadRecipe):
                 out[f"alpha_depth{s + 1}"] = agreement(x, student.vocab_ids, t_ids, t_index, t_logp)[0]
         return out
 
-    def extra_loss(self, student: EagleStudent, cfg: DictConfig) -> torch.Tensor:
+    def extra_loss(self, student: Student, cfg: DictConfig) -> torch.Tensor | None:
+        assert isinstance(student, EagleStudent)
         return float(cfg.head.regress) * student.regression
 
+    def load(self, path: Path, model: torch.nn.Module) -> Student:
+        return EagleStudent(model, load_eagle(path, model))
 
-def train_eagle(cfg: DictConfig, target=None) -> Path:
+    def depth_matches(self, student: Student, ids: torch.Tensor, mask: torch.Tensor, where: torch.Tensor,
+                      t_ids: torch.Tensor, local: torch.Tensor, depth: int) -> list[torch.Tensor]:
+        """Depth s reads the head's own s - 1 guessed features (unrolled)."""
+        assert isinstance(student, EagleStudent)
+        outs = student.unroll(ids, mask, depth, 1)
+        return [right_at(student.head(o.reshape(-1, o.shape[-1])[where]), student.vocab_ids, t_ids) for o in outs]
+
+
+def train_eagle(cfg: DictConfig, target: Target | None = None) -> Path:
     """Run ``spec-zoo-train eagle`` (conf/train_eagle.yaml); return the head dir."""
-    return train_module(cfg, EagleRecipe(int(cfg.head.ttt_steps)), target)
+    return train_module(cfg, EagleRecipe.from_config(cfg), target)

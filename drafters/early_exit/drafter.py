@@ -69,6 +69,7 @@ class EarlyExitDrafter(ChainDrafter):
     """
 
     name = "early_exit"
+    artefact_keys = ("adapter",)
 
     def __init__(
         self,

@@ -15,11 +15,15 @@ from pathlib import Path
 import torch
 from omegaconf import DictConfig
 
-from spec_zoo.drafters.early_exit.adapter import ExitAdapter, check_exit_layer
+from spec_zoo.drafters.early_exit.adapter import ExitAdapter, check_exit_layer, load_adapter
 from spec_zoo.errors import ConfigError
 from spec_zoo.layers import DecoderStack, causal_mask
+from spec_zoo.schema import NON_NEGATIVE, POSITIVE, Keys
+from spec_zoo.target import Target
 from spec_zoo.train.heads import HeadRecipe, HeadStudent
 from spec_zoo.train.loop import train_module
+from spec_zoo.train.methods import register
+from spec_zoo.train.recipe import Student
 
 
 class ExitStudent(HeadStudent):
@@ -47,23 +51,31 @@ class ExitStudent(HeadStudent):
         return self.lm(states, rotary, None, causal_mask(0, T, states.dtype, states.device))
 
 
+@register("early_exit")
 class ExitRecipe(HeadRecipe):
     """What `spec-zoo-train early_exit` trains: an `ExitAdapter` (section ``adapter``)."""
 
-    desc, section, student = "exit adapter", "adapter", ExitStudent
+    desc, drafter, section, student = "exit adapter", "early_exit", "adapter", ExitStudent
     artefact = ExitAdapter.RECORD, ExitAdapter.FORMAT
+    keys = Keys(limits={"adapter.vocab_size": NON_NEGATIVE, "adapter.exit_layer": POSITIVE},
+                types={"adapter.init_layer": ((int,), True)})
 
     def check(self, cfg: DictConfig) -> None:
         super().check(cfg)
         if int(cfg.adapter.exit_layer) < 1:
             raise ConfigError(f"adapter.exit_layer={cfg.adapter.exit_layer}; the exit must be a layer index >= 1.")
 
-    def build(self, cfg: DictConfig, target_model, init_layer: int, vocab_ids) -> ExitAdapter:
+    def build(self, cfg: DictConfig, target_model: torch.nn.Module, init_layer: int,
+              vocab_ids: torch.Tensor | None) -> ExitAdapter:
         a = cfg.adapter
         check_exit_layer(int(a.exit_layer), DecoderStack(target_model).num_layers, key="adapter.exit_layer")
         return ExitAdapter(target_model, int(a.exit_layer), init_layer, bool(a.mlp), vocab_ids, bool(a.train_head))
 
 
-def train_exit_adapter(cfg: DictConfig, target=None) -> Path:
+    def load(self, path: Path, model: torch.nn.Module) -> Student:
+        return ExitStudent(model, load_adapter(path, model))
+
+
+def train_exit_adapter(cfg: DictConfig, target: Target | None = None) -> Path:
     """Run ``spec-zoo-train early_exit`` (conf/train_early_exit.yaml); return the adapter dir."""
-    return train_module(cfg, ExitRecipe(), target)
+    return train_module(cfg, ExitRecipe.from_config(cfg), target)

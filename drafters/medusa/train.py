@@ -25,11 +25,16 @@ from pathlib import Path
 import torch
 from omegaconf import DictConfig
 
-from spec_zoo.drafters.medusa.heads import MedusaHeads
+from spec_zoo.drafters.medusa.heads import MedusaHeads, load_medusa
 from spec_zoo.errors import ConfigError
+from spec_zoo.target import Target
+from spec_zoo.train.batches import draft_vocab, right_at, teacher_positions
+from spec_zoo.train.data import TeacherData
 from spec_zoo.train.heads import HeadRecipe, HeadStudent
-from spec_zoo.train.loop import draft_vocab, teacher_positions, train_module
+from spec_zoo.train.loop import train_module
 from spec_zoo.train.losses import agreement, divergence
+from spec_zoo.train.methods import register
+from spec_zoo.train.recipe import Recipe, Student
 
 LABELS = ("tokens", "distributions")
 
@@ -43,14 +48,21 @@ class MedusaStudent(HeadStudent):
         return self.cached_states(ids, attention_mask.sum(1).tolist())
 
 
+@register("medusa")
 class MedusaRecipe(HeadRecipe):
-    """What `spec-zoo-train medusa` trains: `MedusaHeads` (section ``heads``)."""
+    """What `spec-zoo-train medusa` trains: `MedusaHeads` (section ``heads``). Head s drafts
+    from the state s places before its token, so a report chain starts at the second token."""
 
-    desc, section, student = "medusa heads", "heads", MedusaStudent
+    desc, drafter, section, student = "medusa heads", "medusa", "heads", MedusaStudent
     artefact = MedusaHeads.RECORD, MedusaHeads.FORMAT
+    chain_start = 1
 
     def __init__(self, labels: str = "tokens", decay: float = 0.8):
         self.labels, self.decay = labels, decay
+
+    @classmethod
+    def from_config(cls, cfg: DictConfig) -> Recipe:
+        return cls(str(cfg.heads.labels), float(cfg.heads.decay))
 
     def check(self, cfg: DictConfig) -> None:
         super().check(cfg)
@@ -65,16 +77,17 @@ class MedusaRecipe(HeadRecipe):
             raise ConfigError(f"device={cfg.device}: the Medusa recipe trains on the CPU only (its loss builds "
                               "CPU tensors); use device=cpu.")
 
-    def make(self, cfg: DictConfig, target, train) -> MedusaStudent:
+    def make(self, cfg: DictConfig, target: Target, train: TeacherData) -> MedusaStudent:
         h = cfg.heads
         heads = MedusaHeads(target.model, int(h.num_heads), draft_vocab(target, train, int(h.vocab_size)),
                             bool(h.train_head))
         return MedusaStudent(target.model, heads.to(target.model.dtype))
 
-    def batch_metrics(self, student: MedusaStudent, data, rows, full_vocab: int, kind: str,
-                      with_agreement: bool = False) -> dict:
+    def batch_metrics(self, student: Student, data: TeacherData, rows: torch.Tensor, full_vocab: int, kind: str,
+                      with_agreement: bool = False) -> dict[str, torch.Tensor]:
         """Per-position values (see the module docstring): ``loss`` = sum over heads of
         decay^i x head i's loss (heads past a sequence's end left out)."""
+        assert isinstance(student, MedusaStudent)
         ids, mask, where, t_ids, t_index, t_logp = teacher_positions(student, data, rows, full_vocab)
         states = student.hidden(ids, mask).reshape(-1, student.lm.head.shape[1])[where]  # [N, H]
         gen = data.gen_len[rows].tolist()
@@ -87,7 +100,7 @@ class MedusaRecipe(HeadRecipe):
             lut[student.vocab_ids] = torch.arange(student.vocab_ids.numel())
             written = lut[written]
         loss = torch.zeros(N)
-        out = {}
+        out: dict[str, torch.Tensor] = {}
         matched = torch.zeros(N, K, dtype=torch.bool)
         for i in range(K):
             src = (t + i + 1 < end).nonzero()[:, 0]  # states whose head i has a token to guess
@@ -110,6 +123,24 @@ class MedusaRecipe(HeadRecipe):
         return out
 
 
-def train_medusa(cfg: DictConfig, target=None) -> Path:
+    def load(self, path: Path, model: torch.nn.Module) -> Student:
+        return MedusaStudent(model, load_medusa(path, model))
+
+    def depth_matches(self, student: Student, ids: torch.Tensor, mask: torch.Tensor, where: torch.Tensor,
+                      t_ids: torch.Tensor, local: torch.Tensor, depth: int) -> list[torch.Tensor]:
+        """Head s at the state s places before (``where - s``: the same sequence when ``local >= s``)."""
+        assert isinstance(student, MedusaStudent)
+        states = student.hidden(ids, mask).reshape(-1, student.lm.head.shape[1])
+        cols = []
+        for s in range(1, depth + 1):
+            col = torch.zeros(len(where), dtype=torch.bool)
+            if s <= student.lm.num_heads:
+                ok = local >= s
+                col[ok] = right_at(student.lm.head_logits(states[where[ok] - s], s - 1), student.vocab_ids, t_ids[ok])
+            cols.append(col)
+        return cols
+
+
+def train_medusa(cfg: DictConfig, target: Target | None = None) -> Path:
     """Run ``spec-zoo-train medusa`` (conf/train_medusa.yaml); return the heads dir."""
-    return train_module(cfg, MedusaRecipe(str(cfg.heads.labels), float(cfg.heads.decay)), target)
+    return train_module(cfg, MedusaRecipe.from_config(cfg), target)

@@ -16,9 +16,10 @@ from omegaconf import DictConfig, OmegaConf
 
 from spec_zoo.api import quiet_loading
 from spec_zoo.bench.dataset import load_dataset, prompt_encoder
-from spec_zoo.bench.methods import build_method, resolve_methods
+from spec_zoo.bench.methods import build_method
 from spec_zoo.bench.records import LOCK_FILE, TRACE_FILE, check_schema, read_records
 from spec_zoo.bench.runner import run_benchmark, run_context
+from spec_zoo.bench.specs import resolve_methods
 from spec_zoo.bench.summary import Summary, summarize, summarize_file
 from spec_zoo.cli import checked_command_line
 from spec_zoo.errors import ConfigError

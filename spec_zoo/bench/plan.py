@@ -12,8 +12,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from spec_zoo.bench.dataset import Question
-from spec_zoo.bench.methods import MethodSpec
 from spec_zoo.bench.records import BASELINE
+from spec_zoo.bench.specs import MethodSpec
 
 
 def plan_text(specs: Sequence[MethodSpec], hashes: Sequence[str], questions: Sequence[Question], repeats: int,

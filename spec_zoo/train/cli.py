@@ -1,37 +1,60 @@
 """``spec-zoo-train <command> [key=value ...]``: Hydra entry points for draft training.
 
-Commands: ``distill`` (conf/train_distill.yaml), ``early_exit`` (conf/train_early_exit.yaml),
-``eagle`` (conf/train_eagle.yaml), ``medusa`` (conf/train_medusa.yaml), and ``report``
-(conf/train_report.yaml): held-out acceptance of trained artefacts by position and category, and
-``translations`` (conf/train_translations.yaml): German-to-English prompts written by the target, and
-``export`` (conf/train_export.yaml, ``--format medusa|eagle3|speculators``): a head in a published layout.
+Commands: one per trained method, found where each registers itself
+(`spec_zoo.train.methods`: ``distill``, ``eagle``, ``early_exit``, ``medusa`` ship), run on
+``conf/train_<method>.yaml``; and the pipeline's own tools: ``report`` (conf/train_report.yaml):
+held-out acceptance of trained artefacts by position and category, ``translations``
+(conf/train_translations.yaml): German-to-English prompts written by the target, and ``export``
+(conf/train_export.yaml, ``--format medusa|eagle3|speculators``): a head in a published layout.
 """
 
 from __future__ import annotations
 
 import importlib
 import sys
+from collections.abc import Callable
 
 import hydra
 from omegaconf import DictConfig
 
 from spec_zoo.errors import ConfigError
 from spec_zoo.registry import CONF_DIR
+from spec_zoo.schema import Keys
+from spec_zoo.train.keys import pipeline_keys
+from spec_zoo.train.methods import recipes
 
-# command -> the function it runs ("module:function", imported when the command runs); its
-# config is conf/train_<command>.yaml
-COMMANDS = {
-    "distill": "spec_zoo.drafters.distilled.train:distill",
-    "early_exit": "spec_zoo.drafters.early_exit.train:train_exit_adapter",
-    "eagle": "spec_zoo.drafters.eagle.train:train_eagle",
-    "medusa": "spec_zoo.drafters.medusa.train:train_medusa",
+# the pipeline's own commands -> the function each runs ("module:function", imported when it
+# runs); the config of a command is conf/train_<command>.yaml
+TOOLS = {
     "report": "spec_zoo.train.report:run_report",
     "translations": "spec_zoo.train.translations:make_translations",
     "export": "spec_zoo.train.export:export",
 }
 
 
-def entry_point(command: str):
+def commands() -> list[str]:
+    """Every command: the registered methods' (by name), then the tools."""
+    return [*recipes(), *TOOLS]
+
+
+def command_keys(command: str) -> Keys:
+    """The keys ``command``'s config is validated with: the pipeline's, and a method's own."""
+    found = recipes().get(command)
+    return pipeline_keys() | found.keys if found is not None else pipeline_keys()
+
+
+def runner(command: str) -> Callable[[DictConfig], object]:
+    """What ``command`` runs on its config: the method's recipe in the pipeline, or the tool's function."""
+    found = recipes().get(command)
+    if found is not None:
+        from spec_zoo.train.loop import train_module
+
+        return lambda cfg: train_module(cfg, found.from_config(cfg))
+    module, _, function = TOOLS[command].partition(":")
+    return getattr(importlib.import_module(module), function)
+
+
+def entry_point(command: str) -> Callable[[], None]:
     """The Hydra app of ``command``: its config validated (types and ranges before the teacher
     loads), then its function run; bad input ends as one ``error:`` line, exit 2."""
     config_name = f"train_{command}"
@@ -41,11 +64,10 @@ def entry_point(command: str):
         from spec_zoo.api import quiet_loading
         from spec_zoo.schema import validate
 
-        module, _, function = COMMANDS[command].partition(":")
         try:
             with quiet_loading():
-                validate(cfg, config_name)
-                print(getattr(importlib.import_module(module), function)(cfg))
+                validate(cfg, config_name, command_keys(command))
+                print(runner(command)(cfg))
         except ConfigError as e:
             print(f"error: {e}", file=sys.stderr)
             sys.exit(2)
@@ -68,8 +90,8 @@ def _format_flag(argv: list[str]) -> list[str]:
 
 def main() -> None:
     """``spec-zoo-train <command> [key=value ...]``; the command line is checked first (one line, exit 2)."""
-    if len(sys.argv) < 2 or sys.argv[1] not in COMMANDS:
-        print(f"usage: spec-zoo-train {{{','.join(COMMANDS)}}} [key=value ...]  (--help after the command "
+    if len(sys.argv) < 2 or sys.argv[1] not in commands():
+        print(f"usage: spec-zoo-train {{{','.join(commands())}}} [key=value ...]  (--help after the command "
               "lists the config)", file=sys.stderr)
         sys.exit(2)
     from spec_zoo.cli import checked_command_line
@@ -78,7 +100,7 @@ def main() -> None:
     if command == "export":
         sys.argv[1:] = _format_flag(sys.argv[1:])
     sys.argv[0] = f"spec-zoo-train {command}"
-    checked_command_line(f"train_{command}")
+    checked_command_line(f"train_{command}", keys=command_keys(command))
     entry_point(command)()
 
 

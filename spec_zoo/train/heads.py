@@ -8,13 +8,19 @@ training sequence and kept in memory, so a training step costs the head alone.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any, ClassVar
 
 import torch
 from omegaconf import DictConfig
 
-from spec_zoo.draft_head import BlockHead, save_head
+from spec_zoo.draft_head import BlockHead, VocabHead, save_head
 from spec_zoo.errors import ConfigError
 from spec_zoo.layers import DecoderStack
+from spec_zoo.schema import Keys
+from spec_zoo.train.batches import batch_metrics, draft_vocab, same_at_every_depth
+from spec_zoo.train.data import TeacherData
+from spec_zoo.train.recipe import Recipe, Student
+from spec_zoo.train.store import TeacherSet
 
 
 class HeadStudent(torch.nn.Module):
@@ -22,11 +28,13 @@ class HeadStudent(torch.nn.Module):
     which target states it reads (`target_states`, named `states_name` in the teacher-data
     store; by default the last-layer features) and how (`hidden`)."""
 
+    lm: VocabHead
+
     @property
     def states_name(self) -> str:
         return "final"
 
-    def __init__(self, target_model, head: BlockHead):
+    def __init__(self, target_model: torch.nn.Module, head: VocabHead):
         super().__init__()
         self.lm = head
         self.vocab_ids = head.vocab_ids
@@ -41,7 +49,7 @@ class HeadStudent(torch.nn.Module):
         """The frozen target's states the head reads, [B, T, H], for a right-padded batch."""
         return self.stack.inner(input_ids=ids.to(self.stack.model.device), use_cache=False).last_hidden_state
 
-    def preload(self, data, states: list[torch.Tensor]) -> None:
+    def preload(self, data: TeacherData, states: list[torch.Tensor]) -> None:
         """Take `target_states` of ``data``'s sequences from the store instead of computing them."""
         lengths = (data.prompt_len + data.gen_len).tolist()
         for i, n in enumerate(lengths):
@@ -63,30 +71,46 @@ class HeadStudent(torch.nn.Module):
             states[b, :n] = self._cache[key[b]]
         return states
 
+    def hidden(self, ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        """The states the head reads, [B, L, H], for a right-padded batch (each head's own)."""
+        raise NotImplementedError
+
     def head(self, hidden: torch.Tensor) -> torch.Tensor:
+        """A block head's logits over the draft vocabulary."""
+        assert isinstance(self.lm, BlockHead)
         return self.lm.logits(hidden)
 
 
 class HeadRecipe:
-    """A head's recipe (see `spec_zoo.drafters.distilled.train.DraftRecipe`): its config section
-    (``section``: init_layer, mlp, vocab_size, train_head) builds it (`build`), only its
-    parameters train, and it is saved with `save_head`."""
+    """A head's recipe (`spec_zoo.train.recipe.Recipe`; see the distilled draft's for a
+    draft model): its config section (``section``: init_layer, mlp, vocab_size, train_head)
+    builds it (`build`), only its parameters train, it reads the target's states from the
+    teacher-data store, and it is saved with `save_head`. Subclasses name what they build and
+    how it loads (`load`)."""
 
-    section = ""
-    student = HeadStudent
-    artefact = ("", "")  # (record file, format) of what it writes: output.dir is checked against it first
+    name: ClassVar[str] = ""  # set by `spec_zoo.train.methods.register`
+    desc: ClassVar[str] = ""
+    drafter: ClassVar[str] = ""
+    artefact: ClassVar[tuple[str, str]] = ("", "")  # (record file, format): output.dir is checked against it first
+    keys: ClassVar[Keys] = Keys()
+    chain_start: ClassVar[int] = 0
+    section: ClassVar[str] = ""
+    student: ClassVar[type[HeadStudent]] = HeadStudent
+
+    @classmethod
+    def from_config(cls, cfg: DictConfig) -> Recipe:
+        return cls()
 
     def check(self, cfg: DictConfig) -> None:
         if int(cfg[self.section].vocab_size) < 0:
             raise ConfigError(f"{self.section}.vocab_size={cfg[self.section].vocab_size}; use 0 (full vocabulary) "
                               "or a positive size.")
 
-    def build(self, cfg: DictConfig, target_model, init_layer: int, vocab_ids) -> BlockHead:
+    def build(self, cfg: DictConfig, target_model: torch.nn.Module, init_layer: int,
+              vocab_ids: torch.Tensor | None) -> BlockHead:
         raise NotImplementedError
 
-    def make(self, cfg: DictConfig, target, train) -> HeadStudent:
-        from spec_zoo.train.loop import draft_vocab
-
+    def make(self, cfg: DictConfig, target: Any, train: TeacherData) -> HeadStudent:
         s = cfg[self.section]
         layers = DecoderStack(target.model).num_layers
         init = layers - 1 if s.init_layer is None else int(s.init_layer)
@@ -95,13 +119,36 @@ class HeadRecipe:
         head = self.build(cfg, target.model, init, draft_vocab(target, train, int(s.vocab_size)))
         return self.student(target.model, head.to(target.model.dtype))
 
-    def trainable(self, student: HeadStudent, cfg: DictConfig) -> list[torch.nn.Parameter]:
+    def preload(self, student: Student, data: TeacherData, teacher: TeacherSet, cfg: DictConfig) -> None:
+        """The target states the head reads, from the store (computed once per shard)."""
+        assert isinstance(student, HeadStudent)
+        states = teacher.store.states(student.states_name, student.target_states, int(cfg.data.batch_size),
+                                      bool(cfg.progress))
+        student.preload(data, states)
+
+    def trainable(self, student: Student, cfg: DictConfig) -> list[torch.nn.Parameter]:
+        assert isinstance(student, HeadStudent)
         for p in student.stack.model.parameters():
             p.requires_grad_(False)
         return list(student.lm.parameters())
 
-    def save(self, student: HeadStudent, cfg: DictConfig, target_info: dict, record: dict) -> Path:
+    def batch_metrics(self, student: Student, data: TeacherData, rows: torch.Tensor, full_vocab: int, kind: str,
+                      with_agreement: bool = False) -> dict[str, torch.Tensor]:
+        return batch_metrics(student, data, rows, full_vocab, kind, with_agreement)
+
+    def extra_loss(self, student: Student, cfg: DictConfig) -> torch.Tensor | None:
+        return None
+
+    def save(self, student: Student, cfg: DictConfig, target_info: dict, record: dict) -> Path:
         from spec_zoo.models import DTYPES
 
+        assert isinstance(student, HeadStudent)
         return save_head(student.lm, cfg.output.dir, target_info, record, dtype=DTYPES[str(cfg.output.dtype)],
                          overwrite=bool(cfg.output.get("overwrite", False)))
+
+    def load(self, path: Path, model: torch.nn.Module) -> Student:
+        raise NotImplementedError
+
+    def depth_matches(self, student: Student, ids: torch.Tensor, mask: torch.Tensor, where: torch.Tensor,
+                      t_ids: torch.Tensor, local: torch.Tensor, depth: int) -> list[torch.Tensor]:
+        return same_at_every_depth(student, ids, mask, where, t_ids, depth)

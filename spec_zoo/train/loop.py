@@ -10,10 +10,9 @@
    loss and the held-out acceptance, periodic checkpoints and resume;
 5. write the artefact (``recipe.save``).
 
-A recipe (``drafters/<method>/train.py``) supplies ``desc``, ``check``, ``make``,
-``trainable``, ``save`` and optionally ``extra_loss``, or ``batch_metrics`` for a loss of its
-own (several heads: `spec_zoo.drafters.medusa.train`); a module it makes exposes
-``hidden``, ``head``, ``vocab_ids`` and ``lm`` (see `spec_zoo.drafters.distilled.student.Student`).
+Each step is a function of its own (`teacher_split`, `student_for`, `add_student_data`,
+`train_student`, `write_artefact`); what a method brings is its `spec_zoo.train.recipe.Recipe`
+(``drafters/<method>/train.py``), the student it makes a `spec_zoo.train.recipe.Student`.
 """
 
 from __future__ import annotations
@@ -23,18 +22,22 @@ import math
 import os
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from omegaconf import DictConfig, OmegaConf
 
 from spec_zoo.errors import ConfigError
+from spec_zoo.target import Target
+from spec_zoo.train.batches import evaluate
 from spec_zoo.train.data import TeacherData, concat_data, data_key, forced_data, read_records, student_data
-from spec_zoo.train.losses import LOSSES, agreement, divergence
+from spec_zoo.train.losses import LOSSES
+from spec_zoo.train.recipe import Recipe, Student
 from spec_zoo.train.store import TeacherSet
 
 
-def check_config(cfg: DictConfig, recipe) -> None:
+def check_config(cfg: DictConfig, recipe: Recipe) -> None:
     """Cheap checks, before any model loads; each message names the key."""
     if cfg.loss not in LOSSES:
         raise ConfigError(f"loss={cfg.loss!r}; allowed values: {', '.join(LOSSES)}.")
@@ -67,97 +70,12 @@ def check_config(cfg: DictConfig, recipe) -> None:
         raise ConfigError("device=cuda but CUDA is not available here; use device=cpu or device=auto.")
 
 
-def load_teacher_target(cfg: DictConfig):
+def load_teacher_target(cfg: DictConfig) -> Target:
     """The target of ``cfg.target`` on ``cfg.device``."""
     from spec_zoo.models import load_target, resolve_device
 
     t = cfg.target
     return load_target(name=t.name, path=t.path, dtype=t.dtype, device=resolve_device(str(cfg.get("device", "cpu"))))
-
-
-def _device(student) -> torch.device:
-    return next(student.lm.parameters()).device
-
-
-def teacher_positions(student, data: TeacherData, rows: torch.Tensor, full_vocab: int):
-    """Teacher targets of a batch of sequences (teacher data stays on the CPU; these move to
-    the student's device): (ids, mask, flat hidden-state index, t_ids, t_index, t_logp)."""
-    lut = None
-    if student.vocab_ids is not None:
-        lut = torch.full((full_vocab,), -1, dtype=torch.long)
-        lut[student.vocab_ids.cpu()] = torch.arange(student.vocab_ids.numel())
-    ids = data.ids[rows]
-    L = int((data.prompt_len[rows] + data.gen_len[rows]).max())
-    ids = ids[:, :L]
-    mask = (ids >= 0).long()
-    where, id_rows, logp_rows = [], [], []
-    for b, i in enumerate(rows.tolist()):
-        p, g = int(data.prompt_len[i]), int(data.gen_len[i])
-        # the hidden state at position p - 1 + t predicts token p + t
-        where.append(b * L + torch.arange(p - 1, p - 1 + g))
-        id_rows.append(data.topk_ids[i, :g])
-        logp_rows.append(data.topk_logp[i, :g])
-    t_ids, t_logp = torch.cat(id_rows), torch.cat(logp_rows)
-    t_index = t_ids if lut is None else lut[t_ids]
-    device = _device(student)
-    return tuple(t.to(device) for t in (ids.clamp(min=0), mask, torch.cat(where), t_ids, t_index, t_logp))
-
-
-def batch_metrics(student, data: TeacherData, rows, full_vocab: int, kind: str, with_agreement=False) -> dict:
-    """Per-position values of a batch: ``loss`` (what trains), and with ``with_agreement``
-    ``alpha_greedy`` (draft argmax == target argmax) and ``alpha_sampled`` (1 - TV at temperature 1)."""
-    ids, mask, where, t_ids, t_index, t_logp = teacher_positions(student, data, rows, full_vocab)
-    hidden = student.hidden(ids, mask)
-    logits = student.head(hidden.reshape(-1, hidden.shape[-1])[where])
-    loss = divergence(logits, t_index, t_logp, kind)
-    if with_agreement:
-        greedy, accept = agreement(logits, student.vocab_ids, t_ids, t_index, t_logp)
-        return {"loss": loss, "alpha_greedy": greedy, "alpha_sampled": accept}
-    return {"loss": loss}
-
-
-@torch.no_grad()
-def evaluate(student, data: TeacherData, full_vocab: int, kind: str, batch_size: int = 16,
-             metrics=batch_metrics) -> dict:
-    """Held-out means of what ``metrics`` returns per position (by default loss, greedy and
-    sampled acceptance; a recipe's ``batch_metrics`` may return more)."""
-    if len(data) == 0:
-        return {"loss": float("nan"), "alpha_greedy": float("nan"), "alpha_sampled": float("nan")}
-    student.eval()
-    sums: dict[str, float] = {}
-    counts: dict[str, int] = {}
-    for s in range(0, len(data), batch_size):
-        rows = torch.arange(s, min(s + batch_size, len(data)))
-        for name, values in metrics(student, data, rows, full_vocab, kind, with_agreement=True).items():
-            sums[name] = sums.get(name, 0.0) + float(values.float().sum())
-            counts[name] = counts.get(name, 0) + values.numel()
-    return {k: round(v / max(counts[k], 1), 4) for k, v in sums.items()}
-
-
-def select_vocab(counts: torch.Tensor, size: int, always=()) -> torch.Tensor | None:
-    """The ``size`` most frequent token ids (plus ``always``), sorted; None = full vocabulary."""
-    V = counts.shape[0]
-    if size <= 0 or size >= V:
-        return None
-    always = sorted({int(t) for t in always if 0 <= int(t) < V})
-    scores = counts.clone().double()
-    scores[always] = float("inf")
-    # ties (e.g. unseen tokens) broken by id, deterministically
-    order = sorted(range(V), key=lambda i: (-scores[i].item(), i))[:size]
-    return torch.tensor(sorted(order), dtype=torch.long)
-
-
-def draft_vocab(target, train: TeacherData, size: int) -> torch.Tensor | None:
-    """The ``size`` most frequent tokens of the training data, plus special and EOS ids
-    (None: the full vocabulary)."""
-    if size <= 0:
-        return None
-    tok = target.tokenizer
-    always = list(getattr(tok, "all_special_ids", []) or []) if tok is not None else []
-    gen_cfg = getattr(target.model, "generation_config", None)
-    eos = getattr(gen_cfg, "eos_token_id", None)
-    always += eos if isinstance(eos, (list, tuple)) else ([eos] if eos is not None else [])
-    return select_vocab(train.token_counts(target.vocab_size), size, always)
 
 
 def _lr(step: int, cfg: DictConfig, steps: int) -> float:
@@ -170,7 +88,8 @@ def _lr(step: int, cfg: DictConfig, steps: int) -> float:
     return float(t.lr) * (floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress)))
 
 
-def _save_checkpoint(path: Path, student, opt, step: int, gen: torch.Generator, history: list) -> None:
+def _save_checkpoint(path: Path, student: Student, opt: torch.optim.Optimizer, step: int, gen: torch.Generator,
+                     history: list) -> None:
     state = {
         "step": step,
         "model": {k: v for k, v in student.lm.state_dict().items()},
@@ -184,16 +103,16 @@ def _save_checkpoint(path: Path, student, opt, step: int, gen: torch.Generator, 
     os.replace(tmp, path)
 
 
-def _load_checkpoint(path: Path, student, opt, gen: torch.Generator) -> tuple[int, list]:
+def _load_checkpoint(path: Path, student: Student, opt: torch.optim.Optimizer,
+                     gen: torch.Generator) -> tuple[int, list]:
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:
         raise ConfigError(f"checkpoint {path} is corrupt ({type(e).__name__}); "
                           "delete it or set train.resume=false.") from None
-    saved_vocab = state.get("vocab_ids")
-    if (saved_vocab is None) != (student.vocab_ids is None) or (
-        saved_vocab is not None and not torch.equal(saved_vocab, student.vocab_ids)
-    ):
+    saved_vocab, vocab = state.get("vocab_ids"), student.vocab_ids
+    if not ((saved_vocab is None and vocab is None)
+            or (saved_vocab is not None and vocab is not None and torch.equal(saved_vocab, vocab))):
         raise ConfigError(f"checkpoint {path} was made with another draft vocabulary / data; "
                           "delete it or set train.resume=false (or use another output.dir).")
     try:
@@ -206,20 +125,60 @@ def _load_checkpoint(path: Path, student, opt, gen: torch.Generator) -> tuple[in
     return int(state["step"]), json.loads(state.get("history", "[]"))
 
 
-def train_module(cfg: DictConfig, recipe, target=None) -> Path:
-    """The pipeline (data, training loop, artefact) for the module ``recipe`` builds."""
-    from tqdm import tqdm
+@dataclass
+class TeacherSplit:
+    """The teacher data of a run: ``train`` (continued sequences, then forced and student
+    ones as they are added) and ``held`` (held-out continued sequences, what the metrics
+    read), and what the record says about them."""
 
+    teacher: TeacherSet
+    data: TeacherData  # every continued sequence
+    train: TeacherData
+    held: TeacherData
+    settings: dict
+    continued: int  # train rows continued by the target (before forced and student ones)
+    forced_prompts: int = 0
+    forced_positions: int = 0
+    student_sequences: int = 0
+    seconds: float = 0.0  # time spent on teacher data (and the states the student reads)
+
+
+@dataclass
+class Fit:
+    """What the training loop did: steps run, held-out metrics before and after, the history
+    of evaluations, its time, and where its checkpoint lives."""
+
+    steps: int
+    before: dict[str, float]
+    after: dict[str, float]
+    history: list[dict]
+    seconds: float
+    checkpoint: Path
+
+
+def train_module(cfg: DictConfig, recipe: Recipe, target: Target | None = None) -> Path:
+    """The pipeline (data, training loop, artefact) for the module ``recipe`` builds; returns
+    the artefact dir (the teacher-data store with ``train.steps=0``)."""
     check_config(cfg, recipe)
     t0 = time.time()
     torch.set_num_threads(int(cfg.threads))
     torch.manual_seed(int(cfg.train.seed))
-    out_dir = Path(cfg.output.dir).expanduser()
     if target is None:
         target = load_teacher_target(cfg)
-    model = target.model
+    split = teacher_split(cfg, target)
+    student = student_for(cfg, recipe, target, split)
+    if int(cfg.train.steps) == 0:  # teacher data (and the states the module reads) only: train later, elsewhere
+        print(f"teacher data ready in {split.teacher.store.root} ({split.seconds:.0f}s); "
+              "train.steps=0: nothing trained", file=sys.stderr)
+        return split.teacher.store.root
+    add_student_data(cfg, student, target, split)
+    fit = train_student(cfg, recipe, student, split, target.vocab_size)
+    return write_artefact(cfg, recipe, student, split, fit, time.time() - t0)
 
-    # -- data ---------------------------------------------------------------------
+
+def teacher_split(cfg: DictConfig, target: Target) -> TeacherSplit:
+    """The target's continuations of the training prompts (from the store), split into train
+    and held out, plus ``data.forced_prompts`` read (not continued) by the target, for training only."""
     d = cfg.data
     n_forced = int(d.get("forced_prompts", 0))
     t_data = time.time()
@@ -229,74 +188,89 @@ def train_module(cfg: DictConfig, recipe, target=None) -> Path:
     forced_ids = prompt_ids[n_prompts:] if n_forced else []
     if n_prompts < 2:
         raise ConfigError(f"only {n_prompts} usable prompts; raise data.num_prompts or data.max_prompt_tokens.")
-    target_info, settings = teacher.identity["target"], {**teacher.identity, "sequences": n_prompts}
+    settings = {**teacher.identity, "sequences": n_prompts}
     data = teacher.fill(n_prompts, bool(cfg.progress))
-    data_s = time.time() - t_data
     order = torch.randperm(len(data), generator=torch.Generator().manual_seed(int(d.seed)))
     n_held = round(len(data) * float(d.heldout))
-    held, train = data.subset(order[:n_held]), data.subset(order[n_held:])
-    forced_positions, continued = 0, len(train)  # train rows continued by the target (before forced ones)
+    split = TeacherSplit(teacher, data, data.subset(order[n_held:]), data.subset(order[:n_held]), settings,
+                         continued=len(data) - n_held, forced_prompts=len(forced_ids))
+    split.seconds = time.time() - t_data
     if forced_ids:  # cheap extra positions: text the target reads (one forward each) instead of writes;
         # training only: the held-out metrics stay on text the target writes, as at decode time
         t_forced = time.time()
         key = data_key({**settings, "forced": forced_ids, "skip": "shared_prefix"})
-        forced = forced_data(model, forced_ids, cache_dir=d.cache_dir, key=key, top_k=int(d.top_k),
+        forced = forced_data(target.model, forced_ids, cache_dir=d.cache_dir, key=key, top_k=int(d.top_k),
                              batch_size=int(d.batch_size), progress=bool(cfg.progress))
-        train, forced_positions = concat_data(train, forced), forced.positions
-        data_s += time.time() - t_forced
+        split.train, split.forced_positions = concat_data(split.train, forced), forced.positions
+        split.seconds += time.time() - t_forced
+    return split
 
-    # -- student ------------------------------------------------------------------
-    student = recipe.make(cfg, target, train)
-    student.lm.to(model.device)
-    if hasattr(student, "states_name"):  # a head reading target states: from the store (computed once per shard)
-        t_states = time.time()
-        student.preload(data, teacher.store.states(student.states_name, student.target_states, int(d.batch_size),
-                                                   bool(cfg.progress)))
-        data_s += time.time() - t_states
-    if int(cfg.train.steps) == 0:  # teacher data (and the states the module reads) only: train later, elsewhere
-        print(f"teacher data ready in {teacher.store.root} ({data_s:.0f}s); train.steps=0: nothing trained",
-              file=sys.stderr)
-        return teacher.store.root
-    full_vocab = target.vocab_size
-    n_student = round(continued * float(d.get("student_fraction", 0.0)))
-    if n_student:  # on-policy for the student too: its own continuations, scored by the target
-        t_student = time.time()
-        prompts = [train.ids[i, : int(train.prompt_len[i])].tolist() for i in range(n_student)]
-        vocab = None if student.vocab_ids is None else student.vocab_ids.tolist()
-        skey = data_key({**settings, "student": OmegaConf.to_container(cfg.student), "vocab": vocab, "n": n_student})
-        extra = student_data(student, model, prompts, cache_dir=d.cache_dir, key=skey,
-                             max_new_tokens=int(d.max_new_tokens), top_k=int(d.top_k),
-                             temperature=float(d.temperature), batch_size=int(d.batch_size), eos_ids=teacher.eos_ids,
-                             pad_id=teacher.pad_id, seed=int(d.seed), progress=bool(cfg.progress))
-        train = concat_data(train, extra)
-        data_s += time.time() - t_student
-    kind = str(cfg.loss)
-    metrics = getattr(recipe, "batch_metrics", batch_metrics)
+
+def student_for(cfg: DictConfig, recipe: Recipe, target: Target, split: TeacherSplit) -> Student:
+    """The recipe's untrained student on the target's device, with what it reads of the
+    target taken from the store (`Recipe.preload`)."""
+    student = recipe.make(cfg, target, split.train)
+    student.lm.to(target.model.device)
+    t_states = time.time()
+    recipe.preload(student, split.data, split.teacher, cfg)
+    split.seconds += time.time() - t_states
+    return student
+
+
+def add_student_data(cfg: DictConfig, student: Student, target: Target, split: TeacherSplit) -> None:
+    """On-policy for the student too (``data.student_fraction``): its own continuations of
+    that share of the continued training prompts, scored by the target, added to ``train``."""
+    d = cfg.data
+    n_student = round(split.continued * float(d.get("student_fraction", 0.0)))
+    split.student_sequences = n_student
+    if not n_student:
+        return
+    t_student = time.time()
+    train = split.train
+    prompts = [train.ids[i, : int(train.prompt_len[i])].tolist() for i in range(n_student)]
+    vocab = None if student.vocab_ids is None else student.vocab_ids.tolist()
+    skey = data_key({**split.settings, "student": OmegaConf.to_container(cfg.student), "vocab": vocab, "n": n_student})
+    teacher = split.teacher
+    extra = student_data(student, target.model, prompts, cache_dir=d.cache_dir, key=skey,
+                         max_new_tokens=int(d.max_new_tokens), top_k=int(d.top_k),
+                         temperature=float(d.temperature), batch_size=int(d.batch_size), eos_ids=teacher.eos_ids,
+                         pad_id=teacher.pad_id, seed=int(d.seed), progress=bool(cfg.progress))
+    split.train = concat_data(train, extra)
+    split.seconds += time.time() - t_student
+
+
+def train_student(cfg: DictConfig, recipe: Recipe, student: Student, split: TeacherSplit, full_vocab: int) -> Fit:
+    """The training loop: AdamW on the recipe's loss (`Recipe.batch_metrics` + `Recipe.extra_loss`)
+    with a warm-up-then-cosine learning rate, held-out evaluations every ``train.eval_every``
+    steps, checkpoints (and resume), and the ``train.max_seconds`` budget."""
+    from tqdm import tqdm
+
+    kind, metrics, held, train = str(cfg.loss), recipe.batch_metrics, split.held, split.train
     before = evaluate(student, held, full_vocab, kind, metrics=metrics)
     params = recipe.trainable(student, cfg)
     opt = torch.optim.AdamW(params, lr=float(cfg.train.lr), weight_decay=float(cfg.train.weight_decay))
     gen = torch.Generator().manual_seed(int(cfg.train.seed))
-    ckpt_dir = out_dir.parent / f".{out_dir.name}.checkpoints"
-    ckpt = ckpt_dir / "last.pt"
+    out_dir = Path(cfg.output.dir).expanduser()
+    ckpt = out_dir.parent / f".{out_dir.name}.checkpoints" / "last.pt"
     step = 0
-    history: list = []
+    history: list[dict] = []  # one record per held-out evaluation
     if bool(cfg.train.resume) and ckpt.is_file():
         step, history = _load_checkpoint(ckpt, student, opt, gen)
         print(f"resumed from {ckpt} at step {step}", file=sys.stderr)
-    steps, bs = int(cfg.train.steps), int(cfg.train.batch_size)
-    max_s, mark, timed = float(cfg.train.get("max_seconds", 0) or 0), step + 5, step + 25  # timed after a warm-up
+    budget = StepBudget(int(cfg.train.steps), float(cfg.train.get("max_seconds", 0) or 0), step)
     last_eval = history[-1]["alpha_greedy"] if history else before["alpha_greedy"]
-    t_train = t_mark = time.time()
-    bar = tqdm(total=steps, initial=step, desc=f"{recipe.desc} ({kind})", disable=not cfg.progress, dynamic_ncols=True)
+    bs = int(cfg.train.batch_size)
+    bar = tqdm(total=budget.steps, initial=step, desc=f"{recipe.desc} ({kind})", disable=not cfg.progress,
+               dynamic_ncols=True)
     ema = None
-    while step < steps:
+    while step < budget.steps:
         student.lm.train()
         rows = torch.randint(0, len(train), (bs,), generator=gen)
         for g in opt.param_groups:
-            g["lr"] = _lr(step, cfg, steps)
+            g["lr"] = _lr(step, cfg, budget.steps)
         loss = metrics(student, train, rows, full_vocab, kind)["loss"].mean()
-        if hasattr(recipe, "extra_loss"):  # a recipe's own term next to the distillation loss
-            loss = loss + recipe.extra_loss(student, cfg)
+        if (extra := recipe.extra_loss(student, cfg)) is not None:  # a recipe's own term next to the distillation loss
+            loss = loss + extra
         opt.zero_grad(set_to_none=True)
         loss.backward()
         if float(cfg.train.grad_clip) > 0:
@@ -305,54 +279,81 @@ def train_module(cfg: DictConfig, recipe, target=None) -> Path:
         step += 1
         value = float(loss.detach())
         ema = value if ema is None else 0.9 * ema + 0.1 * value
-        if step % int(cfg.train.eval_every) == 0 or step == steps:
+        if step % int(cfg.train.eval_every) == 0 or step == budget.steps:
             heldout = evaluate(student, held, full_vocab, kind, metrics=metrics)
             history.append({"step": step, "train_loss": round(ema, 4), **heldout})
             last_eval = heldout["alpha_greedy"]
-        if step % int(cfg.train.ckpt_every) == 0 and step < steps:
-            ckpt_dir.mkdir(parents=True, exist_ok=True)
+        if step % int(cfg.train.ckpt_every) == 0 and step < budget.steps:
+            ckpt.parent.mkdir(parents=True, exist_ok=True)
             _save_checkpoint(ckpt, student, opt, step, gen, history)
-        if step == mark:
-            t_mark = time.time()
-        if max_s and step == timed:  # a wall-time budget: as many steps as fit, on a schedule that ends there
-            fit = step + int((max_s - (time.time() - t_train)) / ((time.time() - t_mark) / (timed - mark)))
-            if fit < steps:
-                steps = max(step, fit)
-                bar.total = steps
-                print(f"train.max_seconds={max_s:g}: {steps} steps fit (of train.steps={cfg.train.steps})",
-                      file=sys.stderr)
+        if budget.after_step(step):
+            bar.total = budget.steps
+            print(f"train.max_seconds={budget.max_seconds:g}: {budget.steps} steps fit "
+                  f"(of train.steps={cfg.train.steps})", file=sys.stderr)
         bar.set_postfix(loss=f"{ema:.4f}", heldout_alpha=f"{last_eval:.3f}")
         bar.update(1)
     bar.close()
-    train_s = time.time() - t_train
-    after = evaluate(student, held, full_vocab, kind, metrics=metrics)
+    seconds = time.time() - budget.start
+    return Fit(step, before, evaluate(student, held, full_vocab, kind, metrics=metrics), history, seconds, ckpt)
+
+
+class StepBudget:
+    """``train.steps``, cut by a wall-time budget (``train.max_seconds``, 0 = none): steps are
+    timed after a warm-up (steps 5..25 after the first), then as many as fit are kept, on a
+    schedule that ends there."""
+
+    def __init__(self, steps: int, max_seconds: float, first: int):
+        self.steps, self.max_seconds = steps, max_seconds
+        self.mark, self.timed = first + 5, first + 25
+        self.start = self.t_mark = time.time()
+
+    def after_step(self, step: int) -> bool:
+        """Note that ``step`` steps are done; True when the budget just cut ``steps``."""
+        if step == self.mark:
+            self.t_mark = time.time()
+        if self.max_seconds and step == self.timed:
+            per_step = (time.time() - self.t_mark) / (self.timed - self.mark)
+            fit = step + int((self.max_seconds - (time.time() - self.start)) / per_step)
+            if fit < self.steps:
+                self.steps = max(step, fit)
+                return True
+        return False
+
+
+def write_artefact(cfg: DictConfig, recipe: Recipe, student: Student, split: TeacherSplit, fit: Fit,
+                   elapsed: float) -> Path:
+    """The artefact with its training record (data, loss, steps, held-out metrics, times,
+    config), written from the CPU; the checkpoint removed unless ``train.keep_checkpoints``."""
+    d = cfg.data
     record = {
-        "data": {"prompts": str(d.prompts or "spec_zoo/train/data/prompts.jsonl"), "store": str(teacher.store.root),
-                 "mixture": teacher.taken, "sequences": len(data) + len(forced_ids),
-                 "train_sequences": len(train), "heldout_sequences": len(held),
-                 "positions": data.positions + forced_positions,
-                 "student_sequences": n_student, "forced_prompts": int(d.get("forced_prompts", 0)),
+        "data": {"prompts": str(d.prompts or "spec_zoo/train/data/prompts.jsonl"),
+                 "store": str(split.teacher.store.root), "mixture": split.teacher.taken,
+                 "sequences": len(split.data) + split.forced_prompts,
+                 "train_sequences": len(split.train), "heldout_sequences": len(split.held),
+                 "positions": split.data.positions + split.forced_positions,
+                 "student_sequences": split.student_sequences, "forced_prompts": int(d.get("forced_prompts", 0)),
                  "max_new_tokens": int(d.max_new_tokens), "top_k": int(d.top_k), "temperature": float(d.temperature),
                  "chat": bool(d.chat)},
-        "loss": kind,
-        "steps": step,
-        "batch_size": bs,
-        "heldout_before": before,
-        "heldout_after": after,
-        "history": history,
-        "time_s": {"data": round(data_s, 1), "train": round(train_s, 1), "total": round(time.time() - t0, 1)},
+        "loss": str(cfg.loss),
+        "steps": fit.steps,
+        "batch_size": int(cfg.train.batch_size),
+        "heldout_before": fit.before,
+        "heldout_after": fit.after,
+        "history": fit.history,
+        "time_s": {"data": round(split.seconds, 1), "train": round(fit.seconds, 1), "total": round(elapsed, 1)},
         "threads": int(cfg.threads),
         "config": OmegaConf.to_container(cfg, resolve=True),
     }
     student.lm.to("cpu")  # artefacts are written from (and load to) the CPU
-    path = recipe.save(student, cfg, target_info, record)
-    if ckpt.is_file() and not bool(cfg.train.keep_checkpoints):
-        ckpt.unlink()
+    path = recipe.save(student, cfg, split.teacher.identity["target"], record)
+    if fit.checkpoint.is_file() and not bool(cfg.train.keep_checkpoints):
+        fit.checkpoint.unlink()
         try:
-            ckpt_dir.rmdir()
+            fit.checkpoint.parent.rmdir()
         except OSError:
             pass
+    before, after = fit.before, fit.after
     print(f"held-out alpha (greedy) {before['alpha_greedy']:.3f} -> {after['alpha_greedy']:.3f}; "
           f"1-TV {before['alpha_sampled']:.3f} -> {after['alpha_sampled']:.3f}; "
-          f"data {data_s:.0f}s, train {train_s:.0f}s; saved {path}", file=sys.stderr)
+          f"data {split.seconds:.0f}s, train {fit.seconds:.0f}s; saved {path}", file=sys.stderr)
     return path

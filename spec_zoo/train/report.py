@@ -5,9 +5,11 @@ The target writes greedy continuations of held-out prompts (``report.per_categor
 category of the mixture, from the far end of each category's order and never a prompt of
 ``report.exclude``, the files the artefacts were trained on); each artefact then drafts
 every chain along them, teacher-forced. Position s of a chain starting at token r is the
-depth-s draft of token r + s - 1: what the EAGLE head computes from its own s - 1 guessed
+depth-s draft of token r + s - 1, as the artefact's recipe computes it
+(`spec_zoo.train.recipe.Recipe.depth_matches`): the EAGLE head from its own s - 1 guessed
 features (unrolled), Medusa head s from the state before r, and for drafts that read
-tokens only (distilled draft, exit adapter) the same as depth 1. ``alpha`` at position s is
+tokens only (distilled draft, exit adapter) the same as depth 1. Which recipe reads an
+artefact is found by its record file (`spec_zoo.train.methods`). ``alpha`` at position s is
 the greedy acceptance given positions 1..s-1 were accepted, over chains that fit in the
 continuation (the issue's "second position given the first").
 """
@@ -23,93 +25,48 @@ import torch
 from omegaconf import DictConfig
 
 from spec_zoo.errors import ConfigError
-from spec_zoo.train.data import PACKAGED_PROMPTS, read_records
-from spec_zoo.train.loop import load_teacher_target, teacher_positions
+from spec_zoo.target import Target
+from spec_zoo.train.batches import teacher_positions
+from spec_zoo.train.data import PACKAGED_PROMPTS, TeacherData, read_records
+from spec_zoo.train.loop import load_teacher_target
+from spec_zoo.train.methods import recipe_of_artefact, recipes
 from spec_zoo.train.mixture import categories, mixture_texts
+from spec_zoo.train.recipe import Recipe, Student
 from spec_zoo.train.store import TeacherSet
-
-KINDS = {"distill.json": "distilled", "eagle.json": "eagle", "adapter.json": "early_exit", "medusa.json": "medusa"}
-
-
-def artefact_kind(path: Path) -> str:
-    for record, kind in KINDS.items():
-        if (path / record).is_file():
-            return kind
-    raise ConfigError(f"report.artefacts: {str(path)!r} holds none of {', '.join(KINDS)}; give trained artefact dirs.")
-
-
-def load_student(path: Path, kind: str, model):
-    """The artefact as the training loop's student (frozen)."""
-    if kind == "distilled":
-        from spec_zoo.drafters.distilled.student import student_from_pretrained
-
-        return student_from_pretrained(path, model)[0].eval()
-    if kind == "eagle":
-        from spec_zoo.drafters.eagle.head import load_eagle
-        from spec_zoo.drafters.eagle.train import EagleStudent
-
-        return EagleStudent(model, load_eagle(path, model))
-    if kind == "early_exit":
-        from spec_zoo.drafters.early_exit.adapter import load_adapter
-        from spec_zoo.drafters.early_exit.train import ExitStudent
-
-        return ExitStudent(model, load_adapter(path, model))
-    from spec_zoo.drafters.medusa.heads import load_medusa
-    from spec_zoo.drafters.medusa.train import MedusaStudent
-
-    return MedusaStudent(model, load_medusa(path, model))
 
 
 @torch.no_grad()
-def depth_matches(student, kind: str, data, rows, full_vocab: int, depth: int):
+def depth_matches(recipe: Recipe, student: Student, data: TeacherData, rows: torch.Tensor, full_vocab: int,
+                  depth: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Per teacher row (a generated token) of ``rows``: [N, depth] bool, column s - 1 = the
-    depth-s draft of that token is the target's argmax; and each row's place in its continuation."""
+    depth-s draft of that token is the target's argmax (`Recipe.depth_matches`); and each
+    row's place in its continuation."""
     ids, mask, where, t_ids, _, _ = teacher_positions(student, data, rows, full_vocab)
     gen = data.gen_len[rows].tolist()
     local = torch.cat([torch.arange(g) for g in gen])
-    vocab = student.vocab_ids
-
-    if kind == "eagle":
-        outs = student.unroll(ids, mask, depth, 1)
-        cols = [right_at(student.head(o.reshape(-1, o.shape[-1])[where]), vocab, t_ids) for o in outs]
-    elif kind == "medusa":
-        states = student.hidden(ids, mask).reshape(-1, student.lm.head.shape[1])
-        cols = []
-        for s in range(1, depth + 1):  # head s at the state s places before: where - s (same sequence when local >= s)
-            col = torch.zeros(len(where), dtype=torch.bool)
-            if s <= student.lm.num_heads:
-                ok = local >= s
-                col[ok] = right_at(student.lm.head_logits(states[where[ok] - s], s - 1), vocab, t_ids[ok])
-            cols.append(col)
-    else:
-        hidden = student.hidden(ids, mask)
-        cols = [right_at(student.head(hidden.reshape(-1, hidden.shape[-1])[where]), vocab, t_ids)] * depth
-    return torch.stack(cols, 1), local
+    return torch.stack(recipe.depth_matches(student, ids, mask, where, t_ids, local, depth), 1), local
 
 
-def right_at(logits, vocab, t_ids) -> torch.Tensor:
-    """The draft's argmax (in target ids) is the target's argmax."""
-    top = logits.argmax(-1)
-    return (top if vocab is None else vocab[top]) == t_ids[:, 0]
-
-
-def chain_alpha(matches: torch.Tensor, local: torch.Tensor, gen: torch.Tensor, kind: str) -> list[tuple[int, int]]:
-    """(accepted, reached) per position over every chain that fits: chain r's position s is
+def chain_alpha(matches: torch.Tensor, local: torch.Tensor, gen: torch.Tensor,
+                start: int = 0) -> list[tuple[int, int]]:
+    """(accepted, reached) per position over every chain that fits and starts at continuation
+    position ``start`` or later (`Recipe.chain_start`): chain r's position s is
     ``matches[r + s - 1, s - 1]``."""
     D = matches.shape[1]
-    fits = (local + D <= gen) & (local >= (1 if kind == "medusa" else 0))  # Medusa reads the state before r
+    fits = (local + D <= gen) & (local >= start)
     starts = fits.nonzero()[:, 0]
     alive = torch.stack([matches[starts + s, s] for s in range(D)], 1).long().cumprod(1)
     reached = torch.cat([torch.tensor([len(starts)]), alive[:, :-1].sum(0)])
     return [(int(a), int(r)) for a, r in zip(alive.sum(0), reached)]
 
 
-def measure(student, kind: str, data, names: list[str], full_vocab: int, depth: int, batch_size: int = 8) -> dict:
+def measure(recipe: Recipe, student: Student, data: TeacherData, names: list[str], full_vocab: int, depth: int,
+            batch_size: int = 8) -> dict:
     """{category: [(accepted, reached) per position]} plus ``all``."""
     counts: dict[str, list[list[int]]] = {}
     for s in range(0, len(data), batch_size):
         rows = torch.arange(s, min(s + batch_size, len(data)))
-        m, local = depth_matches(student, kind, data, rows, full_vocab, depth)
+        m, local = depth_matches(recipe, student, data, rows, full_vocab, depth)
         gen = torch.cat([torch.full((int(data.gen_len[i]),), int(data.gen_len[i])) for i in rows.tolist()])
         seq = torch.cat([torch.full((int(data.gen_len[i]),), i) for i in rows.tolist()])
         for i in rows.tolist():
@@ -117,7 +74,7 @@ def measure(student, kind: str, data, names: list[str], full_vocab: int, depth: 
             name = names[int(data.category[i])] if int(data.category[i]) >= 0 else "other"
             for cat in (name, "all"):
                 acc = counts.setdefault(cat, [[0, 0] for _ in range(depth)])
-                for d, (a, r) in enumerate(chain_alpha(m[pick], local[pick], gen[pick], kind)):
+                for d, (a, r) in enumerate(chain_alpha(m[pick], local[pick], gen[pick], recipe.chain_start)):
                     acc[d][0] += a
                     acc[d][1] += r
     return counts
@@ -128,10 +85,11 @@ def shipped() -> list[Path]:
     import spec_zoo.drafters
 
     root = Path(spec_zoo.drafters.__file__).parent
-    return sorted(p.parent for p in root.glob("*/artefacts/*/*.json") if p.name in KINDS)
+    records = {cls.artefact[0] for cls in recipes().values()}
+    return sorted(p.parent for p in root.glob("*/artefacts/*/*.json") if p.name in records)
 
 
-def run_report(cfg: DictConfig, target=None) -> Path:
+def run_report(cfg: DictConfig, target: Target | None = None) -> Path:
     """Run ``spec-zoo-train report`` (conf/train_report.yaml); return the markdown file."""
     r = cfg.report
     if int(r.per_category) < 1 or int(r.depth) < 1:
@@ -139,7 +97,7 @@ def run_report(cfg: DictConfig, target=None) -> Path:
     paths = [Path(p).expanduser() for p in r.artefacts] if r.artefacts else shipped()
     if not paths:
         raise ConfigError("report.artefacts: no artefacts given and none shipped; give report.artefacts=[DIR, ...].")
-    kinds = [artefact_kind(p) for p in paths]
+    readers = [recipe_of_artefact(p)() for p in paths]  # each artefact's recipe, with its defaults
     torch.set_num_threads(int(cfg.threads))
     target = target or load_teacher_target(cfg)
     exclude = None
@@ -151,11 +109,11 @@ def run_report(cfg: DictConfig, target=None) -> Path:
     teacher = TeacherSet(cfg, target, int(r.per_category) * 64, heldout=exclude, per_category=int(r.per_category))
     data = teacher.fill(len(teacher.prompts), bool(cfg.progress))
     results: dict[str, dict] = {}
-    for path, kind in zip(paths, kinds):
-        student = load_student(path, kind, target.model)
+    for path, recipe in zip(paths, readers):
+        student = recipe.load(path, target.model)
         name = os.path.relpath(path) if path.resolve().is_relative_to(Path.cwd()) else str(path)
-        results[name] = {"kind": kind, "alpha": measure(student, kind, data, teacher.names, target.vocab_size,
-                                                        int(r.depth))}
+        results[name] = {"kind": recipe.drafter, "alpha": measure(recipe, student, data, teacher.names,
+                                                                  target.vocab_size, int(r.depth))}
         print(f"{path.name}: position 1 alpha {_alpha(results[name]['alpha']['all'][0]):.3f}", file=sys.stderr)
     out = Path(r.out).expanduser()
     out.mkdir(parents=True, exist_ok=True)
