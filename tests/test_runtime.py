@@ -51,10 +51,10 @@ def tree() -> Draft:
 
 def test_row_logits_do_not_depend_on_how_many_tokens_are_scored(compiled):
     """Batch invariance, exactly: after the same prefix, the logits after the last committed
-    token are bit-identical whether 1 or up to 8 tokens are scored (chains and a tree)."""
+    token are bit-identical whether 1 or up to 16 tokens are scored (chains and a tree)."""
     compiled.reset()
     alone = compiled.score(PROMPT, Draft.empty()).logits[0]
-    for m in range(1, 8):
+    for m in range(1, 16):
         compiled.reset()
         chain = compiled.score(PROMPT, Draft.chain([(3 * j + 1) % 8 for j in range(m)])).logits
         assert torch.equal(chain[0], alone), f"M={m + 1}"
