@@ -28,7 +28,7 @@ from spec_zoo.paths import cache_root
 
 SOURCE = Path(__file__).with_name("skinny_gemm.cpp")
 GEMMS = ("skinny", "inductor")  # model.gemm: this kernel, or inductor's own GEMM (model.gemm_backends)
-DEFAULT_GEMM = "skinny"
+DEFAULT_GEMM = "inductor"  # measured level with skinny on this AVX2 VM (docs/runtime.md), and it compiles faster
 
 
 def _cpu_flags() -> str:
