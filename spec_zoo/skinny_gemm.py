@@ -28,7 +28,7 @@ from spec_zoo.paths import cache_root
 
 SOURCE = Path(__file__).with_name("skinny_gemm.cpp")
 GEMMS = ("skinny", "inductor")  # model.gemm: this kernel, or inductor's own GEMM (model.gemm_backends)
-DEFAULT_GEMM = "inductor"  # measured level with skinny on this AVX2 VM (docs/runtime.md), and it compiles faster
+DEFAULT_GEMM = "inductor"  # level with skinny on one layer on this AVX2 VM; the whole model is not yet measured (docs/runtime.md)
 
 
 def _cpu_flags() -> str:
