@@ -39,7 +39,7 @@ import os
 import sys
 import time
 import warnings
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 
 import torch
 from torch._inductor import config as inductor_config
@@ -51,6 +51,7 @@ from spec_zoo.draft import Draft
 from spec_zoo.errors import ConfigError
 from spec_zoo.layers import DecoderStack, causal_mask, final_logits
 from spec_zoo.paths import cache_root
+from spec_zoo.skinny_gemm import DEFAULT_GEMM, GEMMS, SkinnyLinears
 from spec_zoo.target import Target
 
 KEY_BLOCK = 64  # attention spans a multiple of this many cache slots (a multiple of every SIMD width)
@@ -124,7 +125,11 @@ class CompiledTarget(Target):
         gemm_backends: str = "CPP",
         fallback: bool = True,
         key_block: int = KEY_BLOCK,
+        gemm: str = DEFAULT_GEMM,
     ):
+        if gemm not in GEMMS:
+            raise ConfigError(
+                f"model.gemm={gemm!r} is not a GEMM of the compiled runtime; use one of: {', '.join(GEMMS)}.")
         stack = DecoderStack(model)  # refuses a model that is not laid out as the runtime needs
         buckets = sorted({int(b) for b in buckets})
         if not buckets or buckets[0] < 2:
@@ -142,6 +147,8 @@ class CompiledTarget(Target):
                               f"has no windows; set model.max_cache_len={window} or less, or model.runtime=eager.")
         self.max_cache_len, self.buckets, self.fallback, self.key_block = max_cache_len, buckets, fallback, key_block
         self.settings = inductor_settings(freezing, gemm_backends)
+        # the linear layers on the skinny GEMM (its kernel built now, once per machine), or on inductor's
+        self.linears = SkinnyLinears() if gemm == "skinny" else None
         self._compiled = None  # the graph, compiled at the first compiled forward
         self.compile_s: float | None = None
         super().__init__(model, tokenizer)
@@ -256,7 +263,7 @@ class CompiledTarget(Target):
             config, before = self.config, self.config._attn_implementation
             config._attn_implementation = "spec_zoo_rowwise"
             try:
-                with inductor_config.patch(**self.settings), no_output_capture():
+                with inductor_config.patch(**self.settings), no_output_capture(), self.linears or nullcontext():
                     return fn(*args)
             finally:
                 config._attn_implementation = before

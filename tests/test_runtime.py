@@ -51,10 +51,10 @@ def tree() -> Draft:
 
 def test_row_logits_do_not_depend_on_how_many_tokens_are_scored(compiled):
     """Batch invariance, exactly: after the same prefix, the logits after the last committed
-    token are bit-identical whether 1 or up to 8 tokens are scored (chains and a tree)."""
+    token are bit-identical whether 1 or up to 16 tokens are scored (chains and a tree)."""
     compiled.reset()
     alone = compiled.score(PROMPT, Draft.empty()).logits[0]
-    for m in range(1, 8):
+    for m in range(1, 16):
         compiled.reset()
         chain = compiled.score(PROMPT, Draft.chain([(3 * j + 1) % 8 for j in range(m)])).logits
         assert torch.equal(chain[0], alone), f"M={m + 1}"
@@ -181,6 +181,26 @@ def test_bad_buckets_and_cache_length_are_refused(model):
         CompiledTarget(model, buckets=(1, 4))
     with pytest.raises(ConfigError, match="model.max_cache_len=100000"):
         CompiledTarget(model, max_cache_len=100000)
+    with pytest.raises(ConfigError, match="model.gemm='mkl'"):
+        CompiledTarget(model, gemm="mkl")
+
+
+def test_the_skinny_gemm_keeps_rows_and_tree_nodes_exact(model):
+    """model.gemm=skinny (spec_zoo.skinny_gemm inside the compiled graph; no eager fallback):
+    row 0 is bit-identical for 1..16 scored tokens, and every tree node equals its path as a chain."""
+    target = CompiledTarget(model, max_cache_len=96, buckets=BUCKETS, key_block=16, gemm="skinny", fallback=False)
+    target.reset()
+    alone = target.score(PROMPT, Draft.empty()).logits[0]
+    for m in range(1, 16):
+        target.reset()
+        assert torch.equal(target.score(PROMPT, Draft.chain([(3 * j + 1) % 8 for j in range(m)])).logits[0], alone)
+    draft = tree()
+    target.reset()
+    logits = target.score(PROMPT, draft).logits
+    for node in range(len(draft)):
+        target.reset()
+        path = Draft.chain(draft.tokens[draft.path_to(node)])
+        assert torch.equal(logits[node + 1], target.score(PROMPT, path).logits[-1])
 
 
 def test_cost_table_is_measured_saved_and_read(compiled, tmp_path):

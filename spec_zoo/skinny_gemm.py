@@ -1,0 +1,114 @@
+"""The batch-invariant skinny GEMM: ``spec_zoo::skinny_linear``, a custom op for x @ W^T with few rows.
+
+Inductor's C++ GEMM is flat only to 4 scored rows on a CPU (docs/runtime.md says why); this
+kernel (`skinny_gemm.cpp`) reads each weight once per call, reuses it from L1 for every row,
+and reduces each output over K in one fixed order whatever the row count, so rows stay
+bit-identical for any M (the compiled runtime's invariance contract). It is C++ built on
+first use for this CPU (-march=native: AVX-512, AVX2 or a portable path), cached under
+`spec_zoo.paths.cache_root` / ``kernels``, and registered with `torch.library` (a fake
+implementation included) so inductor calls it inside the compiled graph.
+`SkinnyLinears` routes the float32, bias-free linear layers of a traced model to it.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import os
+import platform
+import shutil
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch.overrides import TorchFunctionMode
+
+from spec_zoo.errors import ConfigError, first_line
+from spec_zoo.paths import cache_root
+
+SOURCE = Path(__file__).with_name("skinny_gemm.cpp")
+GEMMS = ("skinny", "inductor")  # model.gemm: this kernel, or inductor's own GEMM (model.gemm_backends)
+# level with skinny on one layer on this AVX2 VM; the whole model is not yet measured (docs/runtime.md)
+DEFAULT_GEMM = "inductor"
+
+
+def _cpu_flags() -> str:
+    """This CPU's feature flags (what -march=native compiles for), so a shared cache never
+    hands one machine another's build."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                return line
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+@functools.cache
+def load() -> str:
+    """Build (once per machine, then cached) and load the kernel; the ISA it was built for."""
+    compiler = os.environ.get("CXX", "c++")
+    if shutil.which(compiler) is None:
+        raise ConfigError(f"model.gemm=skinny builds a C++ kernel on first use, but no compiler ({compiler}) is on "
+                          "PATH; install one (e.g. apt-get install g++) or set model.gemm=inductor.")
+    from torch.utils import cpp_extension
+
+    source = SOURCE.read_text()
+    tag = hashlib.sha256((source + _cpu_flags() + torch.__version__).encode()).hexdigest()[:12]
+    name = f"spec_zoo_skinny_gemm_{tag}"
+    build = cache_root() / "kernels" / name
+    build.mkdir(parents=True, exist_ok=True)
+    try:
+        cpp_extension.load(name, sources=[str(SOURCE)], extra_cflags=["-O3", "-march=native", "-ffp-contract=off"],
+                           build_directory=str(build), is_python_module=False, verbose=False)
+    except (RuntimeError, OSError, ImportError) as err:
+        raise ConfigError(f"model.gemm=skinny: building its C++ kernel in {build} failed ({first_line(err)}); "
+                          "set model.gemm=inductor.") from None
+
+    @torch.library.register_fake("spec_zoo::skinny_linear")
+    def _(x, packed, n):  # shapes for the compiler: x [..., K] -> [..., N]
+        return x.new_empty((*x.shape[:-1], n))
+
+    return torch.ops.spec_zoo.skinny_isa()
+
+
+@functools.cache
+def layout() -> tuple[int, int]:
+    """(SIMD lanes, weight rows per block) of this machine's build."""
+    load()
+    lanes, block = torch.ops.spec_zoo.skinny_layout()
+    return lanes, block
+
+
+def pack(weight: torch.Tensor, lanes: int, block: int) -> torch.Tensor:
+    """The weight [N, K] as the kernel streams it (``lanes, block = layout()``): [ceil(N / block),
+    ceil(K / lanes), block, lanes], zero-padded. Plain tensor ops, so on frozen weights inductor
+    folds them into a constant once."""
+    n, k = weight.shape
+    padded = F.pad(weight, (0, -k % lanes, 0, -n % block))
+    blocks = padded.reshape(padded.shape[0] // block, block, padded.shape[1] // lanes, lanes)
+    return blocks.permute(0, 2, 1, 3).contiguous()
+
+
+def skinny_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """x [..., K] @ weight[N, K]^T, float32, rows batch-invariant (builds the kernel on first call)."""
+    packed = pack(weight, *layout())  # layout() first: it loads the op
+    return torch.ops.spec_zoo.skinny_linear(x, packed, weight.shape[0])
+
+
+class SkinnyLinears(TorchFunctionMode):
+    """While active (and while dynamo traces under it), ``F.linear`` on float32 weights without a
+    bias runs `skinny_linear`; any other linear runs as it would."""
+
+    def __init__(self):
+        super().__init__()
+        self.layout = layout()  # plain ints, read while dynamo traces (it must not trace the build)
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is F.linear:
+            x, weight, *rest = args
+            bias = rest[0] if rest else kwargs.get("bias")
+            if bias is None and weight.dtype == torch.float32 and x.dtype == torch.float32 and weight.dim() == 2:
+                return torch.ops.spec_zoo.skinny_linear(x, pack(weight, *self.layout), weight.shape[0])
+        return func(*args, **kwargs)
