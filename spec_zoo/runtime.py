@@ -272,7 +272,7 @@ class CompiledTarget(Target):
         inputs = self._dynamic(torch.zeros(size, dtype=torch.long), torch.full((size,), where),
                                torch.zeros(1, 1, 1, span, dtype=self.dtype), torch.zeros(size, width, dtype=torch.long),
                                torch.zeros(size, width))
-        print("spec-zoo: compiling the target (once per process; minutes on a small CPU) ...",
+        print("spec-zoo: compiling the target (minutes on a small CPU, faster when cached) ...",
               file=sys.stderr, flush=True)
         start = time.perf_counter()
         try:
