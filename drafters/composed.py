@@ -164,6 +164,10 @@ class ComposedDrafter(Drafter):
             except ConfigError as err:
                 raise ConfigError(f"{KEY}[{i}]={self.labels[i]}: {err}") from None
 
+    def compiled_parts(self) -> list:
+        """The members' compiled draft models (what `spec-zoo warmup` compiles)."""
+        return [part for m in self.members for part in getattr(m, "compiled_parts", list)()]
+
     def begin(self, state: DecodeState) -> None:
         self._pending: list[list[torch.Tensor]] = [[] for _ in self.members]
         self._seen: torch.Tensor | None = None

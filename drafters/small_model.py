@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 
 from spec_zoo.chain import ChainDrafter
+from spec_zoo.costs import draft_key
 from spec_zoo.draft import Draft
 from spec_zoo.draft_length import DraftLength
 from spec_zoo.errors import ConfigError
@@ -22,8 +23,9 @@ from spec_zoo.trees import DraftTreeForward, TopK, build_tree_policy
 class SmallModelDrafter(ChainDrafter):
     """Chain drafting (adaptive length) or tree drafting by a policy (`spec_zoo.trees`).
 
-    path:       a local HF model directory (safetensors), an already loaded model, or None:
-                the default target's first ``draft_layers`` layers (made once, cached).
+    path:       a local HF model directory (safetensors), an already loaded model, a `Target`
+                wrapping one (its runtime then serves as is: one compiled draft shared by
+                drafters), or None: the default target's first ``draft_layers`` layers (made once, cached).
     num_draft:  chain length (the starting length when ``adaptive``).
     sample:     "auto" samples when temperature > 0 and drafts greedily at 0; True/False force it.
                 Sampled drafts record q so rejection sampling stays exact; greedy drafts
@@ -72,18 +74,7 @@ class SmallModelDrafter(ChainDrafter):
                               "(tree_width/tree_depth are shorthand for tree={policy:topk,...}).")
         self.sample_mode = sample
         self.tree = build_tree_policy(tree) or (TopK(tree_width, tree_depth) if tree_depth else None)
-        if isinstance(path, torch.nn.Module):
-            model, tokenizer, self.source = path, None, type(path).__name__
-        else:
-            from spec_zoo.models import load_causal_lm, truncated_draft
-
-            path = truncated_draft(draft_layers) if path is None else path
-            model, tokenizer = load_causal_lm(str(path), dtype=dtype, device=device)
-            self.source = str(path)
-        from spec_zoo.models import check_runtime, on_runtime
-
-        check_runtime(runtime, dtype, device, "drafter")
-        self.runner = on_runtime(runtime, model, tokenizer)  # compiled: the draft's steps cost less too
+        self.runner, self.source = draft_runner(path, dtype, device, draft_layers, runtime)
 
     def attach(self, target: Target) -> None:
         mine, theirs = self.runner.vocab_size, target.vocab_size
@@ -97,6 +88,11 @@ class SmallModelDrafter(ChainDrafter):
                 "a draft model must share the target's tokenizer. Pick a draft from the same model family "
                 "(e.g. `spec-zoo-make-draft` builds one from the target itself)."
             )
+        self.length.cost_key = draft_key(self)
+
+    def compiled_parts(self) -> list[Target]:
+        """The draft model when it runs compiled (``runtime=compiled``): what `spec-zoo warmup` compiles."""
+        return [self.runner] if hasattr(self.runner, "warm_up") else []
 
     def begin(self, state: DecodeState) -> None:
         self.runner.reset()
@@ -122,3 +118,21 @@ class SmallModelDrafter(ChainDrafter):
 
         return self.draft_chain(state, self._next_logits(tokens), min(self.length.choose(state=state), state.max_depth),
                                 advance)
+
+
+def draft_runner(path, dtype: str, device: str, draft_layers: int, runtime: str) -> tuple[Target, str]:
+    """The draft model as a `Target` on ``runtime`` (a given `Target` as is), and what to call it."""
+    if isinstance(path, Target):
+        return path, type(path.model).__name__
+    if isinstance(path, torch.nn.Module):
+        model, tokenizer, source = path, None, type(path).__name__
+    else:
+        from spec_zoo.models import load_causal_lm, truncated_draft
+
+        path = truncated_draft(draft_layers) if path is None else path
+        model, tokenizer = load_causal_lm(str(path), dtype=dtype, device=device)
+        source = str(path)
+    from spec_zoo.models import check_runtime, on_runtime
+
+    check_runtime(runtime, dtype, device, "drafter")
+    return on_runtime(runtime, model, tokenizer), source  # compiled: the draft's steps cost less too

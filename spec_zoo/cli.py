@@ -98,12 +98,15 @@ GROUPS = ("drafter", "verifier", "model", "generation")  # the groups `spec-zoo`
 
 
 def runtime_command(command: str, overrides: list[str]) -> None:
-    """``spec-zoo warmup [model overrides]``: compile the target's graphs ahead of time (the
-    compiled runtime caches them on disk, so later runs start at once). ``spec-zoo costs``:
-    measure the scoring-cost table t(M) of the target on this machine, save it where the
-    adaptive draft length finds it, and plot it (PNG next to the JSON)."""
-    from spec_zoo.api import compose_config, load_checked_target
-    from spec_zoo.costs import measure, plot_table, table_path
+    """``spec-zoo warmup [drafter=...] [model overrides]``: compile the target's graph and the
+    draft's (where the drafter runs compiled) ahead of time, say how long each took and
+    whether inductor's on-disk cache served it (`spec_zoo.compile_cache`: later processes
+    then start in seconds). ``spec-zoo costs``: measure the scoring-cost table t(M) of the
+    target on this machine (and with ``drafter=...`` that drafter's cost per drafted level, kept
+    beside the others measured before), save it where the adaptive draft length finds it, and
+    plot it (PNG next to the JSON)."""
+    from spec_zoo.api import build_decoder, compose_config, load_checked_target
+    from spec_zoo.costs import cached_table, measure, measure_draft, plot_table, table_path
 
     cfg = compose_config(overrides)
     with quiet_loading():
@@ -112,13 +115,35 @@ def runtime_command(command: str, overrides: list[str]) -> None:
         if not hasattr(target, "warm_up"):
             raise ConfigError("spec-zoo warmup: model.runtime=eager has nothing to compile; "
                               "pass model.runtime=compiled.")
-        print(f"compiled in {target.warm_up():.1f} s")
+        with quiet_loading():
+            drafter = build_decoder(cfg, target=target).drafter  # attached: its draft model or heads loaded
+        parts = [("target", target), *(("draft", part) for part in getattr(drafter, "compiled_parts", list)())]
+        for name, part in parts:
+            seconds = part.warm_up()
+            served = "from the cache" if part.compile_cached else "compiled afresh"
+            print(f"{name}: compiled in {seconds:.1f} s ({served})")
         return
-    table = measure(target)
+    decoder = build_decoder(cfg, target=target)
+    drafter = decoder.drafter
+    key = getattr(getattr(drafter, "length", None), "cost_key", None)
+    if drafter.name != "none" and key is None:
+        raise ConfigError(f"spec-zoo costs drafter={drafter.name}: it has no draft length to price; measure its "
+                          "members one by one (drafter=eagle, drafter=ngram, ...).")
+    table, before = measure(target), cached_table(target)
+    table.drafts = dict(before.drafts) if before else {}  # other drafters' measured costs stay
+    if key is not None:
+        for part in getattr(drafter, "compiled_parts", list)():  # compiling is not drafting
+            part.warm_up()
+        prompt = [(7 * i) % target.vocab_size for i in range(table.past)]
+        seconds, levels = map(sum, zip(*(measure_draft(decoder, prompt) for _ in range(3))))
+        table.drafts[key] = seconds / max(levels, 1) / table.seconds[0]
     path = table.save(table_path(target))
     print(f"t(M) of {table.model} on {table.runtime}/{table.dtype}, {table.threads} thread(s), "
           f"{table.past} cached tokens:")
     print("  ".join(f"M={m}: {s * 1e3:.1f} ms ({table.relative(m):.2f}x)" for m, s in enumerate(table.seconds, 1)))
+    if table.drafts:
+        print("drafting, per drafted level, in target steps t(1): "
+              + ", ".join(f"{name}: {cost:.3f}" for name, cost in sorted(table.drafts.items())))
     print(f"saved {path} and {plot_table(table, path.with_suffix('.png'))}")
 
 
@@ -132,7 +157,7 @@ def usage() -> str:
     lines += [f"  {g:<11} {', '.join(option_names(g))}" for g in GROUPS]
     lines += ["", "Top-level keys: prompt (prompt=- reads stdin; quote commas: \"prompt='a, b'\"), prompt_file, seed.",
               "Also: spec-zoo list (every drafter, verifier, bench method), spec-zoo --cfg job (the composed config),",
-              "spec-zoo warmup model.runtime=compiled (compile ahead of time), "
+              "spec-zoo warmup model.runtime=compiled [drafter=...] (compile target and draft ahead of time), "
               "spec-zoo costs [model...] (measure t(M)),",
               "spec-zoo --hydra-help (Hydra's flags: multirun, config dirs). Every key: docs/configs.md."]
     return "\n".join(lines)

@@ -15,7 +15,7 @@ import platform
 import statistics
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
@@ -27,7 +27,8 @@ from spec_zoo.paths import cache_root
 
 @dataclass
 class CostTable:
-    """seconds[M - 1]: median time of one forward scoring M tokens after ``past`` cached ones."""
+    """seconds[M - 1]: median time of one forward scoring M tokens after ``past`` cached ones;
+    drafts: measured cost of one drafted level per drafter (`draft_key`), in target steps t(1)."""
 
     seconds: list[float]
     model: str
@@ -36,6 +37,11 @@ class CostTable:
     threads: int
     machine: str
     past: int = 100
+    drafts: dict[str, float] = field(default_factory=dict)
+
+    def draft_cost(self, key: str | None, default: float) -> float:
+        """The measured cost of one drafted level of drafter ``key``, else ``default``."""
+        return float(self.drafts.get(key, default)) if key else default
 
     def relative(self, tokens: int) -> float:
         """t(tokens) / t(1); past the table, extrapolated along its last step."""
@@ -109,6 +115,20 @@ def measure(target, max_tokens: int = 16, repeats: int = 9, past: int = 100, pro
     seconds = [statistics.median(samples[m]) for m in samples]
     return CostTable(seconds, *_what_costs(target), torch.get_num_threads(), platform.processor() or platform.machine(),
                      past)
+
+
+def draft_key(drafter) -> str:
+    """What a drafter's measured cost is filed under: its name, marked when its draft runs compiled."""
+    return drafter.name + ("-compiled" if getattr(drafter, "compiled_parts", list)() else "")
+
+
+@torch.no_grad()
+def measure_draft(decoder, prompt: list[int], max_new_tokens: int = 48) -> tuple[float, int]:
+    """(seconds spent drafting, levels drafted) in one greedy decode of ``prompt`` by ``decoder``:
+    a drafter's cost per drafted level is their ratio (a chain's level is one token, a tree's
+    one level of nodes; steps that drafted nothing still count their catching up)."""
+    steps = decoder.generate(prompt, max_new_tokens=max_new_tokens, eos_token_ids=[]).stats.steps
+    return sum(s.draft_s for s in steps), sum(s.depth for s in steps)
 
 
 def plot_table(table: CostTable, path: Path, others: Sequence[CostTable] = ()) -> Path:

@@ -20,8 +20,9 @@ then (1 + a + ... + a^k) / (1 + jump [k > 0] + c k).
 When the target carries a measured cost table (`spec_zoo.costs`, e.g. the compiled
 runtime's stepwise curve: 4 scored tokens cost what 1 does, 5 cost 1.7x), the scoring part
 of a step's cost comes from it instead of the fit: the ratio maximised is
-(1 + a + ... + a^k) / (t(k + 1) / t(1) + token_cost k), ``token_cost`` now counting the
-drafting alone.
+(1 + a + ... + a^k) / (t(k + 1) / t(1) + c k), c counting the drafting alone: the drafter's
+cost per drafted level measured by ``spec-zoo costs drafter=...`` into the same table
+(`CostTable.drafts`, under ``cost_key``) where there is one, else the configured ``token_cost``.
 
 Timings steer the length only where they cannot change the text: in greedy decoding, whose
 output is the target's argmax whatever was drafted. When sampling, the draft length decides
@@ -77,6 +78,8 @@ class DraftLength:
             )
         self.initial, self.adaptive, self.maximum = initial, adaptive, maximum
         self.prior_cost, self.learn_cost = token_cost, learn_cost
+        # the drafter's key in a cost table's measured draft costs (its attach sets it)
+        self.cost_key: str | None = None
         # decayed normal equations of the fit t = b0 + b1 [k > 0] + b2 k
         self._xtx = torch.zeros(3, 3, dtype=torch.float64)
         self._xty = torch.zeros(3, dtype=torch.float64)
@@ -114,10 +117,11 @@ class DraftLength:
         steer = state is None or state.timings_steer
         a, (jump, cost) = self.acceptance(bucket), self.costs(steer)
         table = state.cost_table if state is not None else None
+        drafting = table.draft_cost(self.cost_key, self.prior_cost) if table else self.prior_cost
         best_k, best, expected = 0, 1.0, 1.0
         for k in range(1, self.maximum + 1):
             expected += a**k
-            step = table.relative(k + 1) + self.prior_cost * k if table else 1.0 + jump + cost * k
+            step = table.relative(k + 1) + drafting * k if table else 1.0 + jump + cost * k
             gain = expected / step
             if gain > best:
                 best_k, best = k, gain

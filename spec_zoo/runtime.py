@@ -29,13 +29,13 @@ logits get the model's post-processing (`spec_zoo.layers.final_logits`). Every l
 full static cache and one mask, so a sliding window must be at least ``max_cache_len`` (it
 then never cuts anything); a shorter one is refused with the fix.
 
-The graph compiles once per process (frozen weights keep inductor's on-disk FX cache from
-serving another process); `warm_up` compiles ahead of time and says how long it took.
+The graph compiles once per process, and is read from inductor's on-disk FX graph cache when
+another process compiled the same weights before (`spec_zoo.compile_cache`); `warm_up`
+compiles ahead of time and says how long it took and whether the cache served it.
 """
 
 from __future__ import annotations
 
-import os
 import sys
 import time
 import warnings
@@ -47,10 +47,10 @@ from transformers import AttentionInterface
 from transformers.cache_utils import Cache, StaticLayer
 from transformers.utils import output_capturing
 
+from spec_zoo.compile_cache import cached_compile, fingerprint
 from spec_zoo.draft import Draft
 from spec_zoo.errors import ConfigError
 from spec_zoo.layers import DecoderStack, causal_mask, final_logits
-from spec_zoo.paths import cache_root
 from spec_zoo.skinny_gemm import DEFAULT_GEMM, GEMMS, SkinnyLinears
 from spec_zoo.target import Target
 
@@ -95,12 +95,6 @@ def rowwise_attention(module, query, key, value, attention_mask, scaling, dropou
 
 
 AttentionInterface.register("spec_zoo_rowwise", rowwise_attention)
-
-
-def use_spec_zoo_inductor_cache() -> None:
-    """Point inductor's on-disk caches (autotuning results, compiled kernels) under the
-    spec-zoo cache dir, unless the user chose a dir."""
-    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache_root() / "inductor"))
 
 
 def inductor_settings(freezing: bool, gemm_backends: str) -> dict:
@@ -151,6 +145,7 @@ class CompiledTarget(Target):
         self.linears = SkinnyLinears() if gemm == "skinny" else None
         self._compiled = None  # the graph, compiled at the first compiled forward
         self.compile_s: float | None = None
+        self.compile_cached = False  # whether the graph came from the on-disk cache
         super().__init__(model, tokenizer)
         self.max_length = max_cache_len
         stack.check()  # against the model's own forward, before any compiling
@@ -279,7 +274,6 @@ class CompiledTarget(Target):
     def _compile(self):
         """Compile the graph and run it once (a dummy step past the sequence, then undone), so
         compile time is never counted as decoding time."""
-        use_spec_zoo_inductor_cache()
         graph = self._with_rowwise_attention(torch.compile(self._rows, fullgraph=True))
         length = int(self.cache.layers[0].get_seq_length())
         # distinct sizes, so dynamo gives each dimension its own symbol
@@ -288,13 +282,14 @@ class CompiledTarget(Target):
         inputs = self._dynamic(torch.zeros(size, dtype=torch.long), torch.full((size,), where),
                                torch.zeros(1, 1, 1, span, dtype=self.dtype), torch.zeros(size, width, dtype=torch.long),
                                torch.zeros(size, width))
-        print("spec-zoo: compiling the target (once per process; minutes on a small CPU) ...",
+        print("spec-zoo: compiling the target (minutes on a small CPU, faster when cached) ...",
               file=sys.stderr, flush=True)
         start = time.perf_counter()
         try:
             crop_all(self.cache, where)
-            with torch.no_grad():
+            with torch.no_grad(), cached_compile(fingerprint(self.model)) as cache:
                 graph(*inputs)
+            self.compile_cached = cache["hit"]
         except Exception as err:  # any compiler failure: fall back visibly or re-raise
             if not self.fallback:
                 raise
@@ -305,7 +300,8 @@ class CompiledTarget(Target):
         finally:
             crop_all(self.cache, length)
         self.compile_s = time.perf_counter() - start
-        print(f"spec-zoo: compiled in {self.compile_s:.1f} s", file=sys.stderr, flush=True)
+        print(f"spec-zoo: compiled in {self.compile_s:.1f} s{' (from the cache)' if self.compile_cached else ''}",
+              file=sys.stderr, flush=True)
         return graph
 
     def warm_up(self) -> float:

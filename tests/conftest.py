@@ -7,6 +7,17 @@ import pytest
 from tests.tiny import tiny_llama as make_tiny_llama
 
 
+@pytest.fixture(scope="session", autouse=True)
+def inductor_cache(tmp_path_factory):
+    """One inductor cache dir for the session, in tmp: compiled graphs of the same tiny
+    weights are served from it (`spec_zoo.compile_cache`), and nothing is read from the
+    user's cache."""
+    with pytest.MonkeyPatch.context() as patch:
+        path = tmp_path_factory.mktemp("inductor")
+        patch.setenv("TORCHINDUCTOR_CACHE_DIR", str(path))
+        yield path
+
+
 @pytest.fixture
 def tiny_llama():
     """Factory fixture: ``tiny_llama(seed=0, ..., **config_overrides)`` (see tests/tiny.py)."""

@@ -41,7 +41,7 @@ def imported(path: str) -> set[str]:
 # the core, then the tools built on both, then training. A new module takes its place here.
 CORE_LAYERS = [
     ("errors", "paths", "inputs", "outputs", "draft", "stats"),
-    ("sampling", "layers", "partial", "artefacts", "costs", "skinny_gemm"),
+    ("sampling", "layers", "partial", "artefacts", "costs", "skinny_gemm", "compile_cache"),
     ("target", "interfaces", "draft_head"),
     ("draft_length", "runtime", "registry"),
     ("chain", "trees", "models", "schema"),

@@ -8,15 +8,18 @@ rows change nothing.
 
 from __future__ import annotations
 
+import copy
 import warnings
 
 import pytest
 import torch
 
 from spec_zoo import SamplingParams, SpeculativeDecoder, Target
+from spec_zoo.compile_cache import cached_compile, fingerprint
 from spec_zoo.costs import CostTable, measure
 from spec_zoo.draft import Draft
 from spec_zoo.draft_length import DraftLength
+from spec_zoo.drafters.small_model import SmallModelDrafter
 from spec_zoo.errors import ConfigError
 from spec_zoo.interfaces import DecodeState
 from spec_zoo.models import check_runtime
@@ -26,7 +29,7 @@ from spec_zoo.testing import PROMPT, SETTINGS, goodness_of_fit, hf_greedy, sampl
 from spec_zoo.testing import exact_distribution as exact
 from spec_zoo.verifiers.greedy import GreedyVerifier
 from spec_zoo.verifiers.rejection import RejectionVerifier
-from tests.drafts import drafter_lineup
+from tests.drafts import drafter_lineup, noisy_copy
 from tests.tiny import one_thread  # noqa: F401 (autouse fixture)
 
 BUCKETS = (2, 4)
@@ -124,6 +127,28 @@ def test_greedy_identity_on_the_compiled_runtime(compiled, model, drafter, verif
     assert out.ids == plain == hf_greedy(model, PROMPT, 24)
 
 
+@pytest.fixture(scope="module")
+def compiled_draft(model):
+    """One compiled draft model (the target with a perturbed LM head) for the module's drafters."""
+    draft = CompiledTarget(noisy_copy(model, 1.0), max_cache_len=96, buckets=BUCKETS, key_block=16)
+    draft.warm_up()
+    return draft
+
+
+@pytest.mark.parametrize("tree", [None, {"policy": "topk", "width": 2, "depth": 3}, "dynamic", "multi_draft"])
+@pytest.mark.parametrize("verifier", [GreedyVerifier, RejectionVerifier])
+def test_greedy_identity_with_a_compiled_draft_model(compiled, compiled_draft, model, tree, verifier):
+    """A draft model on its own compiled graph and static cache (distilled/small_model with
+    ``runtime=compiled``), chain or tree, beside the compiled target: the output is plain
+    decoding's, token for token."""
+    plain = SpeculativeDecoder(compiled).generate(PROMPT, max_new_tokens=24, eos_token_ids=[]).ids
+    drafter = SmallModelDrafter(compiled_draft, num_draft=3, adaptive=tree is None, sample=False, tree=tree)
+    out = SpeculativeDecoder(compiled, drafter, verifier(), SamplingParams()).generate(PROMPT, max_new_tokens=24,
+                                                                                       eos_token_ids=[])
+    assert out.ids == plain == hf_greedy(model, PROMPT, 24)
+    assert 0 < out.stats.accepted < out.stats.drafted  # the draft both helps and is corrected
+
+
 def test_sampling_follows_the_target_on_the_compiled_runtime(compiled, model):
     """Chi-square: rejection sampling with a sampled small-model chain on the compiled runtime."""
     sampling = SETTINGS["t1"]
@@ -139,6 +164,24 @@ def test_a_sequence_longer_than_the_static_cache_is_refused_by_name(compiled):
     compiled.reset()
     with pytest.raises(ConfigError, match="model.max_cache_len=96"):
         compiled.score(list(range(8)) * 11 + [1, 2, 3], Draft.chain([1] * 8))
+
+
+def test_a_second_compile_of_the_same_weights_is_read_from_the_cache(compiled, model):
+    """Another target on the same weights gets its graph from inductor's on-disk cache (the
+    session's tmp dir, `spec_zoo.compile_cache`) and scores bit for bit as the first; other
+    weights of the same shape are keyed apart, so they cannot read the first one's packed weights."""
+    again = CompiledTarget(copy.deepcopy(model), max_cache_len=96, buckets=BUCKETS, key_block=16)
+    again.warm_up()
+    assert again.compile_cached
+    for target in (compiled, again):
+        target.reset()
+    assert torch.equal(again.score(PROMPT, tree()).logits, compiled.score(PROMPT, tree()).logits)
+    other = copy.deepcopy(model)
+    with torch.no_grad():
+        other.model.layers[0].mlp.up_proj.weight[0, 0] += 1e-3
+    assert fingerprint(other) != fingerprint(model)
+    with cached_compile(fingerprint(other)):
+        assert torch.compiler.config.cache_key_tag == fingerprint(other)
 
 
 def test_a_compile_failure_falls_back_to_eager_with_a_warning(model, monkeypatch):
@@ -232,6 +275,22 @@ def test_the_draft_length_follows_the_cost_table():
     assert length.choose(state=state) == 3
 
 
+def test_the_draft_length_prices_drafting_at_its_measured_cost():
+    """A drafter's cost per drafted level measured into the table (`CostTable.drafts`, under its
+    ``cost_key``) replaces the configured ``token_cost``: dear drafting shortens the draft (and
+    a table without that drafter's entry keeps the configured cost)."""
+    length = DraftLength(4, adaptive=True, maximum=8, token_cost=0.01, learn_cost=False)
+    length.cost_key = "eagle"
+    for _ in range(20):
+        length.update(8, 6)  # acceptance ~0.85
+    flat = [1.0] * 8
+    cheap, dear = (CostTable(flat, "m", "compiled", "float32", 1, "x", drafts={"eagle": c}) for c in (0.01, 0.3))
+    other = CostTable(flat, "m", "compiled", "float32", 1, "x", drafts={"medusa": 0.3})
+    k = {name: length.choose(state=DecodeState([0], 1, 8, SamplingParams(), torch.Generator(), cost_table=table))
+         for name, table in (("cheap", cheap), ("dear", dear), ("other", other))}
+    assert k["dear"] < k["cheap"] == k["other"]
+
+
 def test_spec_zoo_costs_measures_saves_and_plots_the_table(tmp_path, monkeypatch, capsys):
     """`spec-zoo costs` on a local model: the table lands where targets look it up, with a PNG."""
     from spec_zoo.api import build_decoder, compose_config
@@ -251,6 +310,25 @@ def test_spec_zoo_costs_measures_saves_and_plots_the_table(tmp_path, monkeypatch
     assert (tmp_path / "cache" / "costs").is_dir() and list((tmp_path / "cache" / "costs").glob("*.png"))
     with pytest.raises(ConfigError, match="model.runtime=eager has nothing to compile"):
         runtime_command("warmup", ["model=local", f"model.path={tmp_path / 'm'}"])
+    runtime_command("costs", ["model=local", f"model.path={tmp_path / 'm'}", "drafter=ngram"])  # + its draft cost
+    assert "drafting, per drafted level, in target steps t(1): ngram: " in capsys.readouterr().out
+    assert set(cached_table(target).drafts) == {"ngram"} and cached_table(target).drafts["ngram"] > 0
+
+
+def test_spec_zoo_warmup_compiles_target_and_draft_and_says_what_the_cache_served(tmp_path, capsys):
+    """`spec-zoo warmup` with a compiled draft model compiles both, each line saying how long
+    it took and whether the cache served it: the draft has the target's weights here, so its
+    graph is the target's, read from the cache."""
+    from spec_zoo.cli import runtime_command
+    from spec_zoo.testing import tiny_llama
+
+    tiny_llama(3, dtype=torch.float32).save_pretrained(tmp_path / "m")
+    runtime_command("warmup", ["model=local", f"model.path={tmp_path / 'm'}", "model.runtime=compiled",
+                               "model.max_cache_len=512", "drafter=small_model", f"drafter.path={tmp_path / 'm'}",
+                               "drafter.runtime=compiled"])
+    target, draft = capsys.readouterr().out.splitlines()
+    assert target.startswith("target: compiled in ") and target.endswith(")")
+    assert draft.startswith("draft: compiled in ") and draft.endswith("(from the cache)")
 
 
 def test_bfloat16_scoring_is_batch_invariant_too():

@@ -23,6 +23,7 @@ import torch
 from transformers import DynamicCache
 
 from spec_zoo.chain import ChainDrafter
+from spec_zoo.costs import draft_key
 from spec_zoo.draft import ROOT, Draft
 from spec_zoo.draft_length import DraftLength
 from spec_zoo.drafters.eagle.formats import FORMATS, PublishedHead, load_published, sniff
@@ -83,6 +84,7 @@ class EagleDrafter(ChainDrafter):
                               "runtime hands out; use model.runtime=eager.")
         self.needs_target_hidden = layers or True
         self._width = self.head.fc.in_features if layers else int(target.model.lm_head.weight.shape[1])
+        self.length.cost_key = draft_key(self)
         self.target = target
 
     def _load(self, source, target: Target):
