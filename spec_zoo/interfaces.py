@@ -130,6 +130,8 @@ class Verifier(ABC):
 
     name: str = "verifier"
     lossless: bool = True
+    #: True when ``verifier=auto`` chose this rule (summaries say so)
+    auto: bool = False
     #: the ``Draft.siblings`` modes this rule is exact for (`check_drafter` refuses others)
     sibling_modes: tuple[str, ...] = ("iid", "deterministic")
 

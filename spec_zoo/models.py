@@ -175,7 +175,7 @@ def load_causal_lm(
     path = Path(path).expanduser()
     model = AutoModelForCausalLM.from_pretrained(
         path, dtype=DTYPES[dtype], use_safetensors=True, trust_remote_code=trust_remote_code
-    ).to(resolve_device(device))  # type: ignore[arg-type]  # transformers types the wrapped .to without self
+    ).to(resolve_device(device))
     has_tokenizer = any((path / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model"))
     tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code) if has_tokenizer else None
     return model.eval(), tokenizer

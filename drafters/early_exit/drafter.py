@@ -99,6 +99,7 @@ class EarlyExitDrafter(ChainDrafter):
         self.length = DraftLength(num_draft, adaptive, max_draft, 0.5 if token_cost is None else token_cost, learn_cost)
         self._default_cost = token_cost is None
         self.target: Target | None = None
+        self.adapter: ExitAdapter | None  # set by attach
 
     def attach(self, target: Target) -> None:
         self.stack = target.stack  # refuses a family its layer-by-layer forward would get wrong

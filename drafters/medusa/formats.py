@@ -121,8 +121,9 @@ def save_medusa(heads: MedusaHeads, out_dir, vocab: int, base_model: str | None,
         rows = full
     tensors = {}
     for i, block in enumerate(heads.blocks):
-        tensors[f"{i}.0.linear.weight"] = block.linear.weight.detach().cpu().to(dtype).contiguous()
-        tensors[f"{i}.0.linear.bias"] = block.linear.bias.detach().cpu().to(dtype).contiguous()
+        linear = cast(ResBlock, block).linear
+        tensors[f"{i}.0.linear.weight"] = linear.weight.detach().cpu().to(dtype).contiguous()
+        tensors[f"{i}.0.linear.bias"] = linear.bias.detach().cpu().to(dtype).contiguous()
         tensors[f"{i}.1.weight"] = rows.to(dtype).clone().contiguous()
     config = {"medusa_num_heads": heads.num_heads, "medusa_num_layers": 1, "base_model_name_or_path": base_model,
               "hidden_size": int(rows.shape[1]), "vocab_size": int(rows.shape[0])}
