@@ -11,9 +11,9 @@ from omegaconf import DictConfig
 
 from spec_zoo.api import build_decoder, label, quiet_loading, run
 from spec_zoo.decoder import Output, SpeculativeDecoder
-from spec_zoo.drafters.none import NoDrafter
 from spec_zoo.errors import ConfigError
-from spec_zoo.registry import CONF_DIR
+from spec_zoo.interfaces import Drafter
+from spec_zoo.registry import CONF_DIR, build_option
 from spec_zoo.schema import Keys, check_command_line
 
 
@@ -33,7 +33,7 @@ def _hydra_main(cfg: DictConfig) -> None:
         with quiet_loading():  # progress bars and load reports would interleave with the text
             decoder = build_decoder(cfg)
             out = run(cfg, decoder, on_text=lambda text: print(text, end="", flush=True))
-            plain = plain_run(cfg, decoder) if cfg.compare and not isinstance(decoder.drafter, NoDrafter) else None
+            plain = plain_run(cfg, decoder) if cfg.compare and not is_plain(decoder) else None
     except ConfigError as e:
         _fail(e)
     print()
@@ -42,10 +42,20 @@ def _hydra_main(cfg: DictConfig) -> None:
         print(comparison(out, plain, greedy=decoder.sampling.temperature == 0))
 
 
+def plain_drafter() -> Drafter:
+    """The baseline's drafter (``drafter=none``), built by name: the core imports no method."""
+    return build_option("drafter", "none")
+
+
+def is_plain(decoder: SpeculativeDecoder) -> bool:
+    """Whether ``decoder`` already decodes plainly (its drafter is the baseline's)."""
+    return isinstance(decoder.drafter, type(plain_drafter()))
+
+
 def plain_run(cfg: DictConfig, decoder: SpeculativeDecoder) -> Output:
     """The same prompt decoded plainly (no drafter) on the same target, verifier and sampling:
     the baseline the first run is measured against, so a user sees what speculation bought."""
-    baseline = build_decoder(cfg, target=decoder.target, drafter=NoDrafter(), verifier=decoder.verifier)
+    baseline = build_decoder(cfg, target=decoder.target, drafter=plain_drafter(), verifier=decoder.verifier)
     return run(cfg, baseline)
 
 
