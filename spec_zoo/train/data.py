@@ -42,7 +42,7 @@ def read_records(path) -> list[dict]:
     if not path.is_file():
         raise ConfigError(f"data.prompts={str(path)!r} does not exist; give a JSONL file with a `prompt` field per line.")
     records = []
-    for i, line in enumerate(read_utf8(path, "data.prompts").splitlines()):
+    for i, line in enumerate(read_utf8(path, "data.prompts").split("\n")):  # not splitlines: JSON strings may hold U+2028
         if not line.strip():
             continue
         try:
