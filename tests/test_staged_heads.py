@@ -42,7 +42,6 @@ METHODS = {  # name -> (heads, drafter, recipe, the config section, its size key
 }
 PROMPT = [5, 9, 12, 5, 9, 12, 7, 3]
 TREE = [[0], [1], [0, 0], [1, 0], [1, 1]]  # two depth-2 parents: their children must differ
-T07 = CERTIFY_SETTINGS["t0.7_topk3_topp0.75"]
 
 
 def _path_logits(heads, hidden: torch.Tensor, tokens: list[int], vocab: int) -> torch.Tensor:
