@@ -1,7 +1,7 @@
 # Two commands for a fresh machine (both idempotent: the setup runs only when missing
 # or when pyproject.toml changed):
 #   make run  [ARGS='drafter=ngram ...']   set up, then run the default generation
-#   make test                              set up, then lint and run the test suite
+#   make test                              set up, then lint, type-check and run the test suite
 # PYTHON picks the interpreter for the venv; VENV where it lives.
 PYTHON ?= python3
 VENV ?= .venv
@@ -23,4 +23,5 @@ run: setup
 
 test: setup
 	$(BIN)/ruff check .
+	$(BIN)/mypy
 	$(BIN)/pytest -q

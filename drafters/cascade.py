@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 from spec_zoo.draft import Draft
 from spec_zoo.draft_length import TIME_DECAY
@@ -18,6 +19,9 @@ from spec_zoo.drafters.composed import ComposedDrafter, plain_container
 from spec_zoo.errors import ConfigError
 from spec_zoo.interfaces import DecodeState, Verdict
 from spec_zoo.stats import StepStats
+
+if TYPE_CHECKING:
+    from spec_zoo.costs import CostTable
 
 # the cascade's estimate of a member: tokens per step over cost per step, decayed counts
 PRIOR_TOKENS, PRIOR_DRAFTED = 2.0, 1.0  # one pseudo-step: 1 drafted, accepted (optimistic: try it)
@@ -69,7 +73,7 @@ class CascadeDrafter(ComposedDrafter):
     name = "cascade"
 
     def __init__(self, members, params=None, costs=None, min_speedup: float = 1.0,
-                 _ancestry: tuple[type, ...] = ()):
+                 _ancestry: tuple[type[ComposedDrafter], ...] = ()):
         self._costs, self.min_speedup = plain_container(costs) or {}, min_speedup
         super().__init__(members, params, _ancestry)
         self.costs = [float(self._costs.get(label, getattr(getattr(member, "length", None), "prior_cost", 0.1)))
@@ -93,7 +97,8 @@ class CascadeDrafter(ComposedDrafter):
     def _reset_evidence(self) -> None:
         self._evidence = [MemberEvidence() for _ in self.members]
         self._plain = [0.0, 0.0]  # decayed sum and weight of a plain step's seconds (t1)
-        self._table, self._timed_steps = None, 0
+        self._table: CostTable | None = None
+        self._timed_steps = 0
 
     def speedup(self, i: int) -> float:
         """Estimated tokens per target-forward-equivalent when member ``i`` drafts: from its
@@ -125,17 +130,17 @@ class CascadeDrafter(ComposedDrafter):
         for evidence in self._evidence:
             evidence.decay()
         # the first step's time holds the prompt's prefill: not a sample of a step
-        timed = self._table is not None and self._timed_steps > 0
+        table = self._table if self._timed_steps > 0 else None
         self._timed_steps += 1
-        if timed:
-            self._plain = [self._plain[0] * TIME_DECAY + step.verify_s / self._table.relative(len(draft) + 1),
+        if table is not None:
+            self._plain = [self._plain[0] * TIME_DECAY + step.verify_s / table.relative(len(draft) + 1),
                            self._plain[1] * TIME_DECAY + 1.0]
         if self._chosen is not None and len(draft):
             e = self._evidence[self._chosen]
             e.steps += 1.0
             e.tokens += 1.0 + len(verdict.path)
             e.drafted += len(draft)
-            if timed:
+            if table is not None:
                 e.timed_tokens += 1.0 + len(verdict.path)
                 e.seconds += step.draft_s + step.verify_s
         super().on_commit(draft, verdict, step)

@@ -38,7 +38,8 @@ def _member_class(target: str, where: str) -> type:
                           "and that its package is installed.") from None
 
 
-def resolve_members(members, params, owner: type, ancestry: tuple[type, ...] = ()) -> list[tuple[str, object]]:
+def resolve_members(members, params, owner: type[ComposedDrafter],
+                    ancestry: tuple[type[ComposedDrafter], ...] = ()) -> list[tuple[str, Drafter | dict]]:
     """(label, config dict or `Drafter`) per member, checked, with nothing built yet.
 
     Names are composed from ``conf/drafter/``; a member that is itself a composed drafter
@@ -53,8 +54,10 @@ def resolve_members(members, params, owner: type, ancestry: tuple[type, ...] = (
     if not isinstance(params, Mapping):
         raise ConfigError(f"drafter.params={params!r}: give a dict member name -> overrides, "
                           "e.g. drafter.params={ngram:{num_draft:8}}.")
-    resolved, labels = [], []
+    resolved: list[tuple[str, Drafter | dict]] = []
+    labels: list[str] = []
     for i, member in enumerate(members):
+        entry: Drafter | dict
         shown = member.get("_target_") if isinstance(member, Mapping) else getattr(member, "name", member)
         where = f"{KEY}[{i}]={shown}"
         if isinstance(member, Drafter):
@@ -91,7 +94,8 @@ def resolve_members(members, params, owner: type, ancestry: tuple[type, ...] = (
     return resolved
 
 
-def build_members(resolved: list[tuple[str, object]], ancestry: tuple[type, ...]) -> list[Drafter]:
+def build_members(resolved: list[tuple[str, Drafter | dict]],
+                  ancestry: tuple[type[ComposedDrafter], ...]) -> list[Drafter]:
     """Instantiate resolved members (draft models load here), errors naming the member. A
     nested composed drafter is built directly, told its ancestry (which YAML cannot carry)."""
     built = []
@@ -138,7 +142,7 @@ class ComposedDrafter(Drafter):
 
     name = "composed"
 
-    def __init__(self, members, params=None, _ancestry: tuple[type, ...] = ()):
+    def __init__(self, members, params=None, _ancestry: tuple[type[ComposedDrafter], ...] = ()):
         resolved = resolve_members(members, params, type(self), _ancestry)
         self.labels = [label for label, _ in resolved]
         self.check(self.labels)
@@ -162,7 +166,7 @@ class ComposedDrafter(Drafter):
 
     def begin(self, state: DecodeState) -> None:
         self._pending: list[list[torch.Tensor]] = [[] for _ in self.members]
-        self._seen = None
+        self._seen: torch.Tensor | None = None
         for member in self.members:
             member.begin(state)
 

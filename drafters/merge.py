@@ -49,7 +49,8 @@ def merge_drafts(drafts: list[Draft]) -> Draft:
     draws: dict[int, list[int]] = {}  # per merged parent, every member's draws in order
     for draft in drafts:
         draft = drawn_rows(draft)
-        merge = draft.probs is None
+        probs = draft.probs
+        merge = probs is None
         index: list[int] = []  # this draft's node -> merged node
         for i, (token, parent) in enumerate(zip(draft.tokens.tolist(), draft.parents)):
             parent = ROOT if parent == ROOT else index[parent]
@@ -61,7 +62,7 @@ def merge_drafts(drafts: list[Draft]) -> Draft:
                 nodes[(parent, token)] = len(tokens)
             tokens.append(token)
             parents.append(parent)
-            rows.append(token if merge else draft.probs[i])
+            rows.append(token if probs is None else probs[i])
         for parent in [ROOT, *range(len(draft))]:
             order = [index[c] for c in draft.draws_of(parent)]
             if order:
@@ -80,6 +81,7 @@ def drawn_rows(draft: Draft) -> Draft:
     sibling was drawn from (q renormalised without the earlier siblings' tokens)."""
     if draft.siblings != "without_replacement":
         return draft
+    assert draft.probs is not None  # a Draft with sampled siblings carries their rows
     probs, tokens = draft.probs.clone(), draft.tokens.tolist()
     for parent in [ROOT, *range(len(draft))]:
         kids = draft.children(parent)

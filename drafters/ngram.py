@@ -71,8 +71,8 @@ class NgramDrafter(Drafter):
         self._index: dict[tuple[int, ...], dict[int, tuple[int, int]]] = {}
         self._indexed = 0  # n-grams ending before this position are in the index
 
-    @property
-    def drafts_trees(self) -> bool:
+    @property  # computes the attribute Drafter declares (ComposedDrafter sets it per instance)
+    def drafts_trees(self) -> bool:  # type: ignore[override]
         return self.branches > 1
 
     def begin(self, state: DecodeState) -> None:
@@ -105,7 +105,9 @@ class NgramDrafter(Drafter):
 
     def _tree(self, chains: list[list[int]]) -> Draft:
         """The chains (distinct first tokens) side by side under the root, within ``max_nodes``."""
-        tokens, parents, left = [], [], self.max_nodes
+        tokens: list[int] = []
+        parents: list[int] = []
+        left = self.max_nodes
         for chain in chains:
             chain = chain[:left]
             parents += [-1] + list(range(len(tokens), len(tokens) + len(chain) - 1)) if chain else []

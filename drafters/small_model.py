@@ -120,4 +120,5 @@ class SmallModelDrafter(ChainDrafter):
             tokens.append(token)
             return self._next_logits(tokens)
 
-        return self.draft_chain(state, self._next_logits(tokens), min(self.length.choose(state=state), state.max_depth), advance)
+        return self.draft_chain(state, self._next_logits(tokens), min(self.length.choose(state=state), state.max_depth),
+                                advance)

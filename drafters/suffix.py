@@ -30,6 +30,8 @@ from collections import OrderedDict
 from collections.abc import Hashable
 from pathlib import Path
 
+import torch
+
 from spec_zoo.draft import ROOT, Draft
 from spec_zoo.errors import ConfigError
 from spec_zoo.interfaces import DecodeState, Drafter
@@ -43,9 +45,9 @@ class SuffixCache:
 
     An output is filed under a ``key`` (source and prompt): adding one with a key already
     held replaces the old output (a repeat does not count twice). Keys and sources are kept
-    as text, so a cache saved and loaded again (a resumed benchmark) hides the same outputs. The index maps each token to
-    the positions, per output, where it is followed by another token, so a lookup touches
-    only occurrences of the current last token, and eviction drops an output's entries.
+    as text, so a cache saved and loaded again (a resumed benchmark) hides the same outputs.
+    The index maps each token to the positions, per output, where it is followed by another
+    token, so a lookup touches only occurrences of the current last token, and eviction drops an output's entries.
     """
 
     FORMAT = "spec-zoo-suffix-cache-v1"
@@ -161,7 +163,8 @@ def match_length(context: list[int], seq: list[int], pos: int, longest: int) -> 
     return n
 
 
-def grow_tree(continuations: list[list[int]], budget: int, min_prob: float, branching: bool):
+def grow_tree(continuations: list[list[int]], budget: int, min_prob: float,
+              branching: bool) -> tuple[list[int], list[int], float]:
     """The best-first frequency tree over ``continuations`` (what followed each matched
     occurrence): nodes in order of estimated probability, at most ``budget`` of them, none
     below ``min_prob``; without ``branching``, one chain of most frequent children.
@@ -178,7 +181,9 @@ def grow_tree(continuations: list[list[int]], budget: int, min_prob: float, bran
                 counts.append(0)
             counts[child] += 1
             node = child
-    tokens, parents, score = [], [], 0.0
+    tokens: list[int] = []
+    parents: list[int] = []
+    score = 0.0
     heap = [(-counts[c] / counts[0], c, t, ROOT) for t, c in children[0].items()]
     heapq.heapify(heap)
     while heap and len(tokens) < budget:
@@ -240,8 +245,8 @@ class SuffixDrafter(Drafter):
         self._own = _SequenceIndex()
         self._hidden: Hashable | None = None
 
-    @property
-    def drafts_trees(self) -> bool:
+    @property  # computes the attribute Drafter declares (ComposedDrafter sets it per instance)
+    def drafts_trees(self) -> bool:  # type: ignore[override]
         return self.branching
 
     def begin(self, state: DecodeState) -> None:
@@ -270,20 +275,20 @@ class SuffixDrafter(Drafter):
         context = state.tokens
         self._own.extend(context)
         limit = min(self.max_spec, state.max_depth)
-        best = ([], [], 0.0)
+        best: tuple[list[int], list[int], float] = ([], [], 0.0)
         for found in (self._own.occurrences(context, self.max_occurrences),
                       self.cache.occurrences(context[-1], self._hidden, self.max_occurrences)):
             candidate = self._speculate(context, found, limit)
             if candidate[2] > best[2]:
                 best = candidate
         tokens, parents, _ = best
-        return Draft(tokens, parents) if tokens else Draft.empty()
+        return Draft(torch.tensor(tokens, dtype=torch.long), parents) if tokens else Draft.empty()
 
-    def _speculate(self, context: list[int], found: list[Occurrence], limit: int):
+    def _speculate(self, context: list[int], found: list[Occurrence], limit: int) -> tuple[list[int], list[int], float]:
         """The best-scoring tree over the match lengths of ``found`` (longer matches first)."""
         matched = sorted(((match_length(context, seq, pos, self.max_match), seq, pos) for seq, pos in found),
                          key=lambda m: -m[0])
-        best = ([], [], 0.0)
+        best: tuple[list[int], list[int], float] = ([], [], 0.0)
         for i, (length, _, _) in enumerate(matched):
             if i + 1 < len(matched) and matched[i + 1][0] == length:
                 continue  # the occurrences matching at least `length` tokens are matched[: i + 1]

@@ -137,7 +137,7 @@ def label(cfg: DictConfig, decoder: SpeculativeDecoder, drafter_choice: str | No
     return f"drafter={drafter} verifier={verifier}"
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def option_target(choice: str) -> str | None:
     """The ``_target_`` a shipped drafter option builds."""
     return compose_config([f"drafter={choice}"]).drafter.get("_target_")
@@ -179,7 +179,8 @@ def generate(
     kw:        ``top_k``, ``top_p``, ``stop_strings``, ``chat`` (generation keys), ``seed``,
                and any other key as an argument of the named drafter (``num_draft=8``).
     """
-    choices = [_choice("drafter", drafter, Drafter), _choice("verifier", "auto" if verifier is None else verifier, Verifier)]
+    choices = [_choice("drafter", drafter, Drafter),
+               _choice("verifier", "auto" if verifier is None else verifier, Verifier)]
     model_dir = None
     if isinstance(model, str):
         model_dir = model if Path(model).expanduser().is_dir() else None
@@ -222,7 +223,8 @@ def _choice(group: str, value, cls: type) -> str | None:
         return None
     options = option_names(group)
     if not isinstance(value, str) or value not in options:
-        raise fail(group, f"{value!r} is not an option", f"choose one of {', '.join(options)}, or pass a {cls.__name__}")
+        raise fail(group, f"{value!r} is not an option",
+                   f"choose one of {', '.join(options)}, or pass a {cls.__name__}")
     return f"{group}={value}"
 
 

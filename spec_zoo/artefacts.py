@@ -175,13 +175,15 @@ def describe_target(model, name: str | None) -> dict:
 
 
 def check_target(record: dict, target_model, path, key: str = "drafter.path",
-                 fix: str = "`spec-zoo-train distill target.path=...`, or drafter=small_model for an undistilled draft") -> None:
+                 fix: str = "`spec-zoo-train distill target.path=...`, or drafter=small_model for an undistilled draft",
+                 ) -> None:
     """Refuse an artefact trained for another target, with a message saying which."""
     want = record.get("target") or {}
     have = describe_target(target_model, None)
     problems = [f"{k} {want.get(k)} vs {have[k]}" for k in ("vocab_size", "hidden_size")
                 if want.get(k) is not None and want.get(k) != have[k]]
-    if not problems and want.get("fingerprint") is not None and not fingerprint_matches(want["fingerprint"], have["fingerprint"]):
+    if (not problems and want.get("fingerprint") is not None
+            and not fingerprint_matches(want["fingerprint"], have["fingerprint"])):
         problems.append("the target's embedding weights differ")
     if problems:
         raise ConfigError(

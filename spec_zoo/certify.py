@@ -34,7 +34,7 @@ BUDGET = 20_000  # decodes (leaves of the choice tree) one certificate may run
 Outcomes = list[tuple[object, float]]  # (value, probability > 0)
 
 
-def categorical(row: torch.Tensor) -> Outcomes:
+def categorical(row: torch.Tensor) -> list[tuple[int, float]]:
     """The tokens of nonzero mass in ``row`` [V] and their probabilities (normalised, float64)."""
     row = row.double()
     total = float(row.sum())
@@ -118,7 +118,9 @@ class ForwardMemo:
     call, so a hit is the forward's exact effect, bit for bit)."""
 
     def __init__(self, cls: type):
-        self.cls, self.memo, self.weights = cls, {}, weakref.WeakKeyDictionary()
+        self.cls = cls
+        self.memo: dict[bytes, tuple] = {}  # forward key -> (output class, its fields, the cache's layers after)
+        self.weights: weakref.WeakKeyDictionary[torch.nn.Module, bytes] = weakref.WeakKeyDictionary()
 
     def __enter__(self):
         self.original = self.cls.forward
@@ -210,7 +212,7 @@ class Certificate:
 def target_law(model, sampling: SamplingParams, prompt: Sequence[int], length: int) -> dict[tuple[int, ...], float]:
     """{x: P(x)} over the ``length`` tokens the target alone samples after ``prompt``
     (one batched forward per position over the prefixes of nonzero probability)."""
-    law = {(): 1.0}
+    law: dict[tuple[int, ...], float] = {(): 1.0}
     device = next(model.parameters()).device
     for _ in range(length):
         prefixes = list(law)

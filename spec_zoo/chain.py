@@ -7,6 +7,7 @@ its tree policy says about its drafts (their caches follow the committed tokens 
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING, cast
 
 import torch
 
@@ -15,6 +16,9 @@ from spec_zoo.draft_length import DraftLength
 from spec_zoo.interfaces import DecodeState, Drafter, Verdict
 from spec_zoo.sampling import draft_token, drafts_sampled
 from spec_zoo.stats import StepStats
+
+if TYPE_CHECKING:
+    from spec_zoo.trees import TreePolicy
 
 
 class ChainDrafter(Drafter):
@@ -26,14 +30,14 @@ class ChainDrafter(Drafter):
 
     length: DraftLength
     sample_mode: str | bool = "auto"
-    tree = None  # a tree policy (`spec_zoo.trees`) when the drafter drafts trees, else None: chains
+    tree: TreePolicy | None = None  # a tree policy (`spec_zoo.trees`) when the drafter drafts trees, else None: chains
 
-    @property
-    def drafts_trees(self) -> bool:
+    @property  # computes the attribute Drafter declares (ComposedDrafter sets it per instance)
+    def drafts_trees(self) -> bool:  # type: ignore[override]
         return self.tree is not None and self.tree.branches
 
-    @property
-    def sibling_modes(self) -> tuple[str, ...]:
+    @property  # as drafts_trees
+    def sibling_modes(self) -> tuple[str, ...]:  # type: ignore[override]
         """How siblings are drawn: a chain's q is its row (sampled) or one-hot; a tree's, its policy's."""
         if self.tree is None:
             return ("iid", "deterministic")
@@ -62,7 +66,7 @@ class ChainDrafter(Drafter):
             qs += [q] if q is not None else []
             drafted.append(token)
             if advance_last or i + 1 < k:
-                logits = advance(token, i + 1 < k)
+                logits = cast(torch.Tensor, advance(token, i + 1 < k))  # None only after the last token
         return Draft.chain(drafted, torch.stack(qs) if qs else None)
 
     def on_commit(self, draft: Draft, verdict: Verdict, step: StepStats) -> None:

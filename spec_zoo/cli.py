@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import cast
 
 import hydra
 from omegaconf import DictConfig
 
 from spec_zoo.api import build_decoder, label, quiet_loading, run
+from spec_zoo.decoder import Output, SpeculativeDecoder
 from spec_zoo.errors import ConfigError
-from spec_zoo.registry import CONF_DIR
+from spec_zoo.interfaces import Drafter
+from spec_zoo.registry import CONF_DIR, build_option
 from spec_zoo.schema import Keys, check_command_line
 
 
@@ -25,14 +28,46 @@ def _hydra_main(cfg: DictConfig) -> None:
     text, then print one summary line (tau, alpha, speed)."""
     from hydra.core.hydra_config import HydraConfig
 
+    drafter_choice = HydraConfig.get().runtime.choices.get("drafter")
     try:
         with quiet_loading():  # progress bars and load reports would interleave with the text
             decoder = build_decoder(cfg)
             out = run(cfg, decoder, on_text=lambda text: print(text, end="", flush=True))
+            plain = plain_run(cfg, decoder) if cfg.compare and not is_plain(decoder) else None
     except ConfigError as e:
         _fail(e)
     print()
-    print(f"{label(cfg, decoder, HydraConfig.get().runtime.choices.get('drafter'))} | {out.stats.summary()}")
+    print(f"{label(cfg, decoder, drafter_choice)} | {out.stats.summary()}")
+    if plain is not None:
+        print(comparison(out, plain, greedy=decoder.sampling.temperature == 0))
+
+
+def plain_drafter() -> Drafter:
+    """The baseline's drafter (``drafter=none``), built by name: the core imports no method."""
+    return build_option("drafter", "none")
+
+
+def is_plain(decoder: SpeculativeDecoder) -> bool:
+    """Whether ``decoder`` already decodes plainly (its drafter is the baseline's)."""
+    return isinstance(decoder.drafter, type(plain_drafter()))
+
+
+def plain_run(cfg: DictConfig, decoder: SpeculativeDecoder) -> Output:
+    """The same prompt decoded plainly (no drafter) on the same target, verifier and sampling:
+    the baseline the first run is measured against, so a user sees what speculation bought."""
+    baseline = build_decoder(cfg, target=decoder.target, drafter=plain_drafter(), verifier=decoder.verifier)
+    return run(cfg, baseline)
+
+
+def comparison(out: Output, plain: Output, greedy: bool) -> str:
+    """One line: plain decoding's figures, the speedup in tokens/s, and whether the texts agree
+    (greedy decoding must give the same text; sampled texts are equal in distribution only)."""
+    speedup = out.stats.tokens_per_s / plain.stats.tokens_per_s if plain.stats.tokens_per_s else float("nan")
+    same = ("same text: yes" if out.ids == plain.ids else "same text: NO (report this: greedy speculation is exact)"
+            ) if greedy else "sampled: texts differ by chance, not in distribution"
+    p = plain.stats
+    return (f"plain decoding (drafter=none) | {p.new_tokens} tokens in {p.wall_s:.2f} s ({p.tokens_per_s:.1f} tok/s) | "
+            f"speedup {speedup:.2f}x | {same} (compare=false skips this run)")
 
 
 def checked_command_line(config_name: str, prog: str = "error", keys: Keys | None = None) -> None:
@@ -91,7 +126,8 @@ def runtime_command(command: str, overrides: list[str]) -> None:
         return
     table = measure(target)
     path = table.save(table_path(target))
-    print(f"t(M) of {table.model} on {table.runtime}/{table.dtype}, {table.threads} thread(s), {table.past} cached tokens:")
+    print(f"t(M) of {table.model} on {table.runtime}/{table.dtype}, {table.threads} thread(s), "
+          f"{table.past} cached tokens:")
     print("  ".join(f"M={m}: {s * 1e3:.1f} ms ({table.relative(m):.2f}x)" for m, s in enumerate(table.seconds, 1)))
     print(f"saved {path} and {plot_table(table, path.with_suffix('.png'))}")
 
@@ -106,7 +142,8 @@ def usage() -> str:
     lines += [f"  {g:<11} {', '.join(option_names(g))}" for g in GROUPS]
     lines += ["", "Top-level keys: prompt (prompt=- reads stdin; quote commas: \"prompt='a, b'\"), prompt_file, seed.",
               "Also: spec-zoo list (every drafter, verifier, bench method), spec-zoo --cfg job (the composed config),",
-              "spec-zoo warmup model.runtime=compiled (compile ahead of time), spec-zoo costs [model...] (measure t(M)),",
+              "spec-zoo warmup model.runtime=compiled (compile ahead of time), "
+              "spec-zoo costs [model...] (measure t(M)),",
               "spec-zoo --hydra-help (Hydra's flags: multirun, config dirs). Every key: docs/configs.md."]
     return "\n".join(lines)
 
@@ -131,7 +168,8 @@ def show_option(choice: str) -> str:
     if not path.is_file():  # an installed plugin (ConfigStore)
         node = compose_config([f"{group}={name}"])[group]
         return f"# --- {group}={name} (installed plugin)\n{OmegaConf.to_yaml(node)}"
-    parents = [p for p in OmegaConf.load(path).get("defaults", []) if isinstance(p, str) and p != "_self_"]
+    defaults = cast(DictConfig, OmegaConf.load(path)).get("defaults", [])
+    parents = [p for p in defaults if isinstance(p, str) and p != "_self_"]
     return "\n".join([*(show_option(f"{group}={p}") for p in parents),
                       f"# --- conf/{group}/{name}.yaml\n{path.read_text(encoding='utf-8').rstrip()}"])
 

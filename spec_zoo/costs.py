@@ -14,6 +14,7 @@ import json
 import platform
 import statistics
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -52,11 +53,12 @@ class CostTable:
         return path
 
     @classmethod
-    def load(cls, path: Path) -> "CostTable":
+    def load(cls, path: Path) -> CostTable:
         try:
             table = cls(**json.loads(Path(path).read_text()))
         except (OSError, ValueError, TypeError) as err:
-            raise ConfigError(f"cost table {path} cannot be read ({err}); re-measure it with `spec-zoo costs`.") from None
+            raise ConfigError(f"cost table {path} cannot be read ({err}); "
+                              "re-measure it with `spec-zoo costs`.") from None
         if not table.seconds or min(table.seconds) <= 0:
             raise ConfigError(f"cost table {path} holds no positive timings; re-measure it with `spec-zoo costs`.")
         return table
@@ -109,7 +111,7 @@ def measure(target, max_tokens: int = 16, repeats: int = 9, past: int = 100, pro
                      past)
 
 
-def plot_table(table: CostTable, path: Path, others: list[CostTable] = ()) -> Path:
+def plot_table(table: CostTable, path: Path, others: Sequence[CostTable] = ()) -> Path:
     """t(M) in ms against M (with ``others``, e.g. another runtime, for comparison), as a PNG."""
     import matplotlib
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import operator
 import sys
 import time
-from collections.abc import Callable, Hashable, Iterator, Sequence
+from collections.abc import Callable, Generator, Hashable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -89,7 +89,8 @@ class SpeculativeDecoder:
         except TypeError:
             ids = None
         if ids is None or len(ids) != len(prompt):
-            raise ConfigError(f"prompt: {list(prompt)[:8]!r} is not text or token ids; pass a string or a list of ints.")
+            raise ConfigError(f"prompt: {list(prompt)[:8]!r} is not text or token ids; "
+                              "pass a string or a list of ints.")
         vocab = self.target.vocab_size
         if bad := [t for t in ids if not 0 <= t < vocab]:
             raise ConfigError(
@@ -110,7 +111,7 @@ class SpeculativeDecoder:
         return self.target.tokenizer
 
     def _eos_ids(self) -> set[int]:
-        ids = set()
+        ids: set[int] = set()
         gen_cfg = getattr(self.target.model, "generation_config", None)
         for source in (getattr(gen_cfg, "eos_token_id", None), getattr(self.target.tokenizer, "eos_token_id", None)):
             if source is not None:
@@ -126,7 +127,7 @@ class SpeculativeDecoder:
         eos_token_ids: Sequence[int] | None = None,
         seed: int | None = None,
         request_id: Hashable | None = None,
-    ) -> Iterator[list[int]]:
+    ) -> Generator[list[int], None, Output]:
         """Yield the tokens committed by each step; the generator's return value is the `Output`.
         ``request_id`` names the request served (e.g. a benchmark question), for drafters that
         learn across requests (`DecodeState.request_id`)."""
@@ -173,6 +174,7 @@ class SpeculativeDecoder:
             if self.drafter.needs_target_hidden:
                 m = scores.new_committed
                 rows = list(range(m)) + [m + i for i in verdict.path]
+                assert scores.hidden is not None  # asked for with needs_target_hidden
                 state.target_hidden = scores.hidden[rows]
             if self.drafter.needs_draft_logits:
                 state.draft_logits = scores.logits

@@ -67,7 +67,8 @@ class Draft:
             raise ValueError(f"Draft.siblings={self.siblings!r}; one of {', '.join(SIBLING_MODES)}")
         if (self.probs is None) != (self.siblings == "deterministic"):
             raise ValueError(f"Draft.siblings={self.siblings!r} needs probs "
-                             f"{'None' if self.siblings == 'deterministic' else 'rows'} (q is one-hot only without them)")
+                             f"{'None' if self.siblings == 'deterministic' else 'rows'} "
+                             "(q is one-hot only without them)")
         if self.draws is not None:
             if self.siblings != "iid":
                 raise ValueError("Draft.draws replays repeated i.i.d. draws; it needs siblings='iid'")
@@ -78,12 +79,12 @@ class Draft:
 
     # -- constructors -------------------------------------------------------------
     @classmethod
-    def empty(cls) -> "Draft":
+    def empty(cls) -> Draft:
         """No proposal: the step is plain autoregressive decoding."""
         return cls(torch.empty(0, dtype=torch.long), [])
 
     @classmethod
-    def chain(cls, tokens, probs: torch.Tensor | None = None) -> "Draft":
+    def chain(cls, tokens, probs: torch.Tensor | None = None) -> Draft:
         tokens = torch.as_tensor(tokens, dtype=torch.long).reshape(-1)
         return cls(tokens, list(range(-1, tokens.numel() - 1)), probs)
 
@@ -131,7 +132,7 @@ class Draft:
         has_child = set(self.parents)
         return [i for i in range(len(self)) if i not in has_child]
 
-    def truncated(self, max_depth: int) -> "Draft":
+    def truncated(self, max_depth: int) -> Draft:
         """The sub-draft of nodes shallower than ``max_depth`` (a budget cut)."""
         if self.depth <= max_depth:
             return self

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import copy
 from pathlib import Path
+from typing import TYPE_CHECKING, TypeVar
 
 import torch
 from safetensors.torch import load_file, save_file
@@ -35,6 +36,9 @@ from safetensors.torch import load_file, save_file
 from spec_zoo.artefacts import check_artefact_values, check_target, read_record, write_artefact
 from spec_zoo.errors import ConfigError
 from spec_zoo.layers import DecoderStack
+
+if TYPE_CHECKING:
+    from typing import Self
 
 
 class VocabHead(torch.nn.Module):
@@ -48,6 +52,9 @@ class VocabHead(torch.nn.Module):
     #: artefact format name, JSON record and weights file names, and what to call it in errors
     FORMAT, RECORD, WEIGHTS, WHAT = "", "", "", ""
     FORMAT_VERSION = 1
+    vocab_ids: torch.Tensor | None  # a buffer
+    head: torch.Tensor  # a parameter when trained, else a buffer
+    record: dict  # what `load_head` read
 
     def __init__(self, target_model, vocab_ids: torch.Tensor | None = None, train_head: bool = False):
         super().__init__()
@@ -67,7 +74,7 @@ class VocabHead(torch.nn.Module):
                 "draft_vocab_size": int(self.head.shape[0])}
 
     @classmethod
-    def from_record(cls, target_model, record: dict, vocab_ids: torch.Tensor | None) -> "VocabHead":
+    def from_record(cls, target_model, record: dict, vocab_ids: torch.Tensor | None) -> Self:
         """An untrained head of the shape ``record`` describes (its weights are loaded next)."""
         raise NotImplementedError
 
@@ -123,7 +130,8 @@ class BlockHead(VocabHead):
             raise ConfigError(f"init_layer={init_layer}; the target has layers 0..{stack.num_layers - 1}.")
         self.init_layer, self.mlp = init_layer, mlp
         block = copy.deepcopy(stack.inner.layers[init_layer])
-        if not all(hasattr(block, part) for part in ("input_layernorm", "self_attn", "post_attention_layernorm", "mlp")):
+        if not all(hasattr(block, part) for part in ("input_layernorm", "self_attn", "post_attention_layernorm",
+                                                     "mlp")):
             raise ConfigError(f"{type(block).__name__} is not a pre-norm block (input_layernorm, self_attn, "
                               "post_attention_layernorm, mlp), which an EAGLE head or exit adapter is built from; "
                               "use another drafter for this family.")
@@ -171,7 +179,10 @@ def read_head_record(cls: type[VocabHead], path, key: str, fix: str) -> dict:
     return read_record(file, cls.FORMAT, cls.FORMAT_VERSION, cls.WHAT, f"retrain or re-copy the {cls.WHAT}")
 
 
-def load_head(cls: type[VocabHead], path, target_model, key: str, train_command: str) -> VocabHead:
+Head = TypeVar("Head", bound=VocabHead)
+
+
+def load_head(cls: type[Head], path, target_model, key: str, train_command: str) -> Head:
     """The ``cls`` head at ``path``, checked against ``target_model``; frozen, on its device."""
     path = Path(path).expanduser()
     record = read_head_record(cls, path, key, f"train one with `{train_command}`, or set {key}=null")
@@ -191,7 +202,8 @@ def load_head(cls: type[VocabHead], path, target_model, key: str, train_command:
     try:
         head = cls.from_record(target_model, record, ids)
     except KeyError as e:
-        raise ConfigError(f"{key}: {path / cls.RECORD} lacks {e}; the {cls.WHAT} is corrupt: retrain or re-copy it.") from None
+        raise ConfigError(f"{key}: {path / cls.RECORD} lacks {e}; "
+                          f"the {cls.WHAT} is corrupt: retrain or re-copy it.") from None
     dtype = target_model.lm_head.weight.dtype
     try:
         head.load_state_dict({k: (v if k == "vocab_ids" else v.to(dtype)) for k, v in tensors.items()})

@@ -105,7 +105,7 @@ class Drafter(ABC):
     #: fails is reported against the first one set
     artefact_keys: tuple[str, ...] = ("path",)
 
-    def attach(self, target: "Target") -> None:
+    def attach(self, target: Target) -> None:
         """Called once when a decoder is built: check compatibility with the target
         (vocabulary, device) and grab what is shared with it. Raise `ConfigError` on mismatch."""
 
@@ -130,13 +130,15 @@ class Verifier(ABC):
 
     name: str = "verifier"
     lossless: bool = True
+    #: True when ``verifier=auto`` chose this rule (summaries say so)
+    auto: bool = False
     #: the ``Draft.siblings`` modes this rule is exact for (`check_drafter` refuses others)
     sibling_modes: tuple[str, ...] = ("iid", "deterministic")
 
     def check(self, sampling: SamplingParams) -> None:
         """Raise `ConfigError` when this verifier cannot honour ``sampling``."""
 
-    def check_drafter(self, drafter: "Drafter") -> None:
+    def check_drafter(self, drafter: Drafter) -> None:
         """Raise `ConfigError` when this verifier cannot read what ``drafter`` proposes
         (e.g. a chain-only rule and a tree drafter), before any decoding. The base rule
         refuses sibling sampling this verifier is not exact for; an override calls it."""

@@ -21,9 +21,10 @@ import importlib.resources
 import inspect
 from dataclasses import dataclass
 from pathlib import Path
+from typing import cast
 
 from hydra.errors import InstantiationException
-from hydra.utils import get_object, instantiate
+from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from spec_zoo.errors import ConfigError, first_line
@@ -45,8 +46,9 @@ class Option:
     lossless: bool | None = None  # verifiers (and methods, through theirs); None: not applicable
 
 
-def _base_class(group: str) -> type:
-    return {"drafter": Drafter, "verifier": Verifier}[group]
+def _base_class(group: str) -> type[Drafter] | type[Verifier]:
+    bases: dict[str, type[Drafter] | type[Verifier]] = {"drafter": Drafter, "verifier": Verifier}
+    return bases[group]
 
 
 def shipped_options(group: str) -> list[str]:
@@ -73,7 +75,7 @@ def entry_points(group: str) -> dict[str, importlib.metadata.EntryPoint]:
     return found
 
 
-def load_plugin(group: str, ep: importlib.metadata.EntryPoint) -> type:
+def load_plugin(group: str, ep: importlib.metadata.EntryPoint) -> type[Drafter] | type[Verifier]:
     """The class behind ``ep``, checked to be a `Drafter` / `Verifier` subclass."""
     try:
         cls = ep.load()
@@ -87,9 +89,9 @@ def load_plugin(group: str, ep: importlib.metadata.EntryPoint) -> type:
     return cls
 
 
-def plugin_node(cls: type) -> dict:
+def plugin_node(cls: type[Drafter] | type[Verifier]) -> dict:
     """The config of a plugin option: ``_target_`` plus the constructor's plain defaults."""
-    node = {"_target_": f"{cls.__module__}.{cls.__qualname__}"}
+    node: dict[str, object] = {"_target_": f"{cls.__module__}.{cls.__qualname__}"}
     for name, p in inspect.signature(cls.__init__).parameters.items():
         if name != "self" and p.kind is p.POSITIONAL_OR_KEYWORD and isinstance(p.default, _PLAIN):
             node[name] = p.default
@@ -171,8 +173,8 @@ def build_component(node: DictConfig, key: str):
 def _artefact_keys(node: DictConfig) -> tuple[str, ...]:
     """The keys of a component node that name a file its class loads (`Drafter.artefact_keys`)."""
     try:
-        built = get_object(str(node.get("_target_")))
-    except Exception:  # Hydra wraps import errors of every kind; reported elsewhere
+        built = _class_of(str(node.get("_target_")))
+    except (ImportError, AttributeError, ValueError):  # a bad _target_: reported by the caller
         return Drafter.artefact_keys
     return built.artefact_keys if isinstance(built, type) and issubclass(built, Drafter) else Drafter.artefact_keys
 
@@ -199,23 +201,23 @@ def options() -> list[Option]:
     from omegaconf import OmegaConf
 
     out: list[Option] = []
-    verifier_lossless: dict[str, bool] = {}
+    verifier_lossless: dict[str, bool | None] = {}
     for group in ("drafter", "verifier"):
         for name in shipped_options(group):
             path = Path(CONF_DIR) / group / f"{name}.yaml"
             lossless = None
             if group == "verifier":
-                target = OmegaConf.load(path).get("_target_")
+                target = cast(DictConfig, OmegaConf.load(path)).get("_target_")
                 lossless = verifier_lossless[name] = getattr(_class_of(target), "lossless", None)
             out.append(Option(group, name, _yaml_about(path), "spec-zoo", lossless))
         for name, ep in entry_points(group).items():
             cls = load_plugin(group, ep)
-            lossless = verifier_lossless[name] = bool(cls.lossless) if group == "verifier" else None
+            lossless = verifier_lossless[name] = bool(cls.lossless) if issubclass(cls, Verifier) else None
             about = (inspect.getdoc(cls) or "").split("\n")[0]
             out.append(Option(group, name, about, ep.dist.name if ep.dist else "?", lossless))
     for name in shipped_options("method"):
         path = Path(CONF_DIR) / "method" / f"{name}.yaml"
-        cfg = OmegaConf.load(path)
+        cfg = cast(DictConfig, OmegaConf.load(path))
         verifier = cfg.get("verifier")
         lossless = None if cfg.get("engine") == "transformers" else (
             True if verifier is None else verifier_lossless.get(verifier) if isinstance(verifier, str) else None)

@@ -79,7 +79,8 @@ def rowwise_attention(module, query, key, value, attention_mask, scaling, dropou
     span = attention_mask.shape[-1]
     q = query.reshape(b, key.shape[1], groups, m, 1, d)
     prefix_k, prefix_v = key[:, :, None, None, :span], value[:, :, None, None, :span]  # [B, Hkv, 1, 1, S, D]
-    draft_k, draft_v = key[:, :, draft_slots].unsqueeze(2), value[:, :, draft_slots].unsqueeze(2)  # [B, Hkv, 1, M, N, D]
+    draft_k = key[:, :, draft_slots].unsqueeze(2)  # [B, Hkv, 1, M, N, D]
+    draft_v = value[:, :, draft_slots].unsqueeze(2)
     prefix, drafts = (q * prefix_k).sum(-1) * scaling, (q * draft_k).sum(-1) * scaling
     if softcap is not None:
         prefix, drafts = torch.tanh(prefix / softcap) * softcap, torch.tanh(drafts / softcap) * softcap
@@ -135,7 +136,7 @@ class CompiledTarget(Target):
             raise ConfigError(f"model.max_cache_len={max_cache_len}; it must be between 2 and the model's "
                               f"max_position_embeddings ({limit}).")
         window = getattr(model.config.get_text_config(), "sliding_window", None)
-        if "sliding_attention" in stack.layer_types and window < max_cache_len:
+        if "sliding_attention" in stack.layer_types and window is not None and window < max_cache_len:
             raise ConfigError(f"model.runtime=compiled: {type(model).__name__} has sliding-window attention (window "
                               f"{window}) shorter than model.max_cache_len={max_cache_len}, and the compiled attention "
                               f"has no windows; set model.max_cache_len={window} or less, or model.runtime=eager.")
@@ -160,7 +161,8 @@ class CompiledTarget(Target):
             # a full static layer for every layer, sliding ones included (windows never cut: see __init__)
             cache = Cache(layers=[StaticLayer(max_cache_len=self.cache_slots) for _ in self.layer_types])
             heads = self.config.num_key_value_heads
-            head_dim = getattr(self.config, "head_dim", None) or self.config.hidden_size // self.config.num_attention_heads
+            head_dim = (getattr(self.config, "head_dim", None)
+                        or self.config.hidden_size // self.config.num_attention_heads)
             cache.early_initialization(1, heads, head_dim, self.dtype, self.device)  # allocated before compiling
             return cache
         crop_all(self.cache, 0)  # keep the tensors: compiled graphs hold their addresses
@@ -171,7 +173,7 @@ class CompiledTarget(Target):
         return next((b for b in self.buckets if b >= rows), rows)
 
     # -- the forward --------------------------------------------------------------------------
-    def _forward(self, new: list[int], draft: Draft, past: int, hidden: bool):
+    def _forward(self, new: list[int], draft: Draft, past: int, hidden: bool | tuple[int, ...]):
         m, n = len(new), len(draft)
         if past + m + n > self.max_cache_len:
             raise ConfigError(
@@ -189,11 +191,12 @@ class CompiledTarget(Target):
     def layer_mask(self, past: int, q: int) -> torch.Tensor:
         """Over every slot of the static cache: the positions past the sequence are hidden."""
         mask = torch.full((1, 1, q, self.cache_slots), torch.finfo(self.dtype).min, dtype=self.dtype)
-        mask[..., : past + q] = causal_mask(past, q, self.dtype, "cpu") if q > 1 else 0.0
+        rows = causal_mask(past, q, self.dtype, "cpu")  # None for one row, which sees every past slot
+        mask[..., : past + q] = 0.0 if rows is None else rows
         return mask.to(self.device)
 
     def _prefill(self, tokens: list[int], past: int) -> torch.Tensor:
-        stack, q = self._stack, len(tokens)
+        stack, q = self.stack, len(tokens)
         positions = torch.arange(past, past + q, device=self.device)[None]
         out = stack.run(stack.embed(torch.tensor([tokens], device=self.device)), 0, stack.num_layers,
                         positions, self.cache, self.layer_mask(past, q))
@@ -285,7 +288,7 @@ class CompiledTarget(Target):
             crop_all(self.cache, where)
             with torch.no_grad():
                 graph(*inputs)
-        except Exception as err:  # noqa: BLE001 (any compiler failure: fall back visibly or re-raise)
+        except Exception as err:  # any compiler failure: fall back visibly or re-raise
             if not self.fallback:
                 raise
             warnings.warn(f"model.runtime=compiled: compiling failed ({type(err).__name__}: "
@@ -301,6 +304,7 @@ class CompiledTarget(Target):
     def warm_up(self) -> float:
         """Compile now, before anything is timed; the seconds it took."""
         self._graph()
+        assert self.compile_s is not None  # set by the compile
         return self.compile_s
 
 

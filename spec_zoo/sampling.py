@@ -93,7 +93,7 @@ class Chooser:
         return bool(u * q < p)  # u < p/q without dividing by a zero q
 
 
-_CHOOSER: contextvars.ContextVar[Chooser] = contextvars.ContextVar("spec_zoo_chooser", default=Chooser())
+_CHOOSER: contextvars.ContextVar[Chooser] = contextvars.ContextVar("spec_zoo_chooser", default=Chooser())  # noqa: B039 (stateless)
 
 
 @contextmanager

@@ -5,7 +5,8 @@ The shipped YAML is the schema: every key's type is the type of its shipped defa
 constructor's parameters with their annotations (so a custom ``_target_`` is checked
 too), and `Keys` add what a default cannot say (keys whose default is null, ranges, the
 words a key takes): the core's own `LIMITS` / `TYPES`, and what a command adds (spec-zoo-train:
-its pipeline's keys and each recipe's, registered from the method's folder). Every problem ends as one `ConfigError` line, ``<key>: <problem>; <fix>``.
+its pipeline's keys and each recipe's, registered from the method's folder). Every problem
+ends as one `ConfigError` line, ``<key>: <problem>; <fix>``.
 Values that a command line or YAML spells loosely are normalised in place: ``yes/no/on/off``
 for booleans, a plain string for ``stop_strings`` (one stop string, not its characters).
 """
@@ -18,6 +19,7 @@ import inspect
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import cast
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
@@ -105,7 +107,7 @@ class Keys:
         return Keys({**self.limits, **other.limits}, {**self.types, **other.types}, {**self.choices, **other.choices})
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def core_keys() -> Keys:
     """The keys of spec-zoo's and spec-zoo-bench's configs; the words of model keys come from
     the module that defines them."""
@@ -147,7 +149,8 @@ def check_value(key: str, value, types, nullable: bool = False, example=None, ke
     if key in keys.choices and value not in keys.choices[key]:
         raise fail(key, f"{value!r} is not supported", f"use one of: {', '.join(keys.choices[key])}")
     if isinstance(value, float) and not math.isfinite(value):
-        raise fail(key, f"{value!r} is not a finite number", _fix(key, types, example or getattr(keys.limits.get(key), "example", None)))
+        raise fail(key, f"{value!r} is not a finite number",
+                   _fix(key, types, example or getattr(keys.limits.get(key), "example", None)))
     limit = keys.limits.get(key)
     if limit and isinstance(value, (int, float)) and not isinstance(value, bool) and (why := limit.problem(value)):
         raise fail(key, f"{value!r} {why}", f"e.g. {key}={limit.example or _suggest(limit)}")
@@ -217,10 +220,10 @@ def _annotation_types(annotation):
     return tuple(_ANNOTATION_TYPES[p] for p in parts), nullable
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def constructor_params(cls) -> dict[str, inspect.Parameter] | None:
-    """Keyword parameters of ``cls(...)`` (a class or a factory function), following ``**kwargs`` passed on to a base class;
-    None when some ``**kwargs`` cannot be followed (then any key is accepted)."""
+    """Keyword parameters of ``cls(...)`` (a class or a factory function), following ``**kwargs`` passed on to a
+    base class; None when some ``**kwargs`` cannot be followed (then any key is accepted)."""
     params: dict[str, inspect.Parameter] = {}
     if not isinstance(cls, type):  # a factory function
         found = inspect.signature(cls).parameters.values()
@@ -293,8 +296,8 @@ def check_config(cfg: DictConfig, defaults: DictConfig, keys: Keys | None = None
     and ``keys`` (by default `core_keys`): unknown keys, types, ranges; drafter/verifier nodes
     against their classes. Loosely spelled values are normalised in ``cfg`` (read-only and
     struct flags lifted for that)."""
-    raw = OmegaConf.to_container(cfg, resolve=False)
-    changes = _walk(raw, OmegaConf.to_container(defaults, resolve=False), "", keys or core_keys())
+    raw = cast(dict, OmegaConf.to_container(cfg, resolve=False))
+    changes = _walk(raw, cast(dict, OmegaConf.to_container(defaults, resolve=False)), "", keys or core_keys())
     if not changes:
         return
     struct, readonly = OmegaConf.is_struct(cfg), OmegaConf.is_readonly(cfg)
@@ -380,7 +383,8 @@ def _override_error(config_name: str, before: list[str], override: str, err: Exc
     if key in DRAFTER_GROUPS:  # its options are chosen inside a drafter, not at the top
         return fail(key, "is a drafter's setting, not a top-level option",
                     f"pass drafter.{key}={value or 'NAME'} with a drafter that drafts trees, e.g. drafter=small_model "
-                    f"drafter.{key}={value or 'NAME'} (spec-zoo-bench: params: {{{key}: {value or 'NAME'}}} of a method)")
+                    f"drafter.{key}={value or 'NAME'} "
+                    f"(spec-zoo-bench: params: {{{key}: {value or 'NAME'}}} of a method)")
     text = str(err)
     options = option_names(key) if "." not in key else []
     if isinstance(err, MissingConfigException) or (options and "Config group override" in text):
@@ -395,7 +399,7 @@ def _override_error(config_name: str, before: list[str], override: str, err: Exc
                 "quote values with commas, spaces or brackets, e.g. \"prompt='a, b'\"")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def shipped_defaults(config_name: str) -> DictConfig:
     """``config_name`` composed with no overrides: the types every key should have."""
     return compose(config_name, [])

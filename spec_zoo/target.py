@@ -14,8 +14,9 @@ A self-speculative drafter (``drafters/early_exit/``) asks the target for a part
 forward, ``forward_layers(tokens, E)``: layers 0..E-1 only, their KV written into this
 cache by the target itself, the states entering layer E kept by its `PartialForward`
 (``spec_zoo.partial``). The next ``score`` whose new positions are those tokens resumes at
-layer E (KV reuse); anything else drops them. The shallow layers may hold more KV than the deep ones meanwhile, so every crop here
-is to an absolute length, which keeps all layers consistent on rejection.
+layer E (KV reuse); anything else drops them. The shallow layers may hold more KV than the
+deep ones meanwhile, so every crop here is to an absolute length, which keeps all layers
+consistent on rejection.
 
 Sliding-window attention (Mistral, Gemma 2/3, Qwen2 windows, Phi-3): transformers' sliding
 cache layers drop the KV that leaves the window, so a rejected draft could not be undone
@@ -172,7 +173,7 @@ class Target:
         self._scored(committed, draft)
         return Scores(logits, states, len(new))
 
-    def _forward(self, new: list[int], draft: Draft, past: int, hidden: bool):
+    def _forward(self, new: list[int], draft: Draft, past: int, hidden: bool | tuple[int, ...]):
         """(logits [len(draft) + 1, V], last-layer states [len(new) + len(draft), H] or None)
         for ``new`` committed tokens and the draft nodes after ``past`` cached tokens; their
         KV is appended to the cache. The runtime's one job (`spec_zoo.runtime` compiles it)."""
@@ -208,7 +209,8 @@ class Target:
         """Score a chain from the partial forward's layer on: the first ``q`` partial tokens
         are the new committed tokens and the nodes; their lower layers already ran."""
         if hidden not in (True, False):
-            raise RuntimeError("a partial forward keeps only the last layer's states; score(hidden=layers) needs a full one")
+            raise RuntimeError("a partial forward keeps only the last layer's states; "
+                               "score(hidden=layers) needs a full one")
         past, n = len(self.cached_tokens), len(draft)
         crop_cache(self.cache, past + q)  # shallow KV of nodes cut from the draft, if any
         logits, normed = self.partial.resume(self.stack, self.cache, past, q, n, self.layer_mask(past, q))

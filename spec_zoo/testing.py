@@ -22,6 +22,7 @@ needs one (a draft model, a head) can be built from it.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 
@@ -58,7 +59,7 @@ def tiny_llama(seed: int = 0, vocab: int = 64, layers: int = 2, sharpness: float
     ``config`` overrides any LlamaConfig field (e.g. max_position_embeddings=16)."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    fields = dict(
+    fields: dict[str, Any] = dict(
         vocab_size=vocab,
         hidden_size=32,
         intermediate_size=64,
@@ -84,7 +85,7 @@ def tiny_llama(seed: int = 0, vocab: int = 64, layers: int = 2, sharpness: float
 # what the family needs on top of the shared sizes; sliding windows are SHORTER than the
 # test sequences, soft-capping is on where the family has it
 WINDOW = 8
-FAMILIES = {
+FAMILIES: dict[str, tuple[str, dict[str, Any]]] = {
     "llama": ("LlamaConfig", {}),
     "qwen2": ("Qwen2Config", {"use_sliding_window": True, "sliding_window": WINDOW, "max_window_layers": 1}),
     "qwen3": ("Qwen3Config", {"head_dim": 16}),
@@ -114,7 +115,7 @@ def tiny_family(family: str, seed: int = 0, vocab: int = 64, layers: int = 2, sh
     import transformers
 
     name, extra = FAMILIES[family]
-    fields = dict(vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=layers,
+    fields: dict[str, Any] = dict(vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=layers,
                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
                   tie_word_embeddings=False, bos_token_id=0, eos_token_id=1, pad_token_id=None)
     fields.update(extra)

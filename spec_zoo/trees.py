@@ -82,7 +82,11 @@ class TreePolicy(ABC):
     """Builds the step's tree by calling ``expand`` once per level."""
 
     name = "tree"
-    branches = True  # False: its drafts are chains (chain-only verifiers accept the drafter)
+
+    @property
+    def branches(self) -> bool:
+        """False: its drafts are chains (chain-only verifiers accept the drafter)."""
+        return True
 
     def sibling_modes(self, sampled: bool) -> tuple[str, ...]:
         """The ``Draft.siblings`` its drafts use (what a verifier must be exact for)."""
@@ -106,7 +110,8 @@ class Static(TreePolicy):
     def __init__(self, choices):
         paths = sorted({tuple(int(r) for r in path) for path in choices}, key=lambda p: (len(p), p))
         if not paths or any(not p for p in paths):
-            raise ConfigError(f"tree.choices={choices!r}: give a non-empty list of non-empty paths, e.g. [[0],[1],[0,0]].")
+            raise ConfigError(f"tree.choices={choices!r}: give a non-empty list of non-empty paths, "
+                              "e.g. [[0],[1],[0,0]].")
         known = set(paths)
         for path in paths:
             needed = path[:-1] if path[-1] == 0 else (*path[:-1], path[-1] - 1)
@@ -154,7 +159,8 @@ class TopK(Static):
     def __init__(self, width: int = 2, depth: int = 3):
         if width < 1 or depth < 1:
             raise ConfigError(f"tree.width={width}, tree.depth={depth}: both must be >= 1.")
-        check_nodes("tree.depth" if width == 1 else "tree.width", depth if width == 1 else (width ** (min(depth, 64) + 1) - width) // (width - 1),
+        check_nodes("tree.depth" if width == 1 else "tree.width",
+                    depth if width == 1 else (width ** (min(depth, 64) + 1) - width) // (width - 1),
                     f"width {width} over depth {depth}")
         self.width = width
         super().__init__([p for d in range(1, depth + 1) for p in _ranks(width, d)])
@@ -256,7 +262,8 @@ class MultiDraft(TreePolicy):
         return tree.draft("iid")
 
 
-RANK_PRIOR_ACCEPT, RANK_PRIOR_WEIGHT, RANK_DECAY = 0.5, 2.0, 0.95  # per-rank acceptance: prior 0.5 / 2^rank, ~20-step memory
+# per-rank acceptance: prior 0.5 / 2^rank, ~20-step memory
+RANK_PRIOR_ACCEPT, RANK_PRIOR_WEIGHT, RANK_DECAY = 0.5, 2.0, 0.95
 
 Relative = Callable[[int], float]  # M scored tokens -> t(M) / t(1)
 
@@ -324,9 +331,11 @@ def best_tree(acc: list[float], relative: Relative, draft_cost: float, max_nodes
     (tokens / cost) within the limits. For each depth cap the best tree of n nodes is the n
     most valuable nodes (a node is worth no more than its parent or its lower-ranked
     sibling), taken from a heap, so no tree within the limits is predicted faster."""
-    best, best_value, best_cost = [], 1.0, tree_cost([], draft_cost, relative)
+    best: list[tuple[int, ...]] = []
+    best_value, best_cost = 1.0, tree_cost([], draft_cost, relative)
     for cap in range(1, max_depth + 1):
-        paths, frontier = [], [(-acc[0], (0,))]
+        paths: list[tuple[int, ...]] = []
+        frontier: list[tuple[float, tuple[int, ...]]] = [(-acc[0], (0,))]
         while frontier and len(paths) < max_nodes:
             worth, path = heapq.heappop(frontier)
             paths.append(path)
@@ -414,7 +423,7 @@ def build_tree_policy(spec) -> TreePolicy | None:
         spec = OmegaConf.to_container(spec, resolve=True)
     values = {"policy": spec} if isinstance(spec, str) else dict(spec) if isinstance(spec, Mapping) else None
     name = None if values is None else values.pop("policy", None)
-    if name not in option_names("tree"):
+    if values is None or name not in option_names("tree"):
         raise ConfigError(f"drafter.tree={spec!r}: name a tree policy ({', '.join(option_names('tree'))}), "
                           "or give {policy: NAME, KEY: VALUE}, e.g. drafter.tree={policy:topk,width:3}.")
     try:

@@ -209,7 +209,8 @@ def markdown(results: list[Result], seconds: float) -> str:
         tv = "" if r.tv is None else f"{r.tv:.1e}"
         tau = "" if r.tau is None else f"{r.tau:.4f}"
         decodes = str(r.branches) if r.branches else ""
-        lines.append(f"| {c.drafter} | {c.shape} | {c.verifier} | {c.setting} | {r.status} | {tv} | {tau} | {decodes} |")
+        lines.append(f"| {c.drafter} | {c.shape} | {c.verifier} | {c.setting} | {r.status} | {tv} | {tau} "
+                     f"| {decodes} |")
     return "\n".join(lines) + "\n"
 
 

@@ -90,12 +90,14 @@ def drafter_lineup(target_model, sampled: bool = False) -> dict:
         "ngram_k6_n2": lambda: NgramDrafter(num_draft=6, min_ngram=2, max_ngram=4, adaptive=False),
         "ngram_tree": lambda: NgramDrafter(num_draft=4, adaptive=False, branches=3, max_nodes=10),
         "small_chain_k3": lambda: SmallModelDrafter(partial, num_draft=3, sample=sample),
-        "small_chain_adaptive": lambda: SmallModelDrafter(partial, num_draft=2, adaptive=True, max_draft=6, sample=sample),
+        "small_chain_adaptive": lambda: SmallModelDrafter(partial, num_draft=2, adaptive=True, max_draft=6,
+                                                          sample=sample),
         "small_chain_self": lambda: SmallModelDrafter(target_model, num_draft=5, sample=sample),
         "small_tree_2x3": lambda: SmallModelDrafter(partial, tree_width=2, tree_depth=3, sample=sample),
         "small_tree_3x2_self": lambda: SmallModelDrafter(target_model, tree_width=3, tree_depth=2, sample=sample),
         "early_exit_k3": lambda: EarlyExitDrafter(1, num_draft=3, adaptive=False, sample=sample),
-        "early_exit_k3_no_reuse": lambda: EarlyExitDrafter(1, num_draft=3, adaptive=False, sample=sample, reuse_kv=False),
+        "early_exit_k3_no_reuse": lambda: EarlyExitDrafter(1, num_draft=3, adaptive=False, sample=sample,
+                                                           reuse_kv=False),
         "early_exit_adaptive": lambda: EarlyExitDrafter(1, num_draft=2, max_draft=6, sample=sample, stop_below=0.05),
         "early_exit_adapter": lambda: EarlyExitDrafter(
             1, num_draft=3, adaptive=False, sample=sample, adapter=exit_adapter(target_model)),
@@ -122,7 +124,7 @@ def drafter_lineup(target_model, sampled: bool = False) -> dict:
 _single_lineup = drafter_lineup
 
 
-def drafter_lineup(target_model, sampled: bool = False) -> dict:  # noqa: F811 (extends the line-up above)
+def drafter_lineup(target_model, sampled: bool = False) -> dict:  # extends the line-up above
     """Name -> factory, the single drafters plus cascades and merges of them."""
     from spec_zoo.drafters.cascade import CascadeDrafter
     from spec_zoo.drafters.merge import MergeDrafter

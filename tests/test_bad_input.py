@@ -394,7 +394,8 @@ def test_head_with_out_of_range_vocab_ids_is_refused(tmp_path):
     model = tiny_llama()
     save_head(EagleHead(model, 1, vocab_ids=torch.arange(8)), tmp_path, describe_target(model, None), {})
     tensors = load_file(str(tmp_path / EagleHead.WEIGHTS))
-    save_file({**tensors, "vocab_ids": torch.tensor([0, 1, 2, 3, 4, 5, 6, 1_000_000])}, str(tmp_path / EagleHead.WEIGHTS))
+    save_file({**tensors, "vocab_ids": torch.tensor([0, 1, 2, 3, 4, 5, 6, 1_000_000])},
+              str(tmp_path / EagleHead.WEIGHTS))
     with pytest.raises(ConfigError, match=r"drafter.head: .* vocab_ids outside the target's vocabulary \(0..63\)"):
         load_head(EagleHead, tmp_path, model, "drafter.head", "spec-zoo-train eagle")
 
@@ -427,7 +428,8 @@ def test_head_with_non_finite_weights_is_refused_at_load(tmp_path, bad, setup):
                "cascade": ["drafter=cascade", "drafter.members=[ngram,eagle]",
                            f"+drafter.params.eagle.head={path}"]}[setup]
     cfg = compose_config([*drafter, "generation.temperature=0.7"])
-    with pytest.raises(ConfigError, match=rf"^(drafter.members\[1\]=eagle: )?drafter.head: .* has NaN or infinite weights \({re.escape(name)}"):
+    with pytest.raises(ConfigError, match=rf"^(drafter.members\[1\]=eagle: )?drafter.head: .* "
+                                          rf"has NaN or infinite weights \({re.escape(name)}"):
         build_decoder(cfg, target=Target(model))
 
 

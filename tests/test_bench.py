@@ -204,7 +204,9 @@ def test_interrupted_run_resumes_without_duplicates_or_losses(target, tmp_path):
     methods = build(target, ["ngram", "hf_ar"])
     expected = TURN_RECORDS * len(methods) * 2
 
-    def interrupt(record, seen=[]):
+    seen = []
+
+    def interrupt(record):
         seen.append(record)
         if len(seen) == 4:
             raise KeyboardInterrupt
@@ -235,7 +237,8 @@ def test_interrupted_run_resumes_without_duplicates_or_losses(target, tmp_path):
 
 # -- summary --------------------------------------------------------------------------
 def rec(method, category, qid, new_tokens, wall_s, forwards=None, drafted=None, accepted=None, match=None):
-    return {"schema_version": SCHEMA_VERSION, "method": method, "category": category, "question_id": qid, "turn": 1, "repeat": 0,
+    return {"schema_version": SCHEMA_VERSION, "method": method, "category": category, "question_id": qid, "turn": 1,
+            "repeat": 0,
             "new_tokens": new_tokens, "wall_s": wall_s, "target_forwards": forwards, "drafted": drafted,
             "accepted": accepted, "matches_baseline": match, "config_hash": method}
 

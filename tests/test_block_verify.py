@@ -168,7 +168,7 @@ def _law_error(p_of, vocab: int, gamma: int, committed: dict) -> float:
     continued by the target) and the target's own law."""
     law = dict.fromkeys(itertools.product(range(vocab), repeat=gamma + 1), 0.0)
     for prefix, mass in committed.items():
-        for rest, prob in _chain_law(lambda s: p_of(prefix + s), vocab, gamma + 1 - len(prefix)).items():
+        for rest, prob in _chain_law(lambda s, prefix=prefix: p_of(prefix + s), vocab, gamma + 1 - len(prefix)).items():
             law[prefix + rest] += mass * prob
     return max(abs(law[z] - prob) for z, prob in _chain_law(p_of, vocab, gamma + 1).items())
 

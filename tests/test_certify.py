@@ -151,10 +151,10 @@ def _table_rows() -> dict:
 def test_the_generated_table_is_complete_and_lossless():
     rows = _table_rows()
     assert list(rows) == [(c.drafter, c.shape, c.verifier, c.setting) for c in certify_table.cells()]
-    for (drafter, shape, verifier, setting), (status, tv, tau, decodes) in rows.items():
+    for (drafter, shape, verifier, setting), (status, tv, _, _) in rows.items():
         if status == "refused":
-            assert verifier == "greedy" and setting != "T=0" or verifier == "block" and shape != "chain" or \
-                   verifier == "block" and drafter == "merge" or drafter == "ngram" and shape != "chain", drafter
+            assert (verifier == "greedy" and setting != "T=0") or (verifier == "block" and shape != "chain") or \
+                   (verifier == "block" and drafter == "merge") or (drafter == "ngram" and shape != "chain"), drafter
         elif verifier == "typical" and setting != "T=0":
             assert status == "lossy" and float(tv) > CAUGHT  # the lossy rule's exact distance
         else:

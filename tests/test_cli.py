@@ -30,7 +30,7 @@ def text_and_summary(result: subprocess.CompletedProcess) -> tuple[str, str]:
 
 @pytest.mark.real_model
 def test_cli_runs_and_user_drafter_plugs_in_losslessly():
-    base_text, base = text_and_summary(spec_zoo_cli(f"prompt={PROMPT}", "generation.max_new_tokens=8"))
+    base_text, base = text_and_summary(spec_zoo_cli(f"prompt={PROMPT}", "generation.max_new_tokens=8", "drafter=none"))
     assert re.match(r"drafter=none verifier=greedy \(auto: temperature 0\) \| 8 tokens in .* tau 1\.00 \| alpha n/a \| "
                     r"target forwards 8", base)
     assert base_text.strip()
@@ -39,12 +39,30 @@ def test_cli_runs_and_user_drafter_plugs_in_losslessly():
         spec_zoo_cli(
             f"prompt={PROMPT}",
             "generation.max_new_tokens=8",
+            "drafter=none",
             "drafter._target_=tests.plugin_drafter.RepeatDrafter",
             "+drafter.num_draft=3",
+            "compare=false",
         )
     )
     assert plug.startswith("drafter=repeat verifier=greedy (auto: temperature 0) | 8 tokens")
     assert plug_text == base_text  # greedy verification: same output whatever the drafter
+
+
+@pytest.mark.real_model
+def test_bare_run_speculates_and_compares_with_plain_decoding():
+    """The first run shows what the project is for: a lossless drafter, then plain decoding of
+    the same prompt, the speedup and that the texts are equal; compare=false drops the baseline."""
+    result = spec_zoo_cli("generation.max_new_tokens=24")
+    assert result.returncode == 0, result.stderr
+    *_, spec, plain = result.stdout.rstrip("\n").split("\n")
+    assert spec.startswith("drafter=ngram verifier=greedy") and "tau " in spec
+    tau = re.search(r"tau ([0-9.]+)", spec)
+    assert tau and float(tau.group(1)) > 1.0  # the default prompt gives the lookup something to copy
+    assert re.match(r"plain decoding \(drafter=none\) \| 24 tokens in .* speedup [0-9.]+x \| same text: yes", plain), (
+        plain)
+    alone = spec_zoo_cli("generation.max_new_tokens=4", "compare=false")
+    assert alone.returncode == 0 and "plain decoding" not in alone.stdout
 
 
 def test_cli_config_error_exits_2_without_traceback():

@@ -116,9 +116,9 @@ def test_every_member_sees_begin_and_every_commit():
     assert len(first.commits) == len(second.commits) == steps
     assert second.asked == 0  # the first always proposes
     # the idle member hears an empty draft and the first token committed each step
-    for (mine, verdict), (theirs, _) in zip(second.commits, first.commits):
+    for mine, verdict in second.commits:
         assert mine == [] and verdict.path == []
-    assert [v.next_token for _, v in second.commits][0] == out.ids[0]
+    assert second.commits[0][1].next_token == out.ids[0]
 
 
 def test_cascade_uses_the_next_member_when_the_first_finds_nothing():
@@ -179,7 +179,8 @@ def test_cascade_with_sampled_members_is_reproducible():
     lineup = drafter_lineup(model, sampled=True)
     runs = []
     for seed in (3, 3, 4):
-        decoder = SpeculativeDecoder(Target(model), lineup["cascade_ngram_eagle"](), sampling=SamplingParams(temperature=1.0))
+        decoder = SpeculativeDecoder(Target(model), lineup["cascade_ngram_eagle"](),
+                                     sampling=SamplingParams(temperature=1.0))
         runs.append(decoder.generate([5, 6, 7, 5, 6, 7], max_new_tokens=20, eos_token_ids=[], seed=seed).ids)
     assert runs[0] == runs[1] and runs[0] != runs[2]
 

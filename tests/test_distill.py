@@ -36,7 +36,8 @@ def _teacher(seed: int = 3):
 
 def _prompts(n: int = 48, seed: int = 0) -> list[list[int]]:
     g = torch.Generator().manual_seed(seed)
-    return [torch.randint(2, 64, (int(torch.randint(3, 9, (1,), generator=g)),), generator=g).tolist() for _ in range(n)]
+    return [torch.randint(2, 64, (int(torch.randint(3, 9, (1,), generator=g)),),
+                          generator=g).tolist() for _ in range(n)]
 
 
 def _cfg(tmp_path, *overrides, prompts=None):
@@ -62,7 +63,7 @@ def trained(tmp_path_factory):
 
 
 def test_training_lowers_loss_and_raises_acceptance(trained):
-    model, path, _ = trained
+    _, path, _ = trained
     record = json.loads((path / "distill.json").read_text())
     before, after = record["heldout_before"], record["heldout_after"]
     assert after["loss"] < before["loss"]
@@ -91,7 +92,8 @@ def test_untrained_is_the_initialisation(trained, tmp_path):
     drafter = DistilledDrafter(noisy, untrained=True, dtype="float64")
     drafter.attach(Target(model))
     assert torch.equal(drafter.runner.model.lm_head.weight, model.lm_head.weight[vocab])
-    assert torch.equal(drafter.runner.model.model.layers[0].mlp.up_proj.weight, model.model.layers[0].mlp.up_proj.weight)
+    assert torch.equal(drafter.runner.model.model.layers[0].mlp.up_proj.weight,
+                       model.model.layers[0].mlp.up_proj.weight)
 
 
 def test_same_seed_same_draft_and_resume(tmp_path):
@@ -177,7 +179,8 @@ def _artefact(model, path, vocab_ids, layers=1, noise=0.0):
         with torch.no_grad():
             w = student.lm.lm_head.weight
             w.add_(noise * w.std() * torch.randn(w.shape, generator=g))
-    record = {"target": describe_target(model, "tiny"), "init": {"kind": "target", "layers": layers, "copy_layers": None}}
+    record = {"target": describe_target(model, "tiny"),
+              "init": {"kind": "target", "layers": layers, "copy_layers": None}}
     return save_artefact(student, path, record, dtype="float64")
 
 

@@ -49,7 +49,8 @@ def test_higher_cost_means_shorter_drafts():
 
 @pytest.mark.parametrize(
     "args, key",
-    [((0, False, 4), "num_draft"), ((-3, True, 4), "num_draft"), ((8, True, 4), "max_draft"), ((4, True, 8, 1.5), "token_cost")],
+    [((0, False, 4), "num_draft"), ((-3, True, 4), "num_draft"), ((8, True, 4), "max_draft"),
+     ((4, True, 8, 1.5), "token_cost")],
 )
 def test_bad_values_name_the_key(args, key):
     with pytest.raises(ConfigError, match=key):

@@ -48,7 +48,7 @@ def test_cached_drafts_equal_drafts_from_scratch_and_features_are_the_targets():
         seen = []
         decoder = SpeculativeDecoder(Target(model), drafter)
         original = drafter.propose
-        drafter.propose = lambda state, f=original: seen.append(f(state).tokens.tolist()) or _last(seen)
+        drafter.propose = lambda state, f=original, seen=seen: seen.append(f(state).tokens.tolist()) or _last(seen)
         outs[cls] = decoder.generate(PROMPT, max_new_tokens=40, eos_token_ids=[])
         drafts[cls] = seen
     assert drafts[EagleDrafter] == drafts[FromScratch]  # the cache crop/recompute logic changes nothing

@@ -197,7 +197,7 @@ def test_configs_compose_and_build():
     from spec_zoo.bench.specs import resolve_methods
 
     specs, _ = resolve_methods(["hf_early_exit"], [])
-    hf = [s for s in specs if s.name == "hf_early_exit"][0]
+    hf = next(s for s in specs if s.name == "hf_early_exit")
     assert hf.engine == "transformers" and hf.drafter_label == "early_exit" and hf.params == {"assistant_early_exit": 8}
     assert {f"early_exit_e{E}" for E in (4, 12, 16)} | {f"early_exit_adapter_e{E}" for E in (4, 12, 16)} <= names
 

@@ -3,9 +3,11 @@ adaptive drafters, loosely spelled values, the verifier chosen by temperature.""
 
 from __future__ import annotations
 
+import itertools
 import json
 import random
 import time
+from typing import ClassVar
 
 import pytest
 from omegaconf import OmegaConf
@@ -66,7 +68,7 @@ def long_run(stop_strings=(), length=2000):
     pieces = []
     out = decoder.generate([3, 4, 5, 6], max_new_tokens=length, stop_strings=stop_strings, eos_token_ids=[],
                            on_text=pieces.append)
-    return out, pieces, [b - a for a, b in zip(work, work[1:])]
+    return out, pieces, [b - a for a, b in itertools.pairwise(work)]
 
 
 def test_stop_strings_and_streaming_cost_no_more_late_in_a_long_output():
@@ -182,7 +184,7 @@ class ChatTokenizer:
     """Just enough of a chat tokenizer to see what `encode` does with typed markers."""
 
     chat_template = "{{ messages }}"
-    all_special_tokens = ["<|im_start|>", "<|im_end|>", "<"]
+    all_special_tokens: ClassVar[list[str]] = ["<|im_start|>", "<|im_end|>", "<"]
     eos_token_id = None
 
     def apply_chat_template(self, messages, add_generation_prompt, tokenize):
@@ -208,7 +210,7 @@ def test_token_ids_outside_the_vocabulary_are_refused(tiny_llama):
 
 @pytest.mark.parametrize("temperature, verifier", [(0.0, "greedy"), (0.7, "rejection")])
 def test_verifier_auto_follows_the_temperature(tiny_llama, temperature, verifier):
-    cfg = compose_config([f"generation.temperature={temperature}"])
+    cfg = compose_config([f"generation.temperature={temperature}", "drafter=none"])
     assert cfg.verifier._target_ == "spec_zoo.verifiers.auto.auto_verifier"  # the default
     decoder = build_decoder(cfg, target=Target(tiny_llama()))
     assert decoder.verifier.name == verifier
@@ -221,7 +223,9 @@ def test_verifier_auto_follows_the_temperature(tiny_llama, temperature, verifier
 def test_cli_samples_at_a_temperature_with_the_exact_verifier():
     from tests.test_cli import spec_zoo_cli, text_and_summary
 
-    text, summary = text_and_summary(spec_zoo_cli("generation.temperature=0.7", "generation.max_new_tokens=4"))
+    _, summary = text_and_summary(
+        spec_zoo_cli("generation.temperature=0.7", "generation.max_new_tokens=4", "drafter=none")
+    )
     assert summary.startswith("drafter=none verifier=rejection (auto: temperature 0.7) | 4 tokens")
 
 
@@ -244,7 +248,8 @@ def test_prompt_dash_reads_stdin(tiny_llama, monkeypatch):
     assert cfg.prompt == "from stdin, with a comma"
 
 
-@pytest.mark.parametrize("content, problem", [(None, "cannot read"), ("  \n", "is empty"), (b"\xff\xfe\xfa", "cannot read")])
+@pytest.mark.parametrize("content, problem",
+                         [(None, "cannot read"), ("  \n", "is empty"), (b"\xff\xfe\xfa", "cannot read")])
 def test_bad_prompt_files_are_named(no_model_load, tmp_path, content, problem):
     path = tmp_path / "p.txt"
     if isinstance(content, bytes):
@@ -266,7 +271,8 @@ def test_summary_line_names_every_shipped_drafter_option(option):
 
     cfg = compose_config([f"drafter={option}"])
     drafter = locate("drafter", cfg.drafter._target_)  # the class: its `name` is what the line used to show
-    decoder = SimpleNamespace(drafter=drafter, verifier=SimpleNamespace(name="greedy", lossless=True), sampling=SamplingParams())
+    decoder = SimpleNamespace(drafter=drafter, verifier=SimpleNamespace(name="greedy", lossless=True),
+                              sampling=SamplingParams())
     assert label(cfg, decoder, option) == f"drafter={option} verifier=greedy"
 
 
@@ -276,7 +282,8 @@ def test_summary_line_names_a_custom_drafter_by_its_name():
     from tests.plugin_drafter import RepeatDrafter
 
     cfg = compose_config(["drafter._target_=tests.plugin_drafter.RepeatDrafter"])
-    decoder = SimpleNamespace(drafter=RepeatDrafter(), verifier=SimpleNamespace(name="greedy", lossless=True), sampling=SamplingParams())
+    decoder = SimpleNamespace(drafter=RepeatDrafter(), verifier=SimpleNamespace(name="greedy", lossless=True),
+                              sampling=SamplingParams())
     assert label(cfg, decoder, "none") == "drafter=repeat verifier=greedy"
 
 

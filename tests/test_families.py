@@ -69,7 +69,8 @@ def truncated(target_model):
     with tempfile.TemporaryDirectory() as tmp:
         make_truncated_draft(target_model, 1, tmp)
         experts = target_model.config._experts_implementation  # not saved; float64 MoE needs "eager"
-        return AutoModelForCausalLM.from_pretrained(tmp, dtype=target_model.dtype, experts_implementation=experts).eval()
+        return AutoModelForCausalLM.from_pretrained(tmp, dtype=target_model.dtype,
+                                                    experts_implementation=experts).eval()
 
 
 def eagle(target_model, **kw):
@@ -93,7 +94,8 @@ COMPILED_DRAFTERS = ("none", "ngram tree", "small_model", "early_exit", "eagle")
 NOT_LLAMA_LAYOUT = ("gpt2", "gpt_neox")
 WINDOWED = ("qwen2", "mistral", "gemma2", "gemma3", "phi3")  # windows shorter than the compiled cache
 REFUSED = {  # (family, drafter, runtime) that must be refused, by a message containing this
-    **{(f, d, "eager"): "Llama-family" for f in NOT_LLAMA_LAYOUT for d in ("early_exit", "early_exit own cache", "eagle")},
+    **{(f, d, "eager"): "Llama-family"
+       for f in NOT_LLAMA_LAYOUT for d in ("early_exit", "early_exit own cache", "eagle")},
     ("olmo2", "eagle", "eager"): "not a pre-norm block",
     **{(f, "none", "compiled"): "Llama-family" for f in NOT_LLAMA_LAYOUT},
     **{(f, "none", "compiled"): "sliding-window attention" for f in WINDOWED},
@@ -104,7 +106,8 @@ REFUSED = {  # (family, drafter, runtime) that must be refused, by a message con
 def wide_model(family: str):
     """``family`` in float32 (the compiled runtime's precision) with windows as long as its
     cache (it refuses shorter ones)."""
-    return tiny_family(family, dtype=torch.float32, **({"sliding_window": COMPILED_CACHE} if family in WINDOWED else {}))
+    return tiny_family(family, dtype=torch.float32,
+                       **({"sliding_window": COMPILED_CACHE} if family in WINDOWED else {}))
 
 
 @functools.cache

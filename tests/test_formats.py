@@ -54,10 +54,13 @@ def eagle3_tensors(model, draft_ids: torch.Tensor | None, prefix: str, seed: int
     H, q, kv, inter = _shapes(model)
     V = model.config.vocab_size
     vd = V if draft_ids is None else len(draft_ids)
-    t = {prefix + "self_attn.q_proj.weight": _rand(gen, q, 2 * H), prefix + "self_attn.k_proj.weight": _rand(gen, kv, 2 * H),
-         prefix + "self_attn.v_proj.weight": _rand(gen, kv, 2 * H), prefix + "self_attn.o_proj.weight": _rand(gen, H, q),
+    t = {prefix + "self_attn.q_proj.weight": _rand(gen, q, 2 * H),
+         prefix + "self_attn.k_proj.weight": _rand(gen, kv, 2 * H),
+         prefix + "self_attn.v_proj.weight": _rand(gen, kv, 2 * H),
+         prefix + "self_attn.o_proj.weight": _rand(gen, H, q),
          prefix + "mlp.gate_proj.weight": _rand(gen, inter, H), prefix + "mlp.up_proj.weight": _rand(gen, inter, H),
-         prefix + "mlp.down_proj.weight": _rand(gen, H, inter), prefix + "input_layernorm.weight": _rand(gen, H, around=1),
+         prefix + "mlp.down_proj.weight": _rand(gen, H, inter),
+         prefix + "input_layernorm.weight": _rand(gen, H, around=1),
          prefix + "hidden_norm.weight": _rand(gen, H, around=1),
          prefix + "post_attention_layernorm.weight": _rand(gen, H, around=1),
          "fc.weight": _rand(gen, H, fused * H, scale=0.2), "norm.weight": _rand(gen, H, around=1),
@@ -101,9 +104,12 @@ def write_eagle1(path, model, seed=0):
     gen = torch.Generator().manual_seed(seed)
     H, q, kv, inter = _shapes(model)
     tensors = {"fc.weight": _rand(gen, H, 2 * H, scale=0.2), "fc.bias": _rand(gen, H, scale=0.1),
-               "layers.0.self_attn.q_proj.weight": _rand(gen, q, H), "layers.0.self_attn.k_proj.weight": _rand(gen, kv, H),
-               "layers.0.self_attn.v_proj.weight": _rand(gen, kv, H), "layers.0.self_attn.o_proj.weight": _rand(gen, H, q),
-               "layers.0.mlp.gate_proj.weight": _rand(gen, inter, H), "layers.0.mlp.up_proj.weight": _rand(gen, inter, H),
+               "layers.0.self_attn.q_proj.weight": _rand(gen, q, H),
+               "layers.0.self_attn.k_proj.weight": _rand(gen, kv, H),
+               "layers.0.self_attn.v_proj.weight": _rand(gen, kv, H),
+               "layers.0.self_attn.o_proj.weight": _rand(gen, H, q),
+               "layers.0.mlp.gate_proj.weight": _rand(gen, inter, H),
+               "layers.0.mlp.up_proj.weight": _rand(gen, inter, H),
                "layers.0.mlp.down_proj.weight": _rand(gen, H, inter),
                "layers.0.post_attention_layernorm.weight": _rand(gen, H, around=1)}
     (path / "config.json").write_text(json.dumps(_layer_config(model)))
@@ -194,7 +200,8 @@ def reference_eagle3(model, w, layers, tokens, k, prefix="midlayer."):
         logits = _rms(hidden[-1], w["norm.weight"]) @ w["lm_head.weight"].T
         d = int(logits.argmax())
         token = d + int(w["d2t"][d])
-        rows.append(torch.full((model.config.vocab_size,), float("-inf"), dtype=logits.dtype).index_copy(0, ids, logits))
+        row = torch.full((model.config.vocab_size,), float("-inf"), dtype=logits.dtype)
+        rows.append(row.index_copy(0, ids, logits))
         out.append(token)
         seq.append(token)
         features.append(hidden[-1])  # the next position reads the layer's own output
@@ -326,8 +333,10 @@ def test_imported_heads_decode_exactly_as_plain_greedy(tmp_path):
     }
     for name, make in layouts.items():
         counter = iter(range(100))
-        assert_greedy_identity(lambda model: make(model, tmp_path / f"{name}{next(counter)}"), seeds=(0, 1),
-                               max_new_tokens=24)
+
+        def fresh(model, make=make, name=name, counter=counter):
+            return make(model, tmp_path / f"{name}{next(counter)}")
+        assert_greedy_identity(fresh, seeds=(0, 1), max_new_tokens=24)
 
 
 def test_imported_eagle3_head_samples_exactly(tmp_path):

@@ -74,7 +74,8 @@ def import_graph(root: Path, tops: tuple[str, ...]) -> dict[str, set[str]]:
             elif isinstance(node, ast.ImportFrom):
                 base = node.module or ""
                 if node.level:
-                    base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1] + [base] * bool(base))
+                    parts = package.split(".")
+                    base = ".".join(parts[: len(parts) - node.level + 1] + [base] * bool(base))
                 wanted = [base] + [f"{base}.{a.name}" for a in node.names]
             else:
                 continue
@@ -152,7 +153,8 @@ def test_imports_follow_the_layers():
 
 
 def is_training(module: str) -> bool:
-    return module.startswith("spec_zoo.train") or (module.startswith("spec_zoo.drafters.") and module.endswith(".train"))
+    return module.startswith("spec_zoo.train") or (
+        module.startswith("spec_zoo.drafters.") and module.endswith(".train"))
 
 
 def test_core_imports_no_method():

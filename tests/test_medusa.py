@@ -169,8 +169,10 @@ def test_bad_drafter_settings_fail_clearly():
     with pytest.raises(ConfigError, match=r"\[1, 0\] needs \[1\] too"):
         MedusaDrafter(heads, tree={"policy": "static", "choices": [[0], [1, 0]]})
     deep = Static([[0], [0, 0], [0, 0, 0], [0, 0, 0, 0], [0, 0, 0, 0, 0]])
-    for drafter, message in [(MedusaDrafter(heads, num_draft=5), "drafter.num_draft=5 but the Medusa heads have 4 heads"),
-                             (MedusaDrafter(heads, tree=deep), "drafter.tree has paths 5 deep but the Medusa heads have 4")]:
+    for drafter, message in [(MedusaDrafter(heads, num_draft=5),
+                              "drafter.num_draft=5 but the Medusa heads have 4 heads"),
+                             (MedusaDrafter(heads, tree=deep),
+                              "drafter.tree has paths 5 deep but the Medusa heads have 4")]:
         with pytest.raises(ConfigError, match=message):
             SpeculativeDecoder(Target(model), drafter)
     with pytest.raises(ConfigError, match="drafter.num_draft=0"):

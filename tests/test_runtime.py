@@ -273,4 +273,5 @@ def test_compiles_after_the_model_was_asked_for_its_hidden_states(model):
     with warnings.catch_warnings():
         warnings.simplefilter("error", RuntimeWarning)
         target.warm_up()
-    assert SpeculativeDecoder(target).generate(PROMPT, max_new_tokens=6, eos_token_ids=[]).ids == hf_greedy(model, PROMPT, 6)
+    out = SpeculativeDecoder(target).generate(PROMPT, max_new_tokens=6, eos_token_ids=[])
+    assert out.ids == hf_greedy(model, PROMPT, 6)

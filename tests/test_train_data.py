@@ -107,7 +107,7 @@ def test_mixture_keeps_shares_in_every_prefix_and_holds_out_the_other_end(tmp_pa
                                          "code": {"share": 0.25, "sources": ["code"]},
                                          "math": {"share": 0.25, "sources": ["math"]}}}})
     cats = categories(cfg.data)
-    prompts, cat_of, taken = mixture_prompts(_Tokenizer(), cfg.data, cats, 40)
+    prompts, _, taken = mixture_prompts(_Tokenizer(), cfg.data, cats, 40)
     assert taken == {"chat": 20, "code": 10, "math": 10}
     shorter = mixture_prompts(_Tokenizer(), cfg.data, cats, 8)
     assert shorter[0] == prompts[:8] and sorted(shorter[1]) == [0, 0, 0, 0, 1, 1, 2, 2]

@@ -197,7 +197,8 @@ def test_verifiers_refuse_sibling_modes_up_front(model):
 
 def test_merged_without_replacement_siblings_stay_exact(model):
     """merge: a member's siblings drawn without replacement become rows of what each was drawn from."""
-    assert_lossless(lambda m: MergeDrafter([small(model, TopK(2, 1), noise=0.5), small(model, MultiDraft(2, 1), noise=0.5)]),
+    assert_lossless(lambda m: MergeDrafter([small(model, TopK(2, 1), noise=0.5),
+                                            small(model, MultiDraft(2, 1), noise=0.5)]),
                     sampling=T07, model=model)
 
 
@@ -453,10 +454,11 @@ def test_tree_scores_and_commits_equal_per_path_forwards(runtime):
         torch.testing.assert_close(logits[0], plain(committed), atol=1e-4, rtol=1e-4)
         for node in range(len(tree)):
             torch.testing.assert_close(logits[node + 1], plain(committed + tree.tokens[tree.path_to(node)].tolist()),
-                                       atol=1e-4, rtol=1e-4, msg=lambda m: f"{name}, node {node}: {m}")
+                                       atol=1e-4, rtol=1e-4, msg=lambda m, at=f"{name}, node {node}": f"{at}: {m}")
         target.commit(path)
         accepted = committed + tree.tokens[path].tolist() + [11]
         after = target.score(accepted, Draft.empty()).logits[-1]
-        torch.testing.assert_close(after, plain(accepted), atol=1e-4, rtol=1e-4, msg=lambda m: f"{name}: {m}")
+        torch.testing.assert_close(after, plain(accepted), atol=1e-4, rtol=1e-4,
+                                   msg=lambda m, name=name: f"{name}: {m}")
     target.reset()  # the same runtime drafting a tree (a compiled draft model scores the tree so far)
     assert_tree_forward_matches_paths(target, model, committed, TopK(3, 2), atol=1e-4)

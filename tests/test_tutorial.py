@@ -65,7 +65,7 @@ def test_spec_zoo_commands_compose(tmp_path):
     (conf / "bigram.yaml").write_text(blocks("yaml")[0])
     checked = 0
     for argv in commands():
-        if argv[0] != "spec-zoo" or "list" in argv or "drafter=bigram" in argv and "--config-dir" not in argv:
+        if argv[0] != "spec-zoo" or "list" in argv or ("drafter=bigram" in argv and "--config-dir" not in argv):
             continue
         argv = [a.replace("my_conf", str(tmp_path / "my_conf")) for a in argv]
         done = subprocess.run([str(BIN / "spec-zoo"), *argv[1:], "--cfg", "job"],

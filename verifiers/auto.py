@@ -16,4 +16,5 @@ def auto_verifier(temperature: float) -> Verifier:
     return verifier
 
 
-auto_verifier.lossless = True  # both choices are (what `spec-zoo list` reports)
+# both choices are (what `spec-zoo list` reports); mypy does not model attributes set on a function
+auto_verifier.lossless = True  # type: ignore[attr-defined]

@@ -29,7 +29,8 @@ class GreedyVerifier(Verifier):
     def verify(self, draft: Draft, target_logits: torch.Tensor, sampling, generator) -> Verdict:
         best = target_logits.argmax(-1).tolist()
         tokens = draft.tokens.tolist()
-        path, node = [], ROOT
+        path: list[int] = []
+        node = ROOT
         while True:
             want = best[node + 1]  # row 0 is the root, row i + 1 follows node i
             kids = draft.children(node)

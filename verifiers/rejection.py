@@ -40,11 +40,13 @@ class RejectionVerifier(Verifier):
     def verify(self, draft: Draft, target_logits: torch.Tensor, sampling, generator) -> Verdict:
         p_rows = logits_to_probs(target_logits, sampling)
         tokens = draft.tokens.tolist()
-        path, node = [], ROOT
+        path: list[int] = []
+        node = ROOT
         while True:
             p = p_rows[node + 1]
             draws = draft.draws_of(node)
-            accepted, tried = None, []
+            accepted: int | None = None
+            tried: list[int] = []
             for child in draws:
                 x = tokens[child]
                 q = proposal(draft, child, tried, p)
@@ -68,6 +70,7 @@ def proposal(draft: Draft, child: int, tried: list[int], like: torch.Tensor) -> 
         q = torch.zeros_like(like)
         q[int(draft.tokens[child])] = 1.0
         return q
+    assert draft.probs is not None  # a Draft with sampled siblings carries their rows
     q = draft.probs[child].to(like)
     if draft.siblings == "without_replacement" and tried:
         q = q.clone()

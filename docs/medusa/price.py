@@ -43,7 +43,8 @@ def main(paths: list[str]) -> None:
         key = (method_label(r), r["temperature"])
         earlier = [answers[(*key, r["question_id"], t, r["repeat"])] for t in range(1, r["turn"])]
         prompt = encode(list(questions[r["question_id"]].turns[: r["turn"]]), earlier)
-        rows[key].append((loglik(target, prompt, r["output_ids"]), r["output_ids"] != greedy[(r["question_id"], r["turn"])]))
+        rows[key].append((loglik(target, prompt, r["output_ids"]),
+                          r["output_ids"] != greedy[(r["question_id"], r["turn"])]))
     print("| method | temperature | turns | log-likelihood per token | text differs from greedy |")
     print("| --- | --- | --- | --- | --- |")
     for (method, temperature), values in rows.items():

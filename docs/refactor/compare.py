@@ -25,5 +25,6 @@ print(f"records: {len(a)} before, {len(b)} after; equal outputs {len(same)}, dif
 for k in differ:
     print("  differs:", k)
 bad = {k: c for k, c in columns.items() if c[0] != c[1]}
-print(f"traces: {len(columns)} compared, same columns in {len(columns) - len(bad)}; columns {next(iter(columns.values()))[0] if columns else None}")
+first = next(iter(columns.values()))[0] if columns else None
+print(f"traces: {len(columns)} compared, same columns in {len(columns) - len(bad)}; columns {first}")
 sys.exit(1 if differ or bad or len(a) != len(b) else 0)

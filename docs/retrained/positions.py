@@ -18,9 +18,11 @@ CATEGORIES = ["all", "mt_bench", "translation", "summarization", "qa", "math_rea
 
 
 def conditional(run: Path) -> dict:
-    category = {r["question_id"]: r["category"] for r in map(json.loads, open(run / "results.jsonl"))}
-    counts = collections.defaultdict(lambda: collections.defaultdict(lambda: [0, 0]))  # method -> (cat, j) -> [acc, reached]
-    for trace in map(json.loads, open(run / "traces.jsonl")):
+    results = map(json.loads, (run / "results.jsonl").read_text().splitlines())
+    category = {r["question_id"]: r["category"] for r in results}
+    # method -> (cat, j) -> [accepted, reached]
+    counts = collections.defaultdict(lambda: collections.defaultdict(lambda: [0, 0]))
+    for trace in map(json.loads, (run / "traces.jsonl").read_text().splitlines()):
         steps = trace["steps"]
         for drafted, committed in zip(steps["drafted"], steps["committed"]):
             for j in range(1, drafted + 1):

@@ -30,11 +30,15 @@ TEMPLATES = [
 INSTRUCTION = ("Extract the person's details from the text below as JSON with exactly these keys: "
                "\"name\", \"age\", \"city\", \"occupation\", \"email\". Reply with the JSON object only.\n\nText: ")
 FILES = [
-    ("f", "items", "def f(items):\n    t = 0\n    for x in items:\n        t = t + x[\"price\"] * x[\"qty\"]\n    return t\n"),
-    ("g", "words", "def g(words):\n    n = 0\n    for w in words:\n        if len(w) > 3:\n            n = n + 1\n    return n\n"),
+    ("f", "items",
+     "def f(items):\n    t = 0\n    for x in items:\n        t = t + x[\"price\"] * x[\"qty\"]\n    return t\n"),
+    ("g", "words",
+     "def g(words):\n    n = 0\n    for w in words:\n        if len(w) > 3:\n            n = n + 1\n    return n\n"),
     ("h", "rows", "def h(rows):\n    out = []\n    for r in rows:\n        out.append(r[0])\n    return out\n"),
-    ("k", "values", "def k(values):\n    m = values[0]\n    for v in values:\n        if v > m:\n            m = v\n    return m\n"),
-    ("p", "text", "def p(text):\n    s = \"\"\n    for c in text:\n        if c.isalpha():\n            s = s + c\n    return s\n"),
+    ("k", "values",
+     "def k(values):\n    m = values[0]\n    for v in values:\n        if v > m:\n            m = v\n    return m\n"),
+    ("p", "text",
+     "def p(text):\n    s = \"\"\n    for c in text:\n        if c.isalpha():\n            s = s + c\n    return s\n"),
     ("q", "pairs", "def q(pairs):\n    d = {}\n    for a, b in pairs:\n        d[a] = b\n    return d\n"),
 ]
 NEW_NAMES = ["total_price", "count_long_words", "first_column", "largest", "letters_only", "to_dict"]

@@ -18,9 +18,9 @@ from pathlib import Path
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.pyplot as plt
 
-from spec_zoo.drafters.suffix import SuffixCache  # noqa: E402
+from spec_zoo.drafters.suffix import SuffixCache
 
 HERE = Path(__file__).parent
 HEADER = """# Suffix decoding: the repetitive track and a Spec-Bench sample
@@ -104,7 +104,8 @@ def gain_plot(rows: list[dict], path: Path) -> list[str]:
     for lo, hi in blocks:
         if lo < len(suffix):
             s, n = pooled_tau(suffix[lo:hi]), pooled_tau(ngram[lo:hi])
-            lines.append(f"| {lo}-{min(hi, len(suffix)) - 1} | {min(hi, len(suffix)) - lo} | {s:.2f} | {n:.2f} | {s / n:.2f}x |")
+            end = min(hi, len(suffix))
+            lines.append(f"| {lo}-{end - 1} | {end - lo} | {s:.2f} | {n:.2f} | {s / n:.2f}x |")
     return lines + [""]
 
 
@@ -113,7 +114,8 @@ def memory_table(rows: list[dict], bound: tuple[int, int] | None) -> list[str]:
     checkpoints = sorted({n for n in (1, 2, 4, 6, 8, 10, 16, 20, 30, len(outputs)) if n <= len(outputs)})
     tracemalloc.start()
     cache = SuffixCache(*bound) if bound else SuffixCache()
-    lines = ["| requests added | outputs held | tokens held | index entries | bytes (getsizeof estimate) | bytes (tracemalloc) |",
+    lines = ["| requests added | outputs held | tokens held | index entries | bytes (getsizeof estimate) "
+             "| bytes (tracemalloc) |",
              "|---|---|---|---|---|---|"]
     for n, ids in enumerate(outputs, 1):
         cache.add(ids, source=n, key=n)
@@ -122,7 +124,8 @@ def memory_table(rows: list[dict], bound: tuple[int, int] | None) -> list[str]:
         if n in checkpoints:
             m = cache.memory()
             traced, _ = tracemalloc.get_traced_memory()
-            lines.append(f"| {n} | {m['requests']} | {m['tokens']} | {m['index_entries']} | {m['bytes']:,} | {traced:,} |")
+            lines.append(f"| {n} | {m['requests']} | {m['tokens']} | {m['index_entries']} | {m['bytes']:,} "
+                         f"| {traced:,} |")
     tracemalloc.stop()
     return lines + [""]
 

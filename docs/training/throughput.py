@@ -32,4 +32,5 @@ for i, (p, o) in enumerate(zip(prompts, one)):
     same += batched["ids"][i, : len(p) + g].tolist() == o["ids"][0, : len(p) + g].tolist()
     dlogp = max(dlogp, float((batched["topk_logp"][i, :g, 0].float() - o["topk_logp"][0, :g, 0].float()).abs().max()))
 print(f"one at a time {N / (t1 - t0):.2f} prompts/s ({t1 - t0:.1f} s); batched ({N}) {N / (t2 - t1):.2f} prompts/s "
-      f"({t2 - t1:.1f} s): {(t1 - t0) / (t2 - t1):.1f}x; identical sequences {same}/{N}; max |d logp| (top-1) {dlogp:.4f}")
+      f"({t2 - t1:.1f} s): {(t1 - t0) / (t2 - t1):.1f}x; identical sequences {same}/{N}; "
+      f"max |d logp| (top-1) {dlogp:.4f}")

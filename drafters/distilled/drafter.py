@@ -49,10 +49,10 @@ class DistilledDrafter(SmallModelDrafter):
         self.vocab_ids = None if vocab is None else torch.tensor(vocab, dtype=torch.long, device=model.device)
         self.untrained = bool(untrained)
         if self.untrained and (self.record.get("init") or {}).get("kind") != "target":
-            raise ConfigError(f"drafter.untrained=true needs a draft initialised from the target (student.init=target); "
+            raise ConfigError("drafter.untrained=true needs a draft initialised from the target (student.init=target); "
                               f"{self.path} was initialised with {(self.record.get('init') or {}).get('kind')!r}.")
         self.full_vocab: int | None = None
-        self._attached_to = None
+        self._attached_to: object = None  # the target attached last (attach is idempotent for it)
 
     def attach(self, target: Target) -> None:
         from spec_zoo.artefacts import check_target
@@ -61,15 +61,16 @@ class DistilledDrafter(SmallModelDrafter):
         if self._attached_to is target:
             return
         check_target(self.record, target.model, self.path)
-        if self.runner.tokenizer is not None and target.tokenizer is not None:
-            if self.runner.tokenizer.get_vocab() != target.tokenizer.get_vocab():
-                raise ConfigError(f"drafter.path={self.source} has a different tokenizer than the target; "
+        if (self.runner.tokenizer is not None and target.tokenizer is not None
+                and self.runner.tokenizer.get_vocab() != target.tokenizer.get_vocab()):
+            raise ConfigError(f"drafter.path={self.source} has a different tokenizer than the target; "
                                   "a draft must share the target's tokenizer.")
         draft = self.runner.model
         self.full_vocab = target.vocab_size
         if self.vocab_ids is None and self.runner.vocab_size != target.vocab_size:
             raise ConfigError(f"drafter.path={self.source} has {self.runner.vocab_size} output tokens and no draft "
-                              f"vocabulary, but the target has {target.vocab_size}; the draft does not fit this target.")
+                              f"vocabulary, but the target has {target.vocab_size}; "
+                              "the draft does not fit this target.")
         if self.vocab_ids is not None and int(self.vocab_ids.max()) >= target.vocab_size:
             raise ConfigError(f"drafter.path={self.source}: its draft vocabulary has ids beyond the target's "
                               f"{target.vocab_size} tokens; it was made for another target.")
@@ -87,6 +88,8 @@ class DistilledDrafter(SmallModelDrafter):
         self._attached_to = target
 
     def to_target_vocab(self, logits: torch.Tensor) -> torch.Tensor:
-        if self.vocab_ids is not None and self.full_vocab is None:
+        if self.vocab_ids is None:
+            return logits
+        if self.full_vocab is None:
             raise RuntimeError("DistilledDrafter.attach(target) must be called before drafting")
         return to_full_vocab(logits, self.vocab_ids, self.full_vocab)

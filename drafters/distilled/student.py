@@ -58,7 +58,8 @@ class Student(torch.nn.Module):
         """Last hidden states [B, L, H] of right-padded ``ids``."""
         body = self.base().model
         if self.embed[0] is not None:
-            return body(inputs_embeds=self.embed[0](ids), attention_mask=attention_mask, use_cache=False).last_hidden_state
+            return body(inputs_embeds=self.embed[0](ids), attention_mask=attention_mask,
+                        use_cache=False).last_hidden_state
         return body(input_ids=ids, attention_mask=attention_mask, use_cache=False).last_hidden_state
 
     def head(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -104,7 +105,7 @@ def student_from_target(target_model, layers: int, copy_layers, vocab_ids: torch
         for new, old in enumerate(copy_layers):
             prefix = f"model.layers.{old}."
             state.update({f"model.layers.{new}." + k[len(prefix):]: v for k, v in src.items() if k.startswith(prefix)})
-    missing, unexpected = lm.load_state_dict(state, strict=False)
+    _, unexpected = lm.load_state_dict(state, strict=False)
     if unexpected:
         raise ConfigError(f"cannot copy target weights into the student (unexpected keys {unexpected[:3]}); "
                           "is the target a Llama-family model?")

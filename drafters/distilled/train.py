@@ -56,7 +56,8 @@ class DraftRecipe:
         if cfg.student.init == "pretrained" and not cfg.student.path:
             raise ConfigError("student.init=pretrained needs student.path=DIR (an HF model dir or a distilled draft).")
         if cfg.student.lora.enabled and cfg.student.init != "pretrained":
-            raise ConfigError("student.lora.enabled=true adapts an existing draft: set student.init=pretrained student.path=DIR.")
+            raise ConfigError("student.lora.enabled=true adapts an existing draft: "
+                              "set student.init=pretrained student.path=DIR.")
         if cfg.student.path and not Path(cfg.student.path).expanduser().is_dir():
             raise ConfigError(f"student.path={cfg.student.path!r} is not a directory.")
 

@@ -99,24 +99,27 @@ class EagleDrafter(ChainDrafter):
         self._fed: list[int] = []  # tokens whose KV is in the head's cache, in order
         self._exact = 0  # leading positions of the cache computed from the target's true features
         self._features: list[torch.Tensor] = []  # the target's features of positions 0.. (chunks)
-        self._seen = None
+        self._seen: torch.Tensor | None = None
         self.length.reset()
 
     def _run(self, tokens: list[int], features: torch.Tensor, positions=None, mask=None) -> torch.Tensor:
         """Feed ``tokens`` with the features of the positions before them ([m, H]); return
         the block's outputs [m, H]. Without ``positions``/``mask`` they follow the fed tokens
         causally (and count as fed); a tree level brings its own (`TreeLevels`)."""
+        assert self.target is not None  # attached (propose checks)
         past, m = len(self._fed), len(tokens)
         device = self.target.device
         embeds = self.stack.embed(torch.tensor([tokens], device=device))
         hidden = self.head.inputs(embeds, features[None].to(embeds.dtype))
         if positions is None:
-            positions, mask = torch.arange(past, past + m, device=device)[None], causal_mask(past, m, hidden.dtype, device)
+            positions = torch.arange(past, past + m, device=device)[None]
+            mask = causal_mask(past, m, hidden.dtype, device)
             self._fed += tokens
         out = self.head(hidden, self._rotary(hidden, positions), self.cache, mask)
         return out[0]
 
     def _logits(self, out: torch.Tensor) -> torch.Tensor:
+        assert self.target is not None  # attached (propose checks)
         return to_full_vocab(self.head.logits(out), self.head.vocab_ids, self.target.vocab_size)
 
     @torch.no_grad()
@@ -165,6 +168,7 @@ class EagleDrafter(ChainDrafter):
 
         def expand(tree: Draft, nodes: list[int]) -> torch.Tensor:
             if nodes != [ROOT]:
+                assert self.target is not None  # attached (propose checks)
                 features = self.head.feature(torch.stack([outs[tree.parents[node]] for node in nodes]))
                 positions, mask = levels.feed(tree, nodes, features.dtype, self.target.device)
                 out = self._run(tree.tokens[nodes].tolist(), features, positions, mask)

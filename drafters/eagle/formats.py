@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import cast
 
 import torch
 from safetensors import safe_open
@@ -74,11 +75,13 @@ class PublishedHead(torch.nn.Module):
 class EagleOneHead(PublishedHead):
     """EAGLE-1/2: ``layer(fc([embed, feature]))``; logits = the target's LM head on the output."""
 
+    head: torch.Tensor  # a buffer: the target's LM-head weight
+
     def __init__(self, config: LlamaConfig, target_model, bias: bool):
         super().__init__(config)
         H = config.hidden_size
         self.fc = torch.nn.Linear(2 * H, H, bias=bias)
-        self.layer.input_layernorm = torch.nn.Identity()  # EAGLE-1's layer 0 has none
+        self.layer.add_module("input_layernorm", torch.nn.Identity())  # EAGLE-1's layer 0 has none
         self.register_buffer("head", target_model.lm_head.weight.detach(), persistent=False)
         self.vocab_ids = None
 
@@ -97,11 +100,16 @@ class Eagle3Head(PublishedHead):
     """EAGLE-3 (see the module docstring). ``inputs`` returns ``[embed, feature]`` side by side
     ([.., 2H]); the feature is ``fc`` of the target's fused states, or the head's own output."""
 
+    target_layers: tuple[int, ...]
+    d2t: torch.Tensor  # buffers: draft id -> target id offset, and which target ids the draft vocabulary holds
+    t2d: torch.Tensor
+
     def __init__(self, config: LlamaConfig, target_layers: tuple[int, ...], target_hidden: int,
                  draft_vocab: int, target_vocab: int, norm_before_residual: bool = False):
         super().__init__(config)
         H, heads, kv, dim = (config.hidden_size, config.num_attention_heads, config.num_key_value_heads,
                              config.head_dim)
+        assert kv is not None and dim is not None  # LlamaConfig fills both in
         attn = self.layer.self_attn
         attn.q_proj = torch.nn.Linear(2 * H, heads * dim, bias=config.attention_bias)
         attn.k_proj = torch.nn.Linear(2 * H, kv * dim, bias=config.attention_bias)
@@ -129,10 +137,11 @@ class Eagle3Head(PublishedHead):
     def forward(self, hidden, rotary, cache=None, mask=None) -> torch.Tensor:
         layer = self.layer
         embeds, feature = hidden.split(self.config.hidden_size, dim=-1)
-        normed = layer.hidden_norm(feature)
+        normed = cast(LlamaRMSNorm, layer.hidden_norm)(feature)
         residual = normed if self.norm_before_residual else feature
-        attn, _ = layer.self_attn(torch.cat([layer.input_layernorm(embeds), normed], dim=-1), position_embeddings=rotary,
-                                  attention_mask=mask, cache=cache, use_cache=cache is not None)
+        attn, _ = layer.self_attn(torch.cat([layer.input_layernorm(embeds), normed], dim=-1),
+                                  position_embeddings=rotary, attention_mask=mask, cache=cache,
+                                  use_cache=cache is not None)
         hidden = residual + attn
         return hidden + layer.mlp(layer.post_attention_layernorm(hidden))
 
@@ -166,9 +175,10 @@ def _tensors(path: Path, key: str, names_only: bool = False) -> dict[str, torch.
         raise ConfigError(f"{key}={str(path)!r} has no {WEIGHTS}{hint}.")
     try:
         with safe_open(str(file), framework="pt") as f:
-            return {k: None if names_only else f.get_tensor(k) for k in f.keys()}
+            return {k: None if names_only else f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 (a safe_open handle is not iterable)
     except Exception as e:  # truncated or corrupt
-        raise ConfigError(f"{key}: {file} cannot be read ({type(e).__name__}: {str(e)[:120]}); re-download it.") from None
+        raise ConfigError(f"{key}: {file} cannot be read ({type(e).__name__}: {str(e)[:120]}); "
+                          "re-download it.") from None
 
 
 def sniff(path, key: str = "drafter.head") -> str:
@@ -240,12 +250,13 @@ def load_published(path, target_model, fmt: str, key: str = "drafter.head") -> P
     if fmt not in LAYER_PREFIX:
         raise ConfigError(f"{key}={str(path)!r} is a {fmt} head, not an EAGLE head; use drafter={fmt} "
                           f"drafter.heads=PATH, or drafter.format= one of {', '.join(FORMATS)}.")
-    config, tensors = _config(path, key), _tensors(path, key)
+    config, tensors = _config(path, key), cast(dict[str, torch.Tensor], _tensors(path, key))  # not names_only
     bad = [k for k, v in tensors.items() if v.is_floating_point() and not torch.isfinite(v).all()]
     if bad:
         raise ConfigError(f"{key}={str(path)!r}: {bad[0]} holds NaN or infinite values; re-download the head.")
     target_vocab = int(target_model.lm_head.weight.shape[0])
     num_layers = int(target_model.config.num_hidden_layers)
+    head: PublishedHead
     if fmt == "eagle":
         head = EagleOneHead(_llama_config(config, key, target_model), target_model, "fc.bias" in tensors)
     else:
@@ -275,8 +286,8 @@ def load_published(path, target_model, fmt: str, key: str = "drafter.head") -> P
     try:
         _load_weights(head, tensors, LAYER_PREFIX[fmt], key, path)
     except RuntimeError as e:  # a shape that does not fit the config
-        raise ConfigError(f"{key}={str(path)!r}: the weights do not fit its config.json ({str(e).splitlines()[-1][:160]})"
-                          "; re-download the head.") from None
+        raise ConfigError(f"{key}={str(path)!r}: the weights do not fit its config.json "
+                          f"({str(e).splitlines()[-1][:160]}); re-download the head.") from None
     if isinstance(head, Eagle3Head):
         _check_vocab_map(head, target_vocab, key, path)
     return head.to(device=target_model.device, dtype=target_model.lm_head.weight.dtype).eval().requires_grad_(False)

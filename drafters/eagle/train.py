@@ -41,6 +41,8 @@ from spec_zoo.train.recipe import Recipe, Student
 class EagleStudent(HeadStudent):
     """An `EagleHead` (``lm``) reading the frozen target's last-layer features."""
 
+    lm: EagleHead
+
     def __init__(self, target_model: torch.nn.Module, head: EagleHead):
         super().__init__(target_model, head)
         self.regression = torch.zeros(())

@@ -99,6 +99,7 @@ class EarlyExitDrafter(ChainDrafter):
         self.length = DraftLength(num_draft, adaptive, max_draft, 0.5 if token_cost is None else token_cost, learn_cost)
         self._default_cost = token_cost is None
         self.target: Target | None = None
+        self.adapter: ExitAdapter | None  # set by attach
 
     def attach(self, target: Target) -> None:
         self.stack = target.stack  # refuses a family its layer-by-layer forward would get wrong
@@ -128,12 +129,14 @@ class EarlyExitDrafter(ChainDrafter):
         """Crop the shallow and adapter caches to what is still committed; return its length."""
         keep = shared_prefix(self._fed, tokens, len(tokens) - 1)
         if self.reuse_kv:  # the shallow KV lives in the target's cache: the target crops it
+            assert self.target is not None  # attached (propose checks)
             return follow(self._fed, tokens, self.target.rewind(tokens, limit=keep), self._adapted)
         return follow(self._fed, tokens, keep, self._shallow, self._adapted)
 
     def _advance(self, new: list[int], need_logits: bool = True):
         """Run ``new`` tokens through layers 0..E-1 (and the adapter); return the exit logits
         after the last one (or None)."""
+        assert self.target is not None  # attached (propose checks)
         past, m = len(self._fed), len(new)
         device = self.target.device
         positions = torch.arange(past, past + m, device=device)[None]
@@ -144,6 +147,7 @@ class EarlyExitDrafter(ChainDrafter):
     def _run(self, tokens: list[int], positions: torch.Tensor, mask=None) -> torch.Tensor:
         """The exit head's input states [m, H] of ``tokens`` at ``positions`` (KV appended);
         ``mask``: a tree level's mask, None for a chain (the model's own masks, windows included)."""
+        assert self.target is not None  # attached (propose checks)
         if self.reuse_kv:  # the target runs its own shallow layers into its own cache
             hidden = self.target.forward_layers(tokens, self.exit_layer)[None]
         else:
@@ -158,6 +162,7 @@ class EarlyExitDrafter(ChainDrafter):
     def _exit_logits(self, states: torch.Tensor) -> torch.Tensor:
         if self.adapter is None:
             return self.stack.logits(states)
+        assert self.target is not None  # attached (propose checks)
         return to_full_vocab(self.adapter.logits(states), self.adapter.vocab_ids, self.target.vocab_size)
 
     def _tree_expand(self, root: torch.Tensor):
@@ -168,6 +173,7 @@ class EarlyExitDrafter(ChainDrafter):
         def expand(tree: Draft, nodes: list[int]) -> torch.Tensor:
             if nodes == [ROOT]:
                 return root[None]
+            assert self.target is not None  # attached (propose checks)
             positions, mask = levels.feed(tree, nodes, self.target.dtype, self.target.device)
             return self._exit_logits(self._run(tree.tokens[nodes].tolist(), positions, mask))
 

@@ -29,6 +29,8 @@ from spec_zoo.train.recipe import Student
 class ExitStudent(HeadStudent):
     """An `ExitAdapter` (``lm``) reading the frozen target's states entering layer E."""
 
+    lm: ExitAdapter
+
     @property
     def states_name(self) -> str:
         return f"layer{self.lm.exit_layer}"

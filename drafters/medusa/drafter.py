@@ -91,7 +91,8 @@ class MedusaDrafter(ChainDrafter):
         if isinstance(source, torch.nn.Module):
             return source
         published = self.format == "medusa" or (
-            self.format == "auto" and source is not None and not (Path(source).expanduser() / MedusaHeads.RECORD).is_file()
+            self.format == "auto" and source is not None
+            and not (Path(source).expanduser() / MedusaHeads.RECORD).is_file()
             and (Path(source).expanduser() / "config.json").is_file())
         if published:
             return load_published_medusa(source, target.model)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import cast
 
 import torch
 from safetensors import safe_open
@@ -42,9 +43,13 @@ class PublishedMedusaHeads(torch.nn.Module):
             for _ in range(num_heads))
         self.vocab_ids: torch.Tensor | None = None
 
+    def lm_heads(self) -> list[torch.nn.Linear]:
+        """Each head's own LM head (the last module of its blocks)."""
+        return [cast(torch.nn.Linear, cast(torch.nn.Sequential, head)[-1]) for head in self.heads]
+
     @property
     def dtype(self) -> torch.dtype:
-        return self.heads[0][-1].weight.dtype
+        return self.lm_heads()[0].weight.dtype
 
     def forward(self, states: torch.Tensor) -> torch.Tensor:
         """Logits [..., K, V_draft] of every head for states [..., H]."""
@@ -52,8 +57,8 @@ class PublishedMedusaHeads(torch.nn.Module):
 
     def keep_rows(self, ids: torch.Tensor) -> None:
         """Restrict every head's LM head to the rows ``ids`` (the draft vocabulary)."""
-        for head in self.heads:
-            head[-1].weight = torch.nn.Parameter(head[-1].weight.detach()[ids], requires_grad=False)
+        for lm_head in self.lm_heads():
+            lm_head.weight = torch.nn.Parameter(lm_head.weight.detach()[ids], requires_grad=False)
         self.vocab_ids = ids
 
 
@@ -75,12 +80,14 @@ def load_published_medusa(path, target_model, key: str = "drafter.heads") -> Pub
         raise ConfigError(f"{key}={str(path)!r} has no {WEIGHTS}{pt}.")
     try:
         with safe_open(str(file), framework="pt") as f:
-            tensors = {k: f.get_tensor(k) for k in f.keys()}
+            tensors = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 (a safe_open handle is not iterable)
     except Exception as e:
-        raise ConfigError(f"{key}: {file} cannot be read ({type(e).__name__}: {str(e)[:120]}); re-download it.") from None
+        raise ConfigError(f"{key}: {file} cannot be read ({type(e).__name__}: {str(e)[:120]}); "
+                          "re-download it.") from None
     vocab, hidden = target_model.lm_head.weight.shape
     if num_heads < 1 or num_layers < 0:
-        raise ConfigError(f"{key}: medusa_num_heads={num_heads}, medusa_num_layers={num_layers}; need at least one head.")
+        raise ConfigError(f"{key}: medusa_num_heads={num_heads}, medusa_num_layers={num_layers}; "
+                          "need at least one head.")
     head0 = tensors.get(f"0.{num_layers}.weight")
     if head0 is not None and tuple(head0.shape) != (vocab, hidden):
         raise ConfigError(f"{key}: the heads predict {head0.shape[0]} tokens from states of size {head0.shape[1]} but "
@@ -95,7 +102,7 @@ def load_published_medusa(path, target_model, key: str = "drafter.heads") -> Pub
                           "the heads.") from None
     if not all(torch.isfinite(p).all() for p in heads.parameters()):
         raise ConfigError(f"{key}={str(path)!r}: the weights hold NaN or infinite values; re-download the heads.")
-    used = torch.stack([(h[-1].weight != 0).any(dim=1) for h in heads.heads]).any(dim=0)
+    used = torch.stack([(h.weight != 0).any(dim=1) for h in heads.lm_heads()]).any(dim=0)
     if not used.any():
         raise ConfigError(f"{key}={str(path)!r}: every LM-head row is zero; re-download the heads.")
     if not used.all():  # spec-zoo's reduced draft vocabulary, written as zero rows
@@ -114,8 +121,9 @@ def save_medusa(heads: MedusaHeads, out_dir, vocab: int, base_model: str | None,
         rows = full
     tensors = {}
     for i, block in enumerate(heads.blocks):
-        tensors[f"{i}.0.linear.weight"] = block.linear.weight.detach().cpu().to(dtype).contiguous()
-        tensors[f"{i}.0.linear.bias"] = block.linear.bias.detach().cpu().to(dtype).contiguous()
+        linear = cast(ResBlock, block).linear
+        tensors[f"{i}.0.linear.weight"] = linear.weight.detach().cpu().to(dtype).contiguous()
+        tensors[f"{i}.0.linear.bias"] = linear.bias.detach().cpu().to(dtype).contiguous()
         tensors[f"{i}.1.weight"] = rows.to(dtype).clone().contiguous()
     config = {"medusa_num_heads": heads.num_heads, "medusa_num_layers": 1, "base_model_name_or_path": base_model,
               "hidden_size": int(rows.shape[1]), "vocab_size": int(rows.shape[0])}

@@ -42,6 +42,8 @@ LABELS = ("tokens", "distributions")
 class MedusaStudent(HeadStudent):
     """`MedusaHeads` (``lm``) reading the frozen target's last-layer states."""
 
+    lm: MedusaHeads
+
     def hidden(self, ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         return self.cached_states(ids, attention_mask.sum(1).tolist())
 

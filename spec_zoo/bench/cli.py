@@ -9,6 +9,7 @@ import json
 import sys
 from contextlib import ExitStack
 from pathlib import Path
+from typing import cast
 
 import hydra
 from omegaconf import DictConfig, OmegaConf
@@ -60,7 +61,9 @@ def bench(cfg: DictConfig) -> Summary:
         raise ConfigError(f"dataset: question {empty.question_id} has an empty prompt; fill it in or remove "
                           "that line (spec-zoo refuses empty prompts too).")
     sampling = SamplingParams(gen.temperature, gen.top_k, gen.top_p)
-    method_params = OmegaConf.to_container(cfg.method_params, resolve=True) if cfg.get("method_params") else None
+    method_params: dict | None = None
+    if cfg.get("method_params"):
+        method_params = cast(dict, OmegaConf.to_container(cfg.method_params, resolve=True))
     specs, notes = resolve_methods(OmegaConf.to_container(cfg.methods) if cfg.methods is not None else None,
                                    list(cfg.default_methods), cfg, method_params)
     specs = name_custom_drafters(compatible(specs, sampling, cfg.get("skip_incompatible", False), notes))
@@ -122,7 +125,7 @@ def runtime_targets(target, specs, model_cfg) -> dict:
     own cache); compiled ones compile all their graphs now, before anything is timed."""
     from spec_zoo.models import on_runtime
 
-    settings = {k: v for k, v in OmegaConf.to_container(model_cfg).items()
+    settings = {k: v for k, v in cast(dict, OmegaConf.to_container(model_cfg)).items()
                 if k in ("max_cache_len", "buckets", "freezing", "gemm_backends")}
     targets = {model_cfg.runtime: target}
     for runtime in {s.runtime for s in specs} - {None, model_cfg.runtime}:

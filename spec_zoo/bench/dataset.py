@@ -61,7 +61,7 @@ def subsample(questions: Sequence[Question], per_category: int | None) -> list[Q
 
 def load_questions(
     name: str = "spec_bench",
-    path: str | None = None,
+    path: str | Path | None = None,
     per_category: int | None = None,
     categories: Sequence[str] | None = None,
     prompt_field: str = "turns",

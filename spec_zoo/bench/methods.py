@@ -13,6 +13,7 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import torch
 from omegaconf import OmegaConf
@@ -24,6 +25,9 @@ from spec_zoo.decoder import SpeculativeDecoder
 from spec_zoo.registry import build_component
 from spec_zoo.sampling import SamplingParams
 from spec_zoo.target import Target
+
+if TYPE_CHECKING:
+    from transformers import StaticCache
 
 
 @dataclass
@@ -78,7 +82,7 @@ class TransformersMethod(Method):
         params = dict(generate_kwargs or {}) if params is None else params
         super().__init__(name, drafter, "transformers", params, config_hash)
         self.model = model
-        self.kwargs = {"do_sample": not sampling.greedy}
+        self.kwargs: dict[str, Any] = {"do_sample": not sampling.greedy}
         if eos_token_ids:  # else generate() falls back to the model's generation_config
             eos = sorted(eos_token_ids)
             self.kwargs.update(eos_token_id=eos, pad_token_id=eos[0])
@@ -87,7 +91,7 @@ class TransformersMethod(Method):
         if stop_strings:
             self.kwargs.update(stop_strings=list(stop_strings), tokenizer=tokenizer)
         self.kwargs.update(generate_kwargs or {})
-        self.cache = None
+        self.cache: StaticCache | None = None
         if self.kwargs.get("cache_implementation") == "static":
             self._compile_static()
 

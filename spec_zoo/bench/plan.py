@@ -21,7 +21,7 @@ def plan_text(specs: Sequence[MethodSpec], hashes: Sequence[str], questions: Seq
     turns = sum(len(q.turns) for q in questions)
     done_keys = {(r["method"], r["question_id"], r["turn"], r["repeat"], r["config_hash"]) for r in existing}
     categories = sorted({q.category for q in questions})
-    seconds_per_token = {}
+    seconds_per_token: dict[str, list[float]] = {}
     for r in existing:
         if r.get("new_tokens"):
             seconds_per_token.setdefault(r["method"], []).append(r["wall_s"] / r["new_tokens"])

@@ -82,7 +82,8 @@ def read_records(path) -> list[dict]:
         try:
             records.append(json.loads(line))
         except json.JSONDecodeError:
-            warnings.warn(f"{path}:{line_no} is not a complete JSON record (interrupted write?); ignoring it.")
+            warnings.warn(f"{path}:{line_no} is not a complete JSON record (interrupted write?); ignoring it.",
+                          stacklevel=2)
     return records
 
 
@@ -117,11 +118,12 @@ def record_problem(record: dict) -> str | None:
             if required:
                 return f"has no {field}" if field not in record else f"has {field}=null"
             continue
-        if isinstance(value, bool) and bool not in types or not isinstance(value, types):
+        if (isinstance(value, bool) and bool not in types) or not isinstance(value, types):
             return f"has {field}={value!r:.40}, not {' or '.join(t.__name__ for t in types)}"
         if isinstance(value, float) and not math.isfinite(value):
             return f"has {field}={value}, not a finite number"
-        if types in (_NUMBER, _INT) and value < 0 and field != "top2_margin_at_mismatch":
+        negative = isinstance(value, (int, float)) and value < 0
+        if types in (_NUMBER, _INT) and negative and field != "top2_margin_at_mismatch":
             return f"has {field}={value}, a negative number"
     return None
 

@@ -170,11 +170,12 @@ def _measure(method: Method, prompt: list[int], max_new_tokens: int, seed: int, 
     margin = None
     if matches is False:
         at = first_difference(measured.output_ids, baseline_ids)
-        if at < len(baseline_ids):
+        if at is not None and at < len(baseline_ids):
             margin = top2_margin(target, prompt + baseline_ids[:at])
     return {
         **measured.fields, "schema_version": SCHEMA_VERSION, "method": method.name, "drafter": method.drafter,
-        "verifier": method.verifier, "lossless": _lossless(method), "params": method.params, "output_ids": measured.output_ids,
+        "verifier": method.verifier, "lossless": _lossless(method), "params": method.params,
+        "output_ids": measured.output_ids,
         "matches_baseline": matches, "top2_margin_at_mismatch": margin, "seed": seed,
         "max_new_tokens": max_new_tokens, "config_hash": method.config_hash,
     }, measured.trace

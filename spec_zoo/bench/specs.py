@@ -22,6 +22,7 @@ import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import cast
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -101,9 +102,10 @@ def _resolve_option(group: str, value, method: str, root: DictConfig | None) -> 
 def _resolved(key: str, node, root: DictConfig | None) -> dict:
     """``node`` as a plain dict, its interpolations resolved as if it sat at ``key`` of the
     run config ``root`` (so ``${oc.env:...}`` and ``${model.device}`` both work)."""
-    scope = OmegaConf.create(OmegaConf.to_container(root, resolve=False)) if root is not None else OmegaConf.create()
+    scope = cast(DictConfig, OmegaConf.create(OmegaConf.to_container(root, resolve=False)) if root is not None
+                 else OmegaConf.create())
     scope[key] = node
-    return OmegaConf.to_container(scope[key], resolve=True)
+    return cast(dict, OmegaConf.to_container(scope[key], resolve=True))
 
 
 def _spec(name: str, entry: Mapping, root: DictConfig | None) -> MethodSpec:
@@ -132,9 +134,10 @@ def _spec(name: str, entry: Mapping, root: DictConfig | None) -> MethodSpec:
         return MethodSpec(name, engine, assistant=assistant, params=params, drafter_label=drafter_label)
     if entry.get("drafter") is None:
         raise ConfigError(f"method {name}: engine=spec_zoo needs a drafter (e.g. drafter: none).")
-    drafter, drafter_label = _resolve_option("drafter", entry["drafter"], name, root)
+    drafter, label = _resolve_option("drafter", entry["drafter"], name, root)
+    assert drafter is not None and label is not None  # entry["drafter"] is set (checked above)
     verifier, _ = _resolve_option("verifier", entry.get("verifier"), name, root)
-    return MethodSpec(name, engine, {**drafter, **params}, verifier, params=params, drafter_label=drafter_label,
+    return MethodSpec(name, engine, {**drafter, **params}, verifier, params=params, drafter_label=label,
                       runtime=runtime)
 
 

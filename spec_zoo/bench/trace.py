@@ -14,7 +14,8 @@ class StepTrace:
     predicted. Subscribed to the decoder's step observers while in its ``with`` block."""
 
     def __init__(self, decoder: SpeculativeDecoder):
-        self.decoder, self.steps = decoder, []
+        self.decoder = decoder
+        self.steps: list[tuple[list[int], list[int], tuple[float, float] | None]] = []
         policy = getattr(decoder.drafter, "tree", None)
         self.policy = policy if isinstance(policy, Auto) else None
 

@@ -55,7 +55,7 @@ def load_results(paths: Sequence) -> list[dict]:
     for file in find_results(paths):
         unique, duplicates = unique_records(check_schema(read_records(file), str(file)), str(file))
         if duplicates:
-            warnings.warn(duplicates)
+            warnings.warn(duplicates, stacklevel=2)
         records += [{**r, "_source": str(file)} for r in unique]
     if not records:
         raise ConfigError(f"paths: the results files under {', '.join(map(str, paths))} hold no records yet; "
@@ -68,7 +68,7 @@ def labeller(records: Sequence[dict]) -> Callable[[dict], str]:
     variants: dict[str, dict] = {}
     for r in records:
         variants.setdefault(r["method"], {})[r["config_hash"]] = r
-    varying: dict[str, list] = {}
+    varying: dict[str, tuple[list[str], list[tuple[str, str]]]] = {}
     for method, configs in variants.items():
         if len(configs) < 2:
             continue
@@ -238,7 +238,7 @@ def _overall_table(summary: Summary) -> list[str]:
     lines = ["| method | speedup | 95% CI | median over repeats | Spec-Bench speedup | tau | alpha | tokens/s | "
              "equal | predicted | error |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for m in summary.methods:
-        g = lambda stat: summary.get(m, OVERALL, stat)  # noqa: E731
+        g = lambda stat, m=m: summary.get(m, OVERALL, stat)  # noqa: E731
         lines.append(
             f"| {m} | {_fmt(g('speedup'), '{:.2f}x')} | {_fmt(g('speedup_ci'), '[{0:.2f}, {1:.2f}]')} | "
             f"{_fmt(g('speedup_median'), '{:.2f}x')} | {_fmt(g('specbench_speedup'), '{:.2f}x')} | "

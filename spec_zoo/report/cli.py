@@ -30,7 +30,8 @@ def main(argv=None) -> int:
                              "directory + /report")
     parser.add_argument("--title", default="Benchmark report", help="title of the report")
     parser.add_argument("--seed", type=int, default=0, help="seed of the bootstrap")
-    parser.add_argument("--note", default=None, help="a paragraph put under the title (e.g. how the data was made); @FILE reads it from FILE")
+    parser.add_argument("--note", default=None,
+                        help="a paragraph put under the title (e.g. how the data was made); @FILE reads it from FILE")
     args = parser.parse_args(argv)
     from pathlib import Path
 

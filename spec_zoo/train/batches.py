@@ -34,14 +34,14 @@ def teacher_positions(student: Student, data: TeacherData, rows: torch.Tensor,
     L = int((data.prompt_len[rows] + data.gen_len[rows]).max())
     ids = ids[:, :L]
     mask = (ids >= 0).long()
-    where, t_ids, t_logp = [], [], []
+    where, id_rows, logp_rows = [], [], []
     for b, i in enumerate(rows.tolist()):
         p, g = int(data.prompt_len[i]), int(data.gen_len[i])
         # the hidden state at position p - 1 + t predicts token p + t
         where.append(b * L + torch.arange(p - 1, p - 1 + g))
-        t_ids.append(data.topk_ids[i, :g])
-        t_logp.append(data.topk_logp[i, :g])
-    t_ids, t_logp = torch.cat(t_ids), torch.cat(t_logp)
+        id_rows.append(data.topk_ids[i, :g])
+        logp_rows.append(data.topk_logp[i, :g])
+    t_ids, t_logp = torch.cat(id_rows), torch.cat(logp_rows)
     t_index = t_ids if lut is None else lut[t_ids]
     device = _device(student)
     return tuple(t.to(device) for t in (ids.clamp(min=0), mask, torch.cat(where), t_ids, t_index, t_logp))

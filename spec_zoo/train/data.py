@@ -40,7 +40,8 @@ def read_records(path) -> list[dict]:
     """The JSON records of a JSONL prompts file, each with a ``prompt``."""
     path = Path(path).expanduser()
     if not path.is_file():
-        raise ConfigError(f"data.prompts={str(path)!r} does not exist; give a JSONL file with a `prompt` field per line.")
+        raise ConfigError(f"data.prompts={str(path)!r} does not exist; "
+                          "give a JSONL file with a `prompt` field per line.")
     records = []
     for i, line in enumerate(read_utf8(path, "data.prompts").split("\n")):  # not splitlines: JSON strings may hold U+2028
         if not line.strip():
@@ -49,7 +50,8 @@ def read_records(path) -> list[dict]:
             rec = json.loads(line)
             rec["prompt"]
         except (json.JSONDecodeError, KeyError, TypeError):
-            raise ConfigError(f"data.prompts: {str(path)!r} line {i + 1} is not a JSON object with a `prompt`; fix or remove that line.") from None
+            raise ConfigError(f"data.prompts: {str(path)!r} line {i + 1} is not a JSON object with a `prompt`; "
+                              "fix or remove that line.") from None
         records.append(rec)
     return records
 
@@ -72,7 +74,8 @@ def encode_prompts(tokenizer, prompts: list[str], chat: bool, max_prompt_tokens:
     out = []
     for text in prompts:
         if chat and getattr(tokenizer, "chat_template", None):
-            ids = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True)
+            ids = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
+                                                tokenize=True)
             ids = ids["input_ids"] if hasattr(ids, "keys") else ids
         else:
             ids = tokenizer(text, add_special_tokens=True)["input_ids"]
@@ -96,7 +99,7 @@ class TeacherData:
     def __len__(self) -> int:
         return self.ids.shape[0]
 
-    def subset(self, index) -> "TeacherData":
+    def subset(self, index) -> TeacherData:
         index = torch.as_tensor(index, dtype=torch.long)
         return TeacherData(*(t[index] for t in (self.ids, self.prompt_len, self.gen_len, self.topk_ids, self.topk_logp,
                                                  self.category)))
@@ -122,8 +125,8 @@ def stop_and_pad_ids(target) -> tuple[list[int], int]:
     if target.tokenizer is not None and target.tokenizer.eos_token_id is not None:
         eos_ids.add(int(target.tokenizer.eos_token_id))
     pads = (getattr(target.tokenizer, "pad_token_id", None), getattr(gen_cfg, "pad_token_id", None))
-    eos_ids = sorted(eos_ids)
-    return eos_ids, int(next((x for x in pads if x is not None), eos_ids[0] if eos_ids else 0))
+    ordered = sorted(eos_ids)
+    return ordered, int(next((x for x in pads if x is not None), ordered[0] if ordered else 0))
 
 
 def data_key(settings: dict) -> str:
@@ -297,7 +300,8 @@ def student_data(student, model, prompts: list[list[int]], *, cache_dir, key: st
         cont = student_continuations(student, batch, max_new_tokens, temperature, eos_ids, pad_id, seed + b)
         keep = [i for i, c in enumerate(cont) if c]
         if keep:
-            parts.append(score_continuations(model, [batch[i] for i in keep], [cont[i] for i in keep], top_k, max_new_tokens))
+            parts.append(score_continuations(model, [batch[i] for i in keep], [cont[i] for i in keep], top_k,
+                                             max_new_tokens))
     return _save_parts(parts, path)
 
 

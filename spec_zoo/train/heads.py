@@ -13,7 +13,7 @@ from typing import Any, ClassVar
 import torch
 from omegaconf import DictConfig
 
-from spec_zoo.draft_head import BlockHead, save_head
+from spec_zoo.draft_head import BlockHead, VocabHead, save_head
 from spec_zoo.errors import ConfigError
 from spec_zoo.layers import DecoderStack
 from spec_zoo.schema import Keys
@@ -28,9 +28,13 @@ class HeadStudent(torch.nn.Module):
     which target states it reads (`target_states`, named `states_name` in the teacher-data
     store; by default the last-layer features) and how (`hidden`)."""
 
-    states_name = "final"
+    lm: VocabHead
 
-    def __init__(self, target_model: torch.nn.Module, head: BlockHead):
+    @property
+    def states_name(self) -> str:
+        return "final"
+
+    def __init__(self, target_model: torch.nn.Module, head: VocabHead):
         super().__init__()
         self.lm = head
         self.vocab_ids = head.vocab_ids
@@ -67,7 +71,13 @@ class HeadStudent(torch.nn.Module):
             states[b, :n] = self._cache[key[b]]
         return states
 
+    def hidden(self, ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        """The states the head reads, [B, L, H], for a right-padded batch (each head's own)."""
+        raise NotImplementedError
+
     def head(self, hidden: torch.Tensor) -> torch.Tensor:
+        """A block head's logits over the draft vocabulary."""
+        assert isinstance(self.lm, BlockHead)
         return self.lm.logits(hidden)
 
 
@@ -132,6 +142,7 @@ class HeadRecipe:
     def save(self, student: Student, cfg: DictConfig, target_info: dict, record: dict) -> Path:
         from spec_zoo.models import DTYPES
 
+        assert isinstance(student, HeadStudent)
         return save_head(student.lm, cfg.output.dir, target_info, record, dtype=DTYPES[str(cfg.output.dtype)],
                          overwrite=bool(cfg.output.get("overwrite", False)))
 

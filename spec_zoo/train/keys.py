@@ -41,7 +41,7 @@ TYPES: dict[str, tuple[tuple[type, ...], bool]] = {
 }
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def pipeline_keys() -> Keys:
     """The core's keys plus the training pipeline's (the words of dtype and device keys from
     the module that defines them)."""

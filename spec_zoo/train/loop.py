@@ -55,7 +55,8 @@ def check_config(cfg: DictConfig, recipe: Recipe) -> None:
         raise ConfigError(f"data.heldout={cfg.data.heldout}; use a fraction in [0, 1).")
     from spec_zoo.artefacts import check_out_dir
 
-    check_out_dir(cfg.output.dir, *recipe.artefact, "output.dir", bool(cfg.output.get("overwrite", False)))
+    record_name, fmt = recipe.artefact
+    check_out_dir(cfg.output.dir, record_name, fmt, "output.dir", bool(cfg.output.get("overwrite", False)))
     if cfg.data.get("prompts") and cfg.data.get("token_ids") is None:
         read_records(cfg.data.prompts)  # a missing, non-UTF-8 or malformed file fails here, before the target loads
     if cfg.output.dtype not in ("float32", "float16", "bfloat16"):
@@ -83,7 +84,8 @@ def _lr(step: int, cfg: DictConfig, steps: int) -> float:
     if step < warm:
         return float(t.lr) * (step + 1) / warm
     progress = (step - warm) / max(1, steps - warm)
-    return float(t.lr) * (float(t.min_lr_ratio) + (1 - float(t.min_lr_ratio)) * 0.5 * (1 + math.cos(math.pi * progress)))
+    floor = float(t.min_lr_ratio)
+    return float(t.lr) * (floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress)))
 
 
 def _save_checkpoint(path: Path, student: Student, opt: torch.optim.Optimizer, step: int, gen: torch.Generator,
@@ -106,11 +108,11 @@ def _load_checkpoint(path: Path, student: Student, opt: torch.optim.Optimizer,
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:
-        raise ConfigError(f"checkpoint {path} is corrupt ({type(e).__name__}); delete it or set train.resume=false.") from None
-    saved_vocab = state.get("vocab_ids")
-    if (saved_vocab is None) != (student.vocab_ids is None) or (
-        saved_vocab is not None and not torch.equal(saved_vocab, student.vocab_ids)
-    ):
+        raise ConfigError(f"checkpoint {path} is corrupt ({type(e).__name__}); "
+                          "delete it or set train.resume=false.") from None
+    saved_vocab, vocab = state.get("vocab_ids"), student.vocab_ids
+    if not ((saved_vocab is None and vocab is None)
+            or (saved_vocab is not None and vocab is not None and torch.equal(saved_vocab, vocab))):
         raise ConfigError(f"checkpoint {path} was made with another draft vocabulary / data; "
                           "delete it or set train.resume=false (or use another output.dir).")
     try:
@@ -166,8 +168,8 @@ def train_module(cfg: DictConfig, recipe: Recipe, target: Target | None = None) 
     split = teacher_split(cfg, target)
     student = student_for(cfg, recipe, target, split)
     if int(cfg.train.steps) == 0:  # teacher data (and the states the module reads) only: train later, elsewhere
-        print(f"teacher data ready in {split.teacher.store.root} ({split.seconds:.0f}s); train.steps=0: nothing trained",
-              file=sys.stderr)
+        print(f"teacher data ready in {split.teacher.store.root} ({split.seconds:.0f}s); "
+              "train.steps=0: nothing trained", file=sys.stderr)
         return split.teacher.store.root
     add_student_data(cfg, student, target, split)
     fit = train_student(cfg, recipe, student, split, target.vocab_size)
@@ -181,14 +183,15 @@ def teacher_split(cfg: DictConfig, target: Target) -> TeacherSplit:
     n_forced = int(d.get("forced_prompts", 0))
     t_data = time.time()
     teacher = TeacherSet(cfg, target, int(d.num_prompts) + n_forced)
-    prompt_ids, n_prompts = teacher.prompts, len(teacher.prompts) - n_forced  # the last n_forced are read, not continued
+    # the last n_forced are read, not continued
+    prompt_ids, n_prompts = teacher.prompts, len(teacher.prompts) - n_forced
     forced_ids = prompt_ids[n_prompts:] if n_forced else []
     if n_prompts < 2:
         raise ConfigError(f"only {n_prompts} usable prompts; raise data.num_prompts or data.max_prompt_tokens.")
     settings = {**teacher.identity, "sequences": n_prompts}
     data = teacher.fill(n_prompts, bool(cfg.progress))
     order = torch.randperm(len(data), generator=torch.Generator().manual_seed(int(d.seed)))
-    n_held = int(round(len(data) * float(d.heldout)))
+    n_held = round(len(data) * float(d.heldout))
     split = TeacherSplit(teacher, data, data.subset(order[n_held:]), data.subset(order[:n_held]), settings,
                          continued=len(data) - n_held, forced_prompts=len(forced_ids))
     split.seconds = time.time() - t_data
@@ -218,7 +221,7 @@ def add_student_data(cfg: DictConfig, student: Student, target: Target, split: T
     """On-policy for the student too (``data.student_fraction``): its own continuations of
     that share of the continued training prompts, scored by the target, added to ``train``."""
     d = cfg.data
-    n_student = int(round(split.continued * float(d.get("student_fraction", 0.0))))
+    n_student = round(split.continued * float(d.get("student_fraction", 0.0)))
     split.student_sequences = n_student
     if not n_student:
         return
@@ -249,7 +252,8 @@ def train_student(cfg: DictConfig, recipe: Recipe, student: Student, split: Teac
     gen = torch.Generator().manual_seed(int(cfg.train.seed))
     out_dir = Path(cfg.output.dir).expanduser()
     ckpt = out_dir.parent / f".{out_dir.name}.checkpoints" / "last.pt"
-    step, history = 0, []
+    step = 0
+    history: list[dict] = []  # one record per held-out evaluation
     if bool(cfg.train.resume) and ckpt.is_file():
         step, history = _load_checkpoint(ckpt, student, opt, gen)
         print(f"resumed from {ckpt} at step {step}", file=sys.stderr)
@@ -284,8 +288,8 @@ def train_student(cfg: DictConfig, recipe: Recipe, student: Student, split: Teac
             _save_checkpoint(ckpt, student, opt, step, gen, history)
         if budget.after_step(step):
             bar.total = budget.steps
-            print(f"train.max_seconds={budget.max_seconds:g}: {budget.steps} steps fit (of train.steps={cfg.train.steps})",
-                  file=sys.stderr)
+            print(f"train.max_seconds={budget.max_seconds:g}: {budget.steps} steps fit "
+                  f"(of train.steps={cfg.train.steps})", file=sys.stderr)
         bar.set_postfix(loss=f"{ema:.4f}", heldout_alpha=f"{last_eval:.3f}")
         bar.update(1)
     bar.close()
@@ -322,8 +326,9 @@ def write_artefact(cfg: DictConfig, recipe: Recipe, student: Student, split: Tea
     config), written from the CPU; the checkpoint removed unless ``train.keep_checkpoints``."""
     d = cfg.data
     record = {
-        "data": {"prompts": str(d.prompts or "spec_zoo/train/data/prompts.jsonl"), "store": str(split.teacher.store.root),
-                 "mixture": split.teacher.taken, "sequences": len(split.data) + split.forced_prompts,
+        "data": {"prompts": str(d.prompts or "spec_zoo/train/data/prompts.jsonl"),
+                 "store": str(split.teacher.store.root), "mixture": split.teacher.taken,
+                 "sequences": len(split.data) + split.forced_prompts,
                  "train_sequences": len(split.train), "heldout_sequences": len(split.held),
                  "positions": split.data.positions + split.forced_positions,
                  "student_sequences": split.student_sequences, "forced_prompts": int(d.get("forced_prompts", 0)),

@@ -27,7 +27,7 @@ def categories(d) -> dict[str, dict]:
     if d.get("sources"):
         raise ConfigError("data.sources is set but data.use_mixture=true, whose categories name their sources: "
                           "set data.sources=null, or data.use_mixture=false to filter one seeded order of prompts.")
-    out = {}
+    out: dict[str, dict] = {}
     for name, c in mixture.items():
         share = float(c["share"])
         if share < 0:
@@ -59,8 +59,10 @@ def describe(d, cats: dict) -> dict:
         return {"file": "data.token_ids", "sha256": digest, "categories": [["token_ids", 1.0, []]]}
     path = Path(d.prompts or PACKAGED_PROMPTS).expanduser()
     if not path.is_file():
-        raise ConfigError(f"data.prompts={str(path)!r} does not exist; give a JSONL file with a `prompt` field per line.")
-    return {"file": path.name, "sha256": file_digest(path), "categories": [[k, c["share"], c["sources"]] for k, c in cats.items()],
+        raise ConfigError(f"data.prompts={str(path)!r} does not exist; "
+                          "give a JSONL file with a `prompt` field per line.")
+    return {"file": path.name, "sha256": file_digest(path),
+            "categories": [[k, c["share"], c["sources"]] for k, c in cats.items()],
             "chat": bool(d.chat),
             "max_prompt_tokens": int(d.max_prompt_tokens), "seed": int(d.seed)}
 
@@ -100,7 +102,9 @@ def _draw(tokenizer, d, cats: dict, num: int, heldout: frozenset | None):
         order = torch.randperm(len(pool), generator=torch.Generator().manual_seed(int(d.seed) * 1000 + c)).tolist()
         pools.append([pool[i] for i in (order[::-1] if heldout is not None else order)])
     cursor, taken = [0] * len(names), [0] * len(names)
-    prompts, cat_of, texts = [], [], []
+    prompts: list[list[int]] = []
+    cat_of: list[int] = []
+    texts: list[str] = []
     live = set(range(len(names)))
     while len(prompts) < num and live:
         n = len(prompts) + 1

@@ -22,8 +22,11 @@ class Student(Protocol):
     train and are saved, ``hidden`` maps a right-padded batch to the states ``head`` turns
     into draft logits over ``vocab_ids`` (None: the target's whole vocabulary)."""
 
-    lm: torch.nn.Module
-    vocab_ids: torch.Tensor | None
+    @property
+    def lm(self) -> torch.nn.Module: ...
+
+    @property
+    def vocab_ids(self) -> torch.Tensor | None: ...
 
     def hidden(self, ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor: ...
 

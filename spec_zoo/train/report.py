@@ -104,10 +104,11 @@ def run_report(cfg: DictConfig, target: Target | None = None) -> Path:
     if cfg.data.get("token_ids") is None:
         exclude = frozenset(rec["prompt"] for f in (r.exclude or [PACKAGED_PROMPTS]) for rec in read_records(f))
         if int(r.get("exclude_mixture", 0)):  # what a recipe with data.num_prompts=N on these data settings trained on
-            exclude |= frozenset(mixture_texts(target.tokenizer, cfg.data, categories(cfg.data), int(r.exclude_mixture)))
+            exclude |= frozenset(mixture_texts(target.tokenizer, cfg.data, categories(cfg.data),
+                                               int(r.exclude_mixture)))
     teacher = TeacherSet(cfg, target, int(r.per_category) * 64, heldout=exclude, per_category=int(r.per_category))
     data = teacher.fill(len(teacher.prompts), bool(cfg.progress))
-    results = {}
+    results: dict[str, dict] = {}
     for path, recipe in zip(paths, readers):
         student = recipe.load(path, target.model)
         name = os.path.relpath(path) if path.resolve().is_relative_to(Path.cwd()) else str(path)

@@ -23,6 +23,7 @@ import os
 import re
 import sys
 from pathlib import Path
+from typing import cast
 
 import torch
 from safetensors.torch import load_file, save_file
@@ -44,7 +45,7 @@ class TeacherStore:
         self.used: list[tuple[Path, int]] = []  # (shard, rows taken) behind the last `fill`
 
     @classmethod
-    def open(cls, root, identity: dict) -> "TeacherStore":
+    def open(cls, root, identity: dict) -> TeacherStore:
         root = Path(root).expanduser()
         root.mkdir(parents=True, exist_ok=True)
         manifest = root / "manifest.json"
@@ -187,7 +188,7 @@ def _states(compute, ids: torch.Tensor, lengths: list[int], batch_size: int) -> 
         states = compute(ids[rows, :T].long().clamp(min=0)).cpu()
         for j, i in enumerate(rows):
             per_seq[i] = states[j, : lengths[i]]
-    return torch.cat(per_seq).contiguous()
+    return torch.cat(cast(list[torch.Tensor], per_seq)).contiguous()  # every row filled
 
 
 def _generate(model, prompts, categories, batch_size, g: dict, eos_ids, pad_id, seed) -> dict:

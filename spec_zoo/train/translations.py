@@ -65,7 +65,8 @@ def looks_german(text: str) -> bool:
 
 
 @torch.no_grad()
-def translate(target, sentences: list[str], batch_size: int, max_new_tokens: int, progress: bool = True) -> list[str | None]:
+def translate(target, sentences: list[str], batch_size: int, max_new_tokens: int,
+              progress: bool = True) -> list[str | None]:
     """The target's greedy German for each sentence (its first line), or None where the answer
     does not look German."""
     from tqdm import tqdm
