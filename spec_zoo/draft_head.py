@@ -86,14 +86,14 @@ class StagedHead(VocabHead):
     `logits` guess the token after that one. The token embeddings are the target's own
     (frozen, shared, never stored).
 
-    Subclasses set ``num_stages`` and implement `start`, `advance` and `logits` on batches
+    Subclasses implement `start`, `advance` and `logits` on batches
     ([N, ...] states, [N] tokens), so a tree expands all the nodes of a level at once.
     """
 
-    num_stages: int
-
-    def __init__(self, target_model, vocab_ids: torch.Tensor | None = None, train_head: bool = False):
+    def __init__(self, target_model, num_stages: int, vocab_ids: torch.Tensor | None = None,
+                 train_head: bool = False):
         super().__init__(target_model, vocab_ids, train_head)
+        self.num_stages = int(num_stages)
         self._embeddings = [target_model.get_input_embeddings()]  # a list: the target is not a submodule
 
     def embed(self, tokens: torch.Tensor) -> torch.Tensor:

@@ -49,6 +49,7 @@ class StagedDrafter(ChainDrafter):
     """
 
     needs_target_hidden = True
+    heads: StagedHead
     head_class: ClassVar[type[StagedHead]]
     shipped: ClassVar[Path]
     train_command: ClassVar[str]
@@ -68,7 +69,7 @@ class StagedDrafter(ChainDrafter):
 
     def attach(self, target: Target) -> None:
         source = self.heads_source
-        if isinstance(source, torch.nn.Module):
+        if isinstance(source, StagedHead):
             self.heads = source
         else:
             self.heads = load_head(self.head_class, source or self.shipped, target.model, "drafter.heads",

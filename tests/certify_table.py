@@ -53,7 +53,8 @@ VERIFIERS = {"greedy": GreedyVerifier, "rejection": RejectionVerifier, "block": 
              "typical": TypicalVerifier}
 DRAFTERS = ["ngram", "small_model", "distilled", "eagle", "medusa", "hydra", "mlp_speculator", "early_exit", "cascade",
             "merge"]
-TREE_DRAFTERS = {"small_model", "distilled", "eagle", "medusa", "hydra", "mlp_speculator", "early_exit"}  # drafters with a tree policy
+# drafters with a tree policy
+TREE_DRAFTERS = {"small_model", "distilled", "eagle", "medusa", "hydra", "mlp_speculator", "early_exit"}
 
 
 @functools.cache

@@ -31,14 +31,14 @@ class HydraHeads(StagedHead):
 
     def __init__(self, target_model, num_heads: int, vocab_ids: torch.Tensor | None = None,
                  train_head: bool = False):
-        super().__init__(target_model, vocab_ids, train_head)
         if int(num_heads) < 1:
             raise ConfigError(f"heads.num_heads={num_heads}; Hydra needs at least one head (e.g. 4).")
-        self.num_stages = int(num_heads)
+        super().__init__(target_model, num_heads, vocab_ids, train_head)
         hidden, dtype = self.head.shape[1], self.head.dtype
         self.blocks = torch.nn.ModuleList(torch.nn.Linear((i + 2) * hidden, hidden, dtype=dtype)
                                           for i in range(self.num_stages))
         for block in self.blocks:
+            assert isinstance(block, torch.nn.Linear)
             torch.nn.init.zeros_(block.weight)
             torch.nn.init.zeros_(block.bias)
 

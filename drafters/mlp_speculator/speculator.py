@@ -35,10 +35,11 @@ class MLPSpeculator(StagedHead):
 
     def __init__(self, target_model, num_stages: int, vocab_ids: torch.Tensor | None = None,
                  train_head: bool = False):
-        super().__init__(target_model, vocab_ids, train_head)
         if int(num_stages) < 1:
-            raise ConfigError(f"speculator.num_stages={num_stages}; the MLP speculator needs at least one stage (e.g. 4).")
-        self.num_stages = K = int(num_stages)
+            raise ConfigError(f"speculator.num_stages={num_stages}; the MLP speculator needs at least one stage "
+                              "(e.g. 4).")
+        super().__init__(target_model, num_stages, vocab_ids, train_head)
+        K = self.num_stages
         hidden, dtype = self.head.shape[1], self.head.dtype
 
         def linears() -> torch.nn.ModuleList:
@@ -47,6 +48,7 @@ class MLPSpeculator(StagedHead):
         self.state_proj, self.token_proj, self.out_proj = linears(), linears(), linears()
         self.norms = torch.nn.ModuleList(torch.nn.LayerNorm(hidden, dtype=dtype) for _ in range(K))
         for proj in self.out_proj:
+            assert isinstance(proj, torch.nn.Linear)
             torch.nn.init.eye_(proj.weight)
         state_weight = 0.5 ** (0.5 / K)
         self.token_scale = math.sqrt((1 - state_weight ** 2) * hidden / 2) / state_weight

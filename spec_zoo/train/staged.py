@@ -30,6 +30,8 @@ from spec_zoo.train.recipe import Recipe, Student
 class StagedStudent(HeadStudent):
     """A `StagedHead` (``lm``) reading the frozen target's last-layer states."""
 
+    lm: StagedHead
+
     def hidden(self, ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         return self.cached_states(ids, attention_mask.sum(1).tolist())
 
@@ -66,7 +68,8 @@ class StagedRecipe(HeadRecipe):
         if int(s[self.size_key]) < 1:
             raise ConfigError(f"{self.section}.{self.size_key}={s[self.size_key]}; use at least one (e.g. 4).")
         if not 0.0 < float(s.decay) <= 1.0:
-            raise ConfigError(f"{self.section}.decay={s.decay}; stage i weighs decay^i in the loss, use a value in (0, 1].")
+            raise ConfigError(f"{self.section}.decay={s.decay}; stage i weighs decay^i in the loss, use a value "
+                              "in (0, 1].")
 
     def make(self, cfg: DictConfig, target: Any, train: TeacherData) -> StagedStudent:
         s = cfg[self.section]
