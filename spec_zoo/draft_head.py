@@ -1,7 +1,10 @@
 """Trained draft heads that live next to the target, and their artefact format.
 
 `VocabHead` is what every such head shares (the Medusa heads, `spec_zoo.drafters.medusa.heads`,
-use it alone): a head over a reduced *draft vocabulary* and the artefact files. `BlockHead`
+use it alone): a head over a reduced *draft vocabulary* and the artefact files. `StagedHead`
+adds stages applied in sequence, each reading what the stage before it left and the token
+drafted before it (the MLP speculator, `spec_zoo.drafters.mlp_speculator.speculator`, and the
+Hydra heads, `spec_zoo.drafters.hydra.heads`; drafted by `spec_zoo.staged`). `BlockHead`
 adds one decoder layer + norm; it is shared by the exit adapter (reads layer E's states,
 `spec_zoo.drafters.early_exit.adapter`) and the EAGLE-style feature head (reads the target's
 last-layer features, `spec_zoo.drafters.eagle.head`):
@@ -73,6 +76,43 @@ class VocabHead(torch.nn.Module):
     @classmethod
     def from_record(cls, target_model, record: dict, vocab_ids: torch.Tensor | None) -> Self:
         """An untrained head of the shape ``record`` describes (its weights are loaded next)."""
+        raise NotImplementedError
+
+
+class StagedHead(VocabHead):
+    """Draft heads that run in sequence on the target's last hidden state h: ``start(h)`` is
+    the state before stage 0; stage i (`advance`) reads the previous stage's state and the
+    embedding of the token drafted before it (stage 0: the last committed token) and its
+    `logits` guess the token after that one. The token embeddings are the target's own
+    (frozen, shared, never stored).
+
+    Subclasses implement `start`, `advance` and `logits` on batches
+    ([N, ...] states, [N] tokens), so a tree expands all the nodes of a level at once.
+    """
+
+    def __init__(self, target_model, num_stages: int, vocab_ids: torch.Tensor | None = None,
+                 train_head: bool = False):
+        super().__init__(target_model, vocab_ids, train_head)
+        self.num_stages = int(num_stages)
+        self._embeddings = [target_model.get_input_embeddings()]  # a list: the target is not a submodule
+
+    def embed(self, tokens: torch.Tensor) -> torch.Tensor:
+        """The target's input embeddings of ``tokens`` [N] -> [N, H], scaled to unit RMS: the
+        target's rows are small next to its final states, and a token's part should weigh
+        as much as the state's from the first training step."""
+        e = self._embeddings[0](tokens.to(self.head.device)).to(self.head.dtype)
+        return e * torch.rsqrt(e.pow(2).mean(-1, keepdim=True) + 1e-6)
+
+    def start(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The state before stage 0, from the target's last-layer states [N, H]."""
+        raise NotImplementedError
+
+    def advance(self, stage: int, state: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+        """Stage ``stage``'s state from the state before it and the tokens [N] drafted before it."""
+        raise NotImplementedError
+
+    def logits(self, stage: int, state: torch.Tensor) -> torch.Tensor:
+        """Stage ``stage``'s logits [N, V_draft] (its guess of the token after its input token)."""
         raise NotImplementedError
 
 

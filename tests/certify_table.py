@@ -51,8 +51,10 @@ SHAPES = {
 }
 VERIFIERS = {"greedy": GreedyVerifier, "rejection": RejectionVerifier, "block": BlockVerifier,
              "typical": TypicalVerifier}
-DRAFTERS = ["ngram", "small_model", "distilled", "eagle", "medusa", "early_exit", "cascade", "merge"]
-TREE_DRAFTERS = {"small_model", "distilled", "eagle", "medusa", "early_exit"}  # drafters with a tree policy
+DRAFTERS = ["ngram", "small_model", "distilled", "eagle", "medusa", "hydra", "mlp_speculator", "early_exit", "cascade",
+            "merge"]
+# drafters with a tree policy
+TREE_DRAFTERS = {"small_model", "distilled", "eagle", "medusa", "hydra", "mlp_speculator", "early_exit"}
 
 
 @functools.cache
@@ -65,7 +67,9 @@ def parts() -> dict:
     """What the drafters are built from, made once (the heads are not changed by decoding)."""
     from spec_zoo.artefacts import describe_target
     from spec_zoo.drafters.distilled.student import save_artefact, student_from_target
-    from tests.drafts import eagle_head, exit_adapter, medusa_heads, noisy_copy
+    from spec_zoo.drafters.hydra.heads import HydraHeads
+    from spec_zoo.drafters.mlp_speculator.speculator import MLPSpeculator
+    from tests.drafts import eagle_head, exit_adapter, medusa_heads, noisy_copy, staged_heads
 
     model = target()
     student = student_from_target(model, 1, None, torch.tensor([0, 2, 3]))  # token 1 is outside its vocabulary
@@ -76,7 +80,8 @@ def parts() -> dict:
     distilled = save_artefact(student, Path(tempfile.mkdtemp(prefix="spec-zoo-certify-")) / "distilled", record,
                               dtype="float64")
     return {"draft": noisy_copy(model, 1.0), "eagle": eagle_head(model), "exit": exit_adapter(model),
-            "medusa": medusa_heads(model), "distilled": distilled}
+            "medusa": medusa_heads(model), "hydra": staged_heads(HydraHeads, model, 2),
+            "mlp_speculator": staged_heads(MLPSpeculator, model, 2), "distilled": distilled}
 
 
 def drafter_factory(drafter: str, shape: str):
@@ -84,8 +89,10 @@ def drafter_factory(drafter: str, shape: str):
     from spec_zoo.drafters.cascade import CascadeDrafter
     from spec_zoo.drafters.eagle.drafter import EagleDrafter
     from spec_zoo.drafters.early_exit.drafter import EarlyExitDrafter
+    from spec_zoo.drafters.hydra.drafter import HydraDrafter
     from spec_zoo.drafters.medusa.drafter import MedusaDrafter
     from spec_zoo.drafters.merge import MergeDrafter
+    from spec_zoo.drafters.mlp_speculator.drafter import MLPSpeculatorDrafter
     from spec_zoo.drafters.ngram import NgramDrafter
     from spec_zoo.drafters.small_model import SmallModelDrafter
 
@@ -106,6 +113,8 @@ def drafter_factory(drafter: str, shape: str):
         "distilled": lambda: copy.deepcopy(loaded(drafter, shape)),  # loaded from disk once
         "eagle": lambda: EagleDrafter(p["eagle"], adaptive=False, **shape_kw()),
         "medusa": lambda: MedusaDrafter(p["medusa"], **shape_kw()),
+        "hydra": lambda: HydraDrafter(p["hydra"], **shape_kw()),
+        "mlp_speculator": lambda: MLPSpeculatorDrafter(p["mlp_speculator"], **shape_kw()),
         "early_exit": lambda: EarlyExitDrafter(1, adaptive=False, adapter=p["exit"], reuse_kv=tree is None,
                                                **shape_kw()),
     }[drafter]

@@ -7,12 +7,17 @@ import copy
 
 import torch
 
+from spec_zoo.draft_head import StagedHead
 from spec_zoo.drafters.eagle.drafter import EagleDrafter
 from spec_zoo.drafters.eagle.head import EagleHead
 from spec_zoo.drafters.early_exit.adapter import ExitAdapter
 from spec_zoo.drafters.early_exit.drafter import EarlyExitDrafter
+from spec_zoo.drafters.hydra.drafter import HydraDrafter
+from spec_zoo.drafters.hydra.heads import HydraHeads
 from spec_zoo.drafters.medusa.drafter import MedusaDrafter
 from spec_zoo.drafters.medusa.heads import MedusaHeads
+from spec_zoo.drafters.mlp_speculator.drafter import MLPSpeculatorDrafter
+from spec_zoo.drafters.mlp_speculator.speculator import MLPSpeculator
 from spec_zoo.drafters.ngram import NgramDrafter
 from spec_zoo.drafters.none import NoDrafter
 from spec_zoo.drafters.small_model import SmallModelDrafter
@@ -57,6 +62,20 @@ def medusa_heads(model, seed: int = 5) -> MedusaHeads:
     return heads.eval()
 
 
+def staged_heads(cls: type[StagedHead], model, stages: int = 3, seed: int = 5) -> StagedHead:
+    """Hydra heads or an MLP speculator over a reduced draft vocabulary (as `exit_adapter`),
+    every matrix random from ``seed`` (untrained Hydra heads would all repeat the target's
+    next token), so the stages disagree with the target and with each other."""
+    vocab = model.lm_head.weight.shape[0]
+    heads = cls(model, stages, vocab_ids=torch.arange(vocab - max(1, vocab // 4)))
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in heads.parameters():
+            if p.dim() == 2:
+                p.copy_(torch.randn(p.shape, generator=gen, dtype=p.dtype) / p.shape[1] ** 0.5)
+    return heads.eval()
+
+
 MEDUSA_TREE = [[0], [1], [0, 0], [0, 1], [1, 0], [0, 0, 0], [0, 0, 1], [0, 0, 0, 0]]
 
 
@@ -91,6 +110,13 @@ def drafter_lineup(target_model, sampled: bool = False) -> dict:
         "medusa_k3": lambda: MedusaDrafter(medusa_heads(target_model), num_draft=3, sample=sample),
         "medusa_adaptive": lambda: MedusaDrafter(medusa_heads(target_model), num_draft=2, adaptive=True, sample=sample),
         "medusa_tree": lambda: MedusaDrafter(medusa_heads(target_model), sample=sample, tree=Static(MEDUSA_TREE)),
+        "hydra_k3": lambda: HydraDrafter(staged_heads(HydraHeads, target_model), num_draft=3, sample=sample),
+        "hydra_tree": lambda: HydraDrafter(staged_heads(HydraHeads, target_model), sample=sample,
+                                           tree=Static(MEDUSA_TREE[:6])),
+        "mlp_speculator_adaptive": lambda: MLPSpeculatorDrafter(staged_heads(MLPSpeculator, target_model), num_draft=2,
+                                                                adaptive=True, sample=sample),
+        "mlp_speculator_tree": lambda: MLPSpeculatorDrafter(staged_heads(MLPSpeculator, target_model), sample=sample,
+                                                            tree={"policy": "topk", "width": 2, "depth": 3}),
     }
 
 

@@ -43,7 +43,8 @@ def read_records(path) -> list[dict]:
         raise ConfigError(f"data.prompts={str(path)!r} does not exist; "
                           "give a JSONL file with a `prompt` field per line.")
     records = []
-    for i, line in enumerate(read_utf8(path, "data.prompts").splitlines()):
+    # split on newlines only (not splitlines): a JSON string may hold U+2028 and other line breaks
+    for i, line in enumerate(read_utf8(path, "data.prompts").split("\n")):
         if not line.strip():
             continue
         try:
