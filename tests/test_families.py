@@ -264,9 +264,9 @@ def test_compiled_sampled_early_exit_verifies_against_the_models_own_logits():
 
 def test_a_resume_without_the_models_softcapping_is_caught(monkeypatch):
     """The check above fails the old bug: KV reuse verifying with lm_head(norm(h)) alone."""
-    import spec_zoo.target
+    import spec_zoo.partial
 
-    monkeypatch.setattr(spec_zoo.target, "final_logits", lambda m, normed: m.lm_head(normed))
+    monkeypatch.setattr(spec_zoo.partial, "final_logits", lambda m, normed: m.lm_head(normed))
     m = model("gemma2")
     with pytest.raises(AssertionError):
         assert_rows_are_the_models(m, DRAFTERS["early_exit"](m, "auto"), SamplingParams(temperature=0.7))
