@@ -447,19 +447,25 @@ class TreeLevels:
         self.past = past
         self.slot: dict[int, int] = {}  # fed node -> its cache position
 
+    def place(self, tree: Draft, nodes: list[int]) -> tuple[list[int], list[list[int]]]:
+        """Feed ``nodes`` now: (their positions, and each one's path of cache slots, its
+        ancestors root first and then its own slot), the form a static cache's compiled
+        attention reads (`spec_zoo.compiled_head`)."""
+        length = self.past + len(self.slot)
+        paths = [[self.slot[a] for a in tree.path_to(node)[:-1]] + [length + row] for row, node in enumerate(nodes)]
+        self.slot.update({node: length + row for row, node in enumerate(nodes)})
+        return [self.past + tree.depths[n] for n in nodes], paths
+
     def feed(self, tree: Draft, nodes: list[int], dtype, device) -> tuple[torch.Tensor, torch.Tensor]:
         """(position ids [1, k], mask [1, 1, k, cached + k]) for feeding ``nodes`` now."""
         length, k = self.past + len(self.slot), len(nodes)
-        ancestors = tree.ancestors_mask()
+        positions, paths = self.place(tree, nodes)
         allowed = torch.zeros(k, length + k, dtype=torch.bool)
         allowed[:, : self.past] = True
-        for row, node in enumerate(nodes):
-            allowed[row, [self.slot[a] for a in ancestors[node].nonzero().flatten().tolist() if a != node]] = True
-            allowed[row, length + row] = True
-        self.slot.update({node: length + row for row, node in enumerate(nodes)})
+        for row, path in enumerate(paths):
+            allowed[row, path] = True
         mask = torch.zeros(allowed.shape, dtype=dtype).masked_fill_(~allowed, torch.finfo(dtype).min)
-        positions = torch.tensor([[self.past + tree.depths[n] for n in nodes]])
-        return positions.to(device), mask[None, None].to(device)
+        return torch.tensor([positions]).to(device), mask[None, None].to(device)
 
 
 class DraftTreeForward:
