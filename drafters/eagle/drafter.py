@@ -28,7 +28,7 @@ from transformers import DynamicCache
 
 from spec_zoo.chain import ChainDrafter
 from spec_zoo.compiled_head import CompiledHead
-from spec_zoo.costs import draft_key
+from spec_zoo.costs import file_costs
 from spec_zoo.draft import ROOT, Draft
 from spec_zoo.draft_length import DraftLength
 from spec_zoo.drafters.eagle.formats import FORMATS, PublishedHead, load_published, sniff
@@ -99,7 +99,7 @@ class EagleDrafter(ChainDrafter):
         self.needs_target_hidden = layers or True
         self._width = self.head.fc.in_features if layers else int(target.model.lm_head.weight.shape[1])
         self.compiled = self._compiled_head(source, target, layers)
-        self.length.cost_key = draft_key(self)
+        file_costs(self)
         self.target = target
 
     def _compiled_head(self, source, target: Target, layers) -> CompiledHead | None:

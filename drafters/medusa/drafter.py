@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 
 from spec_zoo.chain import ChainDrafter
-from spec_zoo.costs import draft_key
+from spec_zoo.costs import file_costs
 from spec_zoo.draft import ROOT, Draft
 from spec_zoo.draft_length import DraftLength
 from spec_zoo.drafters.medusa.formats import FORMATS, load_published_medusa
@@ -86,7 +86,7 @@ class MedusaDrafter(ChainDrafter):
             raise ConfigError(f"drafter.num_draft={self.num_draft} but the Medusa heads have {K} heads (one token "
                               f"each); use at most {K}, or null for one per head.")
         self.length = DraftLength(int(self.num_draft or K), self.adaptive, K, self.token_cost, self.learn_cost)
-        self.length.cost_key = draft_key(self)
+        file_costs(self)
         self.target = target
 
     def _load(self, source, target: Target):
