@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from spec_zoo.costs import CostTable
 
 # the cascade's estimate of a member: tokens per step over cost per step, decayed counts
-PRIOR_TOKENS, PRIOR_DRAFTED = 2.0, 1.0  # one pseudo-step: 1 drafted, accepted (optimistic: try it)
+PRIOR_TOKENS, PRIOR_DRAFTED = 2.0, 1  # one pseudo-step: 1 drafted, accepted (optimistic: try it)
 MEMBER_DECAY = 0.9  # weight of past steps per step (memory of ~10 steps); skipped members drift back to the prior
 
 
@@ -32,9 +32,8 @@ MEMBER_DECAY = 0.9  # weight of past steps per step (memory of ~10 steps); skipp
 class MemberEvidence:
     """What a member's recent steps returned, decayed every step (`MEMBER_DECAY`)."""
 
-    steps: float = 0.0  # steps it drafted
-    tokens: float = 0.0  # tokens those steps committed (1 + accepted)
-    drafted: float = 0.0  # tokens it drafted
+    tokens: float = 0.0  # tokens its steps committed (1 + accepted)
+    cost: float = 0.0  # those steps' cost in target forwards, as priced (`CascadeDrafter.step_cost`)
     timed_tokens: float = 0.0  # tokens committed by its timed steps (greedy runs with a cost table)
     seconds: float = 0.0  # draft + verify seconds of those timed steps
 
@@ -47,23 +46,27 @@ class CascadeDrafter(ComposedDrafter):
     """Asks members in order; the first non-empty draft is the step's draft.
 
     Its own adaptive rule skips a member whose recent steps did not pay: per member it
-    keeps decayed counts of steps it drafted, tokens those steps committed (1 + accepted)
-    and tokens drafted, and estimates its speedup as committed tokens / cost in target
-    forwards, a step costing 1 + ``cost`` x drafted. A member below ``min_speedup`` is
-    skipped; its counts fade every step, so it is asked again after a few. When sampling,
-    the rule uses counts and configured costs only, never timings, so a seeded run is
-    reproducible. In greedy runs with a measured cost table (the text cannot depend on the
-    choice there), a member's steps are priced by their measured time instead, in plain
-    steps: seconds over t1, t1 being each step's scoring time over the table's t(M)/t(1);
-    so a member whose drafting is dear on this machine (a head run eagerly next to a
-    compiled target, a long document) is priced at what it costs.
+    keeps decayed counts of the tokens its steps committed (1 + accepted) and those
+    steps' cost in target forwards, and estimates its speedup as committed tokens /
+    cost. A step costs 1 + ``cost`` x drafted; with a measured cost table (`spec_zoo.costs`)
+    it costs the table's t(n + 1)/t(1) for the n nodes scored plus the member's measured
+    cost per drafted level (``spec-zoo costs drafter=<member>``) x its levels, a member
+    without a measured cost keeping its configured one. A member below ``min_speedup`` is
+    skipped; its counts fade every step, so it is asked again after a few. These prices are
+    data, not the clock, so they hold in sampled runs too: a seeded run is reproducible.
+    In greedy runs with a cost table (the text cannot depend on the choice there), a
+    member's steps are priced by their measured time instead, in plain steps: seconds over
+    t1, t1 being each step's scoring time over the table's t(M)/t(1); so a member whose
+    drafting is dear on this machine (a long document, a loaded core) is priced at what it
+    costs.
 
     members:     drafter option names (``[ngram, eagle]``), dicts with ``_target_``, or `Drafter`s.
     params:      per-member overrides, keyed by member name (``{ngram: {num_draft: 8}}``; a
                  name listed twice is keyed ``name_<position>`` the second time).
     costs:       per-member cost of one drafted token in target forwards (drafting it plus
                  scoring it); a member not listed uses its own configured ``token_cost``
-                 (0.1 for drafters without one).
+                 (0.1 for drafters without one). A listed cost is used as given; an unlisted
+                 member's measured drafting cost in the cost table replaces its ``token_cost``.
     min_speedup: skip a member whose estimated speedup is below this (1.0: drafting loses time).
 
     Exactness: which member drafts depends only on the past, and the chosen member's ``q``
@@ -97,17 +100,29 @@ class CascadeDrafter(ComposedDrafter):
     def _reset_evidence(self) -> None:
         self._evidence = [MemberEvidence() for _ in self.members]
         self._plain = [0.0, 0.0]  # decayed sum and weight of a plain step's seconds (t1)
-        self._table: CostTable | None = None
+        self._table: CostTable | None = None  # greedy runs: the table that lets measured time steer
+        self._priced: CostTable | None = None  # any run: the table that prices steps
         self._timed_steps = 0
 
     def speedup(self, i: int) -> float:
         """Estimated tokens per target-forward-equivalent when member ``i`` drafts: from its
         measured seconds when timings may steer and were taken, else from counts and costs."""
         e = self._evidence[i]
-        prior = 1.0 + self.costs[i] * PRIOR_DRAFTED
+        prior = self.step_cost(i, Draft.chain([0] * PRIOR_DRAFTED), self._priced)
         if self._table is not None and self._plain[1] > 0 and e.seconds > 0:
             return (PRIOR_TOKENS + e.timed_tokens) / (prior + e.seconds * self._plain[1] / self._plain[0])
-        return (PRIOR_TOKENS + e.tokens) / (prior + e.steps + self.costs[i] * e.drafted)
+        return (PRIOR_TOKENS + e.tokens) / (prior + e.cost)
+
+    def step_cost(self, i: int, draft: Draft, table: CostTable | None) -> float:
+        """What a step with member ``i``'s ``draft`` costs in target forwards: 1 + its cost x
+        drafted tokens; with ``table``, the table's scoring cost plus the member's drafting,
+        measured per level where the table has it (an unlisted member's)."""
+        if table is None:
+            return 1.0 + self.costs[i] * len(draft)
+        levels = max(draft.depths) + 1 if len(draft) else 0
+        key = getattr(getattr(self.members[i], "length", None), "cost_key", None)
+        drafting = self.costs[i] if self.labels[i] in self._costs else table.draft_cost(key, self.costs[i])
+        return table.relative(len(draft) + 1) + drafting * levels
 
     def begin(self, state: DecodeState) -> None:
         super().begin(state)
@@ -116,7 +131,8 @@ class CascadeDrafter(ComposedDrafter):
 
     def propose(self, state: DecodeState) -> Draft:
         self._collect(state)
-        self._chosen, self._table = None, state.cost_table
+        self._chosen, self._priced = None, state.cost_table
+        self._table = state.cost_table if state.timings_steer else None
         for i in range(len(self.members)):
             if self.speedup(i) < self.min_speedup:
                 continue
@@ -137,9 +153,8 @@ class CascadeDrafter(ComposedDrafter):
                            self._plain[1] * TIME_DECAY + 1.0]
         if self._chosen is not None and len(draft):
             e = self._evidence[self._chosen]
-            e.steps += 1.0
             e.tokens += 1.0 + len(verdict.path)
-            e.drafted += len(draft)
+            e.cost += self.step_cost(self._chosen, draft, self._priced)
             if table is not None:
                 e.timed_tokens += 1.0 + len(verdict.path)
                 e.seconds += step.draft_s + step.verify_s

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from spec_zoo.costs import draft_key
+from spec_zoo.costs import file_costs
 from spec_zoo.draft import Draft
 from spec_zoo.draft_length import DraftLength
 from spec_zoo.errors import ConfigError
@@ -66,7 +66,7 @@ class NgramDrafter(Drafter):
         self.min_ngram, self.max_ngram = min_ngram, max_ngram
         # adaptive: one acceptance estimate per match length (longer matches copy more reliably)
         self.length = DraftLength(num_draft, adaptive, max_draft, token_cost, learn_cost)
-        self.length.cost_key = draft_key(self)
+        file_costs(self)
         self._matched = 0  # n-gram length behind the last proposal
         self.branches, self.max_nodes, self.order = branches, max_nodes, order
         # n-gram -> {next token: (position after its latest occurrence, occurrences)}, least recent first

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from spec_zoo.chain import ChainDrafter
-from spec_zoo.costs import draft_key
+from spec_zoo.costs import file_costs
 from spec_zoo.draft import Draft
 from spec_zoo.draft_length import DraftLength
 from spec_zoo.errors import ConfigError
@@ -88,7 +88,7 @@ class SmallModelDrafter(ChainDrafter):
                 "a draft model must share the target's tokenizer. Pick a draft from the same model family "
                 "(e.g. `spec-zoo-make-draft` builds one from the target itself)."
             )
-        self.length.cost_key = draft_key(self)
+        file_costs(self)
 
     def compiled_parts(self) -> list[Target]:
         """The draft model when it runs compiled (``runtime=compiled``): what `spec-zoo warmup` compiles."""

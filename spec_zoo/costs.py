@@ -163,9 +163,20 @@ def measure(target, max_tokens: int = 32, repeats: int = 9, contexts: Sequence[i
                      contexts={str(c): curves[c] for c in others})
 
 
-def draft_key(drafter) -> str:
-    """What a drafter's measured cost is filed under: its name, marked when its draft runs compiled."""
-    return drafter.name + ("-compiled" if getattr(drafter, "compiled_parts", list)() else "")
+def draft_key(drafter, variant: str = "") -> str:
+    """What a drafter's measured cost is filed under: its name, marked when its draft runs
+    compiled, then ``variant`` (an exit layer), marked ``-tree`` when it drafts trees (a tree
+    level costs more than a chain token)."""
+    compiled = "-compiled" if getattr(drafter, "compiled_parts", list)() else ""
+    return drafter.name + compiled + variant + ("-tree" if getattr(drafter, "tree", None) is not None else "")
+
+
+def file_costs(drafter, variant: str = "") -> None:
+    """Point the rules that price ``drafter``'s drafting (its draft length, its tree policy)
+    at its measured cost in the table (`draft_key`)."""
+    for rule in (getattr(drafter, "length", None), getattr(drafter, "tree", None)):
+        if rule is not None:
+            rule.cost_key = draft_key(drafter, variant)
 
 
 @torch.no_grad()

@@ -43,9 +43,10 @@ class SpeculativeDecoder:
     """Composes a target, a drafter and a verifier under sampling parameters.
 
     cost_table: the target's measured scoring costs t(M) on this machine (`spec_zoo.costs`;
-                `spec_zoo.api.build_decoder` looks it up): greedy runs price draft lengths and
-                trees with it, at each step the curve for the context so far (`CostTable.at`).
-                None: drafters use their configured priors.
+                `spec_zoo.api.build_decoder` looks it up) and drafters' measured drafting costs:
+                every run prices draft lengths, trees and cascade members with it (sampled runs
+                too: it is stored data, not the clock), at each step the curve for the context so
+                far (`CostTable.at`). None: drafters use their configured priors.
     observers:  callables told of every step after its commit (`StepObserver`): how a
                 benchmark traces a run without touching the drafter.
     """
@@ -153,11 +154,9 @@ class SpeculativeDecoder:
         tokens = list(prompt_ids)
         generated: list[int] = []
         stats = RunStats(prompt_tokens=len(prompt_ids))
-        # sampled output must not depend on timings; greedy steps are priced by the cost table
-        steer = self.sampling.greedy
+        # sampled output must not depend on timings; the cost table is data, so it prices every run
         state = DecodeState(tokens, len(prompt_ids), max_new_tokens - 1, self.sampling, generator,
-                            timings_steer=steer, cost_table=self.cost_table if steer else None,
-                            request_id=request_id)
+                            timings_steer=self.sampling.greedy, cost_table=self.cost_table, request_id=request_id)
         self.target.reset()
         start = time.perf_counter()
         self.drafter.begin(state)

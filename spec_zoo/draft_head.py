@@ -143,11 +143,12 @@ class BlockHead(VocabHead):
         for p in self.parameters():
             p.requires_grad_(True)
 
-    def forward(self, hidden, rotary, cache=None, mask=None) -> torch.Tensor:
-        """The block's output [B, q, H] for input states ``hidden`` (KV appended to ``cache``)."""
+    def forward(self, hidden, rotary, cache=None, mask=None, **attention) -> torch.Tensor:
+        """The block's output [B, q, H] for input states ``hidden`` (KV appended to ``cache``);
+        ``attention`` goes to the attention function (the compiled runtime's draft paths)."""
         b = self.block
         attn, _ = b.self_attn(b.input_layernorm(hidden), position_embeddings=rotary, attention_mask=mask,
-                              cache=cache, use_cache=cache is not None)
+                              cache=cache, use_cache=cache is not None, **attention)
         hidden = hidden + attn
         if self.mlp:
             hidden = hidden + b.mlp(b.post_attention_layernorm(hidden))

@@ -29,7 +29,8 @@ output is the target's argmax whatever was drafted. When sampling, the draft len
 which random draws go where, so a clock-driven length would make a seeded run give a
 different text each time; there the decode state says so (`DecodeState.timings_steer`), the
 fit is off and the configured ``token_cost``, in target forwards, is used as is: same seed,
-same output. The cost table reaches the rule the same way (`DecodeState.cost_table`).
+same output. The cost table reaches the rule the same way (`DecodeState.cost_table`), in
+sampled runs too: it is stored data, not the clock, so a seed still gives one text.
 """
 
 from __future__ import annotations

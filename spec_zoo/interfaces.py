@@ -41,9 +41,10 @@ class DecodeState:
     timings_steer: whether measured time may steer drafting: only in greedy runs, whose text
                   cannot depend on it (a sampled run's draws must not follow the clock, so that
                   a seed gives one text).
-    cost_table:   the target's measured scoring costs t(M) (`spec_zoo.costs`) when timings
-                  steer and a table was given to the decoder, else None: drafters and tree
-                  policies price steps with it.
+    cost_table:   the target's measured scoring costs t(M) and drafters' drafting costs
+                  (`spec_zoo.costs`) when a table was given to the decoder, else None: drafters
+                  and tree policies price steps with it, in sampled runs too (a stored table,
+                  not the clock: a seed still gives one text on this machine).
     draft_logits: the target's logits of the previous step's scored rows ([n + 1, V]: row 0
                   after the last committed token, row i + 1 after node i of that draft), only
                   for drafters with ``needs_draft_logits`` (Jacobi iterations read them).

@@ -250,20 +250,7 @@ class CompiledTarget(Target):
         return final_logits(self.model, out), out
 
     def _with_rowwise_attention(self, fn):
-        """``fn`` run with the row-wise attention and the inductor settings; the model keeps its
-        own attention for eager calls, and inductor's config must be set where it compiles
-        (``torch.compile(options=...)`` skips freezing)."""
-
-        def run(*args):
-            config, before = self.config, self.config._attn_implementation
-            config._attn_implementation = "spec_zoo_rowwise"
-            try:
-                with inductor_config.patch(**self.settings), no_output_capture(), self.linears or nullcontext():
-                    return fn(*args)
-            finally:
-                config._attn_implementation = before
-
-        return run
+        return rowwise_run(fn, [self.config], self.settings, self.linears)
 
     # -- compiling ----------------------------------------------------------------------------
     def _graph(self):
@@ -274,7 +261,6 @@ class CompiledTarget(Target):
     def _compile(self):
         """Compile the graph and run it once (a dummy step past the sequence, then undone), so
         compile time is never counted as decoding time."""
-        graph = self._with_rowwise_attention(torch.compile(self._rows, fullgraph=True))
         length = int(self.cache.layers[0].get_seq_length())
         # distinct sizes, so dynamo gives each dimension its own symbol
         size, span, width = 2, min(2 * self.key_block, self.cache_slots - 1), 3 * DRAFT_BLOCK
@@ -282,26 +268,13 @@ class CompiledTarget(Target):
         inputs = self._dynamic(torch.zeros(size, dtype=torch.long), torch.full((size,), where),
                                torch.zeros(1, 1, 1, span, dtype=self.dtype), torch.zeros(size, width, dtype=torch.long),
                                torch.zeros(size, width))
-        print("spec-zoo: compiling the target (minutes on a small CPU, faster when cached) ...",
-              file=sys.stderr, flush=True)
-        start = time.perf_counter()
         try:
             crop_all(self.cache, where)
-            with torch.no_grad(), cached_compile(fingerprint(self.model)) as cache:
-                graph(*inputs)
-            self.compile_cached = cache["hit"]
-        except Exception as err:  # any compiler failure: fall back visibly or re-raise
-            if not self.fallback:
-                raise
-            warnings.warn(f"model.runtime=compiled: compiling failed ({type(err).__name__}: "
-                          f"{str(err).splitlines()[0] if str(err) else ''}); running eagerly. "
-                          "Set model.runtime=eager to silence this.", RuntimeWarning, stacklevel=2)
-            graph = self._with_rowwise_attention(self._rows)
+            graph, self.compile_s, self.compile_cached = compile_graph(
+                self._rows, self._with_rowwise_attention, inputs, fingerprint(self.model), "the target", "model",
+                self.fallback)
         finally:
             crop_all(self.cache, length)
-        self.compile_s = time.perf_counter() - start
-        print(f"spec-zoo: compiled in {self.compile_s:.1f} s{' (from the cache)' if self.compile_cached else ''}",
-              file=sys.stderr, flush=True)
         return graph
 
     def warm_up(self) -> float:
@@ -309,6 +282,50 @@ class CompiledTarget(Target):
         self._graph()
         assert self.compile_s is not None  # set by the compile
         return self.compile_s
+
+
+def rowwise_run(fn, configs, settings: dict, linears=None):
+    """``fn`` run with the row-wise attention (set on the models' ``configs`` meanwhile) and the
+    inductor ``settings``; the models keep their own attention for eager calls, and inductor's
+    config must be set where it compiles (``torch.compile(options=...)`` skips freezing)."""
+
+    def run(*args):
+        before = [config._attn_implementation for config in configs]
+        for config in configs:
+            config._attn_implementation = "spec_zoo_rowwise"
+        try:
+            with inductor_config.patch(**settings), no_output_capture(), linears or nullcontext():
+                return fn(*args)
+        finally:
+            for config, implementation in zip(configs, before):
+                config._attn_implementation = implementation
+
+    return run
+
+
+def compile_graph(fn, under, inputs, tag: str, what: str, key: str, fallback: bool):
+    """(graph, seconds, whether the on-disk cache served it): ``fn`` compiled (whole, one graph)
+    and run once on ``inputs``, both ``under`` its settings (`rowwise_run`), through the FX graph
+    cache keyed by ``tag`` (`spec_zoo.compile_cache`). A compiler failure falls back to ``fn``
+    run eagerly with a warning naming ``key``'s runtime, or is raised without ``fallback``."""
+    graph = under(torch.compile(fn, fullgraph=True))
+    print(f"spec-zoo: compiling {what} (minutes on a small CPU, faster when cached) ...", file=sys.stderr, flush=True)
+    start, cached = time.perf_counter(), False
+    try:
+        with torch.no_grad(), cached_compile(tag) as cache:
+            graph(*inputs)
+        cached = cache["hit"]
+    except Exception as err:  # any compiler failure: fall back visibly or re-raise
+        if not fallback:
+            raise
+        warnings.warn(f"{key}.runtime=compiled: compiling failed ({type(err).__name__}: "
+                      f"{str(err).splitlines()[0] if str(err) else ''}) for {what}; running eagerly. "
+                      f"Set {key}.runtime=eager to silence this.", RuntimeWarning, stacklevel=3)
+        graph = under(fn)
+    seconds = time.perf_counter() - start
+    print(f"spec-zoo: compiled {what} in {seconds:.1f} s{' (from the cache)' if cached else ''}",
+          file=sys.stderr, flush=True)
+    return graph, seconds, cached
 
 
 @contextmanager

@@ -26,7 +26,7 @@ from typing import ClassVar
 import torch
 
 from spec_zoo.chain import ChainDrafter
-from spec_zoo.costs import draft_key
+from spec_zoo.costs import file_costs
 from spec_zoo.draft import ROOT, Draft
 from spec_zoo.draft_head import StagedHead, load_head
 from spec_zoo.draft_length import DraftLength
@@ -40,17 +40,15 @@ from spec_zoo.trees import Static, build_tree_policy
 def level_length(drafter, levels: int, have: str, unit: str) -> DraftLength:
     """The draft length of a drafter with ``levels`` heads or stages, one drafted level each
     (Medusa, Hydra, MLP speculator): its static tree and ``num_draft`` checked against them
-    before any drafting, its drafting priced at its measured cost where `spec-zoo costs` has one."""
+    before any drafting (`file_costs` then points it at the drafter's measured cost)."""
     if isinstance(drafter.tree, Static) and drafter.tree.depth > levels:
         raise ConfigError(f"drafter.tree has paths {drafter.tree.depth} deep but {have} {levels} {unit}s "
                           f"(one per level); use paths of at most {levels} ranks.")
     if int(drafter.num_draft or levels) > levels:
         raise ConfigError(f"drafter.num_draft={drafter.num_draft} but {have} {levels} {unit}s (one token each); "
                           f"use at most {levels}, or null for one per {unit}.")
-    length = DraftLength(int(drafter.num_draft or levels), drafter.adaptive, levels, drafter.token_cost,
-                         drafter.learn_cost)
-    length.cost_key = draft_key(drafter)
-    return length
+    return DraftLength(int(drafter.num_draft or levels), drafter.adaptive, levels, drafter.token_cost,
+                       drafter.learn_cost)
 
 
 class StagedDrafter(ChainDrafter):
@@ -92,6 +90,7 @@ class StagedDrafter(ChainDrafter):
             self.heads = load_head(self.head_class, source or self.shipped, target.model, "drafter.heads",
                                    self.train_command)
         self.length = level_length(self, self.heads.num_stages, f"the {self.head_class.WHAT} have", "stage")
+        file_costs(self)
         self.target = target
 
     def begin(self, state: DecodeState) -> None:

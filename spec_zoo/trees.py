@@ -82,6 +82,7 @@ class TreePolicy(ABC):
     """Builds the step's tree by calling ``expand`` once per level."""
 
     name = "tree"
+    cost_key: str | None = None  # its drafter's measured drafting cost in a cost table (`spec_zoo.costs.file_costs`)
 
     @property
     def branches(self) -> bool:
@@ -358,10 +359,12 @@ class Auto(TreePolicy):
         / (draft_cost x levels + t(nodes + 1) / t(1))
 
     acc[r] is learnt from every verified tree (`RankAcceptance`); t is the target's measured
-    cost table when the run carries one (`DecodeState.cost_table`: greedy runs only), else
-    1 + ``scoring_cost`` per extra token (sampled text must not depend on measured timings). ``prediction`` keeps the
-    (tokens, cost) predicted for the last tree, so a benchmark can set it against what was
-    measured."""
+    cost table when the run carries one (`DecodeState.cost_table`), else 1 + ``scoring_cost``
+    per extra token, and draft_cost the drafter's measured cost per tree level from that table
+    (``spec-zoo costs drafter=... drafter.tree=auto``, under ``cost_key``) where it has one, else
+    the configured ``draft_cost``. A stored table, not the clock: sampled runs stay reproducible.
+    ``prediction`` keeps the (tokens, cost) predicted for the last tree, so a benchmark can set
+    it against what was measured."""
 
     name = "auto"
 
@@ -392,9 +395,10 @@ class Auto(TreePolicy):
 
     def plan(self, acc: list[float], table: CostTable | None,
              depth: int) -> tuple[list[tuple[int, ...]], tuple[float, float]]:
-        """(paths, (expected tokens, cost)) of the best tree at most ``depth`` deep, scoring priced
-        by ``table`` (None: the linear prior)."""
-        paths, value, cost = best_tree(acc, lambda m: self.relative_cost(m, table), self.draft_cost,
+        """(paths, (expected tokens, cost)) of the best tree at most ``depth`` deep, scoring and
+        drafting priced by ``table`` (None: the priors)."""
+        drafting = table.draft_cost(self.cost_key, self.draft_cost) if table is not None else self.draft_cost
+        paths, value, cost = best_tree(acc, lambda m: self.relative_cost(m, table), drafting,
                                        self.max_nodes, min(depth, self.max_depth), self.max_width)
         return paths, (value, cost)
 
@@ -447,19 +451,25 @@ class TreeLevels:
         self.past = past
         self.slot: dict[int, int] = {}  # fed node -> its cache position
 
+    def place(self, tree: Draft, nodes: list[int]) -> tuple[list[int], list[list[int]]]:
+        """Feed ``nodes`` now: (their positions, and each one's path of cache slots, its
+        ancestors root first and then its own slot), the form a static cache's compiled
+        attention reads (`spec_zoo.compiled_head`)."""
+        length = self.past + len(self.slot)
+        paths = [[self.slot[a] for a in tree.path_to(node)[:-1]] + [length + row] for row, node in enumerate(nodes)]
+        self.slot.update({node: length + row for row, node in enumerate(nodes)})
+        return [self.past + tree.depths[n] for n in nodes], paths
+
     def feed(self, tree: Draft, nodes: list[int], dtype, device) -> tuple[torch.Tensor, torch.Tensor]:
         """(position ids [1, k], mask [1, 1, k, cached + k]) for feeding ``nodes`` now."""
         length, k = self.past + len(self.slot), len(nodes)
-        ancestors = tree.ancestors_mask()
+        positions, paths = self.place(tree, nodes)
         allowed = torch.zeros(k, length + k, dtype=torch.bool)
         allowed[:, : self.past] = True
-        for row, node in enumerate(nodes):
-            allowed[row, [self.slot[a] for a in ancestors[node].nonzero().flatten().tolist() if a != node]] = True
-            allowed[row, length + row] = True
-        self.slot.update({node: length + row for row, node in enumerate(nodes)})
+        for row, path in enumerate(paths):
+            allowed[row, path] = True
         mask = torch.zeros(allowed.shape, dtype=dtype).masked_fill_(~allowed, torch.finfo(dtype).min)
-        positions = torch.tensor([[self.past + tree.depths[n] for n in nodes]])
-        return positions.to(device), mask[None, None].to(device)
+        return torch.tensor([positions]).to(device), mask[None, None].to(device)
 
 
 class DraftTreeForward:

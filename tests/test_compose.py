@@ -143,6 +143,35 @@ def test_cascade_skips_a_member_that_does_not_pay_then_retries_it():
     assert out.stats.accepted > 0  # the lookup drafted in its place
 
 
+class CountedLookup(NgramDrafter):
+    """Prompt lookup that counts the steps it was asked to draft."""
+
+    asked = 0
+
+    def propose(self, state):
+        self.asked += 1
+        return super().propose(state)
+
+
+def test_the_cascade_prices_members_at_their_measured_draft_cost_in_sampled_runs():
+    """A member's drafting cost measured into the cost table (``spec-zoo costs drafter=ngram``)
+    prices its steps in a sampled run (stored data, not the clock, which steers greedy runs
+    only): measured cheap, the lookup drafts in most steps; measured dear, it falls below
+    ``min_speedup`` and is skipped. The same table gives the same text for the same seed."""
+    model = tiny_llama(5, sharpness=3.0)
+    prompt, asked, texts = [5, 6, 7, 8] * 6, {}, {}
+    for cost in (0.01, 0.9, 0.9):
+        table = CostTable([1e-3] * 8, "tiny", "eager", "float32", 1, "test", drafts={"ngram": cost})
+        lookup = CountedLookup(num_draft=2, adaptive=False)
+        decoder = SpeculativeDecoder(Target(model), CascadeDrafter([lookup, Fixed([])], min_speedup=1.2),
+                                     sampling=SamplingParams(temperature=1.0), cost_table=table)
+        out = decoder.generate(prompt, max_new_tokens=40, eos_token_ids=[], seed=3)
+        asked[cost] = lookup.asked / out.stats.target_forwards
+        texts.setdefault(cost, []).append(out.ids)
+    assert asked[0.01] > 0.5 and asked[0.9] < 0.1
+    assert texts[0.9][0] == texts[0.9][1]
+
+
 class SlowLookup(NgramDrafter):
     """Prompt lookup that takes 30 ms to draft: accepted often, yet dear on this machine."""
 

@@ -254,7 +254,13 @@ def recorded_drafts(model, drafter, prompt, max_new_tokens=16, logits=None):
 
     if logits is not None:
         to_logits = drafter._logits
-        drafter._logits = lambda out: logits[-1].append(to_logits(out)) or logits[-1][-1]
+
+        def record(rows):  # each row of logits the head computed, in drafting order
+            full = to_logits(rows)
+            logits[-1].extend(full)
+            return full
+
+        drafter._logits = record
     drafter.propose = spy
     SpeculativeDecoder(Target(model), drafter, GreedyVerifier(), SamplingParams()).generate(
         prompt, max_new_tokens=max_new_tokens, eos_token_ids=[])

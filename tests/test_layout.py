@@ -45,7 +45,7 @@ CORE_LAYERS = [
     ("sampling", "layers", "partial", "artefacts", "costs", "skinny_gemm", "compile_cache"),
     ("target", "interfaces", "draft_head"),
     ("draft_length", "runtime", "registry"),
-    ("chain", "trees", "staged", "models", "schema"),
+    ("chain", "trees", "staged", "models", "schema", "compiled_head"),
     ("decoder",),
     ("api", ""),
 ]

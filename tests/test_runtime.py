@@ -16,13 +16,16 @@ import torch
 
 from spec_zoo import SamplingParams, SpeculativeDecoder, Target
 from spec_zoo.compile_cache import cached_compile, fingerprint
+from spec_zoo.compiled_head import CompiledHead
 from spec_zoo.costs import CostTable, measure
 from spec_zoo.draft import Draft
 from spec_zoo.draft_length import DraftLength
+from spec_zoo.drafters.eagle.drafter import EagleDrafter
 from spec_zoo.drafters.ngram import NgramDrafter
 from spec_zoo.drafters.small_model import SmallModelDrafter
 from spec_zoo.errors import ConfigError
 from spec_zoo.interfaces import DecodeState
+from spec_zoo.layers import DecoderStack
 from spec_zoo.models import check_runtime
 from spec_zoo.runtime import DRAFT_BLOCK, CompiledTarget
 from spec_zoo.sampling import SamplingParams
@@ -30,7 +33,7 @@ from spec_zoo.testing import PROMPT, SETTINGS, goodness_of_fit, hf_greedy, sampl
 from spec_zoo.testing import exact_distribution as exact
 from spec_zoo.verifiers.greedy import GreedyVerifier
 from spec_zoo.verifiers.rejection import RejectionVerifier
-from tests.drafts import drafter_lineup, noisy_copy
+from tests.drafts import drafter_lineup, eagle_head, noisy_copy
 from tests.tiny import one_thread  # noqa: F401 (autouse fixture)
 
 BUCKETS = (2, 4)
@@ -148,6 +151,55 @@ def test_greedy_identity_with_a_compiled_draft_model(compiled, compiled_draft, m
                                                                                        eos_token_ids=[])
     assert out.ids == plain == hf_greedy(model, PROMPT, 24)
     assert 0 < out.stats.accepted < out.stats.drafted  # the draft both helps and is corrected
+
+
+@pytest.fixture(scope="module")
+def compiled_head(model):
+    """One compiled EAGLE head (untrained, over a reduced draft vocabulary; `spec_zoo.compiled_head`)
+    for the module's drafters; a compile failure fails here instead of falling back."""
+    stack, width = DecoderStack(model), model.config.hidden_size
+    head = CompiledHead(eagle_head(model), stack.rotary, (width, width), (stack.inner.rotary_emb,), max_cache_len=96,
+                        fallback=False)
+    head.warm_up()
+    return head
+
+
+@pytest.mark.parametrize("tree", [None, {"policy": "topk", "width": 2, "depth": 3}, "dynamic"])
+@pytest.mark.parametrize("verifier", [GreedyVerifier, RejectionVerifier])
+def test_greedy_identity_with_a_compiled_eagle_head(compiled, compiled_head, model, tree, verifier):
+    """The EAGLE head on its own compiled graph and static cache (``drafter.runtime=compiled``),
+    chain or tree, beside the compiled target: the output is plain decoding's, and the head
+    drafts what it drafts eagerly (the same tokens accepted of the same number drafted)."""
+    plain = SpeculativeDecoder(compiled).generate(PROMPT, max_new_tokens=24, eos_token_ids=[]).ids
+    runs = []
+    for head in (compiled_head, compiled_head.head):
+        drafter = EagleDrafter(head, num_draft=3, adaptive=False, sample=False, tree=tree)
+        runs.append(SpeculativeDecoder(compiled, drafter, verifier(), SamplingParams()).generate(
+            PROMPT, max_new_tokens=24, eos_token_ids=[]))
+    out, eager = runs
+    assert drafter.compiled is None and EagleDrafter(compiled_head).runtime == "compiled"
+    assert out.ids == plain == hf_greedy(model, PROMPT, 24)
+    assert 0 < out.stats.accepted < out.stats.drafted  # the draft both helps and is corrected
+    assert (out.stats.accepted, out.stats.drafted) == (eager.stats.accepted, eager.stats.drafted)
+
+
+def test_seeded_sampling_with_a_compiled_eagle_head_is_reproducible(compiled, compiled_head):
+    """Sampled drafts from the compiled head, rejection sampling: a seed gives one text."""
+    texts = []
+    for seed in (3, 3, 4):
+        drafter = EagleDrafter(compiled_head, num_draft=3, tree="dynamic" if seed == 4 else None)
+        decoder = SpeculativeDecoder(compiled, drafter, RejectionVerifier(), SETTINGS["t1"])
+        texts.append(decoder.generate(PROMPT, max_new_tokens=16, eos_token_ids=[], seed=seed).ids)
+    assert texts[0] == texts[1] != texts[2]
+
+
+def test_a_compiled_eagle_head_is_refused_where_it_cannot_run(model):
+    with pytest.raises(ConfigError, match="drafter.runtime='turbo' is not a runtime"):
+        EagleDrafter(runtime="turbo")
+    wide = copy.deepcopy(model).double()
+    drafter = EagleDrafter(eagle_head(wide), runtime="compiled")
+    with pytest.raises(ConfigError, match="drafter.runtime=compiled computes in float32 or bfloat16, not float64"):
+        drafter.attach(Target(wide))
 
 
 def test_sampling_follows_the_target_on_the_compiled_runtime(compiled, model):

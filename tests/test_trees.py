@@ -14,6 +14,7 @@ import torch
 
 from spec_zoo import SamplingParams
 from spec_zoo.certify import explore, total_variation
+from spec_zoo.costs import CostTable
 from spec_zoo.draft import ROOT, Draft
 from spec_zoo.drafters.eagle.drafter import EagleDrafter
 from spec_zoo.drafters.early_exit.drafter import EarlyExitDrafter
@@ -366,6 +367,9 @@ class Table:
     def __init__(self, relative):
         self.relative = relative
 
+    def draft_cost(self, key, default):  # no drafter's cost measured
+        return default
+
 
 TABLES = {
     "cpu_steps": Table(lambda m: 1.0 if m <= 4 else 1.7 if m <= 6 else 1.0 + 0.25 * m),  # flat to 4, then jumps
@@ -402,6 +406,21 @@ def test_auto_sizes_the_tree_by_the_machine():
         auto.stats.seen, auto.stats.tried = [6.0, 2.0, 1.0, 0.5], [10.0] * 4
         sizes[name] = len(auto.plan(auto.acceptance(), TABLES[name], depth=8)[0])
     assert sizes["gpu_flat"] >= 12 and sizes["steep"] <= 4
+
+
+def test_auto_prices_drafting_at_the_drafters_measured_cost():
+    """A cost per tree level measured into the table for the drafter (``cost_key``) replaces
+    the configured ``draft_cost``: dear drafting buys a shallower tree; without an entry for
+    this drafter the configured cost holds."""
+    depth = {}
+    for name, drafts in (("cheap", {"eagle-compiled-tree": 0.01}), ("dear", {"eagle-compiled-tree": 0.6}),
+                         ("other", {"medusa-tree": 0.6})):
+        auto = Auto(max_nodes=16, max_depth=6, draft_cost=0.01)
+        auto.cost_key = "eagle-compiled-tree"
+        auto.stats.seen, auto.stats.tried = [8.0, 1.0, 0.5, 0.2], [10.0] * 4
+        table = CostTable([1.0] * 16, "m", "compiled", "float32", 1, "x", drafts=drafts)
+        depth[name] = max(map(len, auto.plan(auto.acceptance(), table, depth=8)[0]))
+    assert depth["dear"] < depth["cheap"] == depth["other"]
 
 
 def test_auto_learns_acceptance_per_rank():

@@ -1,5 +1,8 @@
 # ruff: noqa: E402 (a measurement script: the thread count is set before the models load)
-"""Per drafter: seconds per drafted level / compiled t(1), eager vs compiled draft, interleaved."""
+"""Per drafter: seconds per drafted level / compiled t(1), eager vs compiled draft, interleaved.
+
+python draft_costs.py ROUNDS [NAMES...]: NAMES picks drafters by the start of their label
+(default: all); each round's figures are printed as they come."""
 import json
 import os
 import statistics
@@ -22,11 +25,14 @@ target.warm_up()
 fixed = dict(adaptive=False)
 drafters = {
     "eagle (eager head)": EagleDrafter(num_draft=4, **fixed),
+    "eagle (compiled head)": EagleDrafter(num_draft=4, runtime="compiled", **fixed),
     "medusa (eager heads)": MedusaDrafter(num_draft=3),
     "early_exit E=8 adapter (eager layers)": EarlyExitDrafter(8, num_draft=3, adapter="shipped", **fixed),
     "distilled, eager draft": DistilledDrafter(num_draft=4, runtime="eager", **fixed),
     "distilled, compiled draft": DistilledDrafter(num_draft=4, runtime="compiled", **fixed),
 }
+names = sys.argv[2:]
+drafters = {k: d for k, d in drafters.items() if not names or any(k.startswith(n) for n in names)}
 decoders = {k: SpeculativeDecoder(target, d, GreedyVerifier()) for k, d in drafters.items()}
 for d in drafters.values():
     for part in getattr(d, "compiled_parts", list)():
@@ -46,7 +52,7 @@ for r in range(rounds):
             a, b = measure_draft(dec, p, 32)
             s, levels = s + a, levels + b
         per[k].append(s / max(levels, 1))
-    print(r, os.getloadavg(), file=sys.stderr, flush=True)
+    print(r, os.getloadavg(), {k: round(v[-1] / t1[-1], 3) for k, v in per.items()}, file=sys.stderr, flush=True)
 t = statistics.median(t1)
 params = sum(p.numel() * p.element_size() for p in target.model.parameters())
 print(json.dumps({"t1_ms": round(t * 1e3, 2), "load": os.getloadavg(), "target_bytes": params,
@@ -59,10 +65,15 @@ def nbytes(mod, skip=()):
             seen[p.data_ptr()] = p.numel() * p.element_size()
     return sum(seen.values())
 tb = nbytes(target.model)
-ee = drafters["early_exit E=8 adapter (eager layers)"]
-share = {"eagle": nbytes(drafters["eagle (eager head)"].head) / tb,
-         "medusa": nbytes(drafters["medusa (eager heads)"].heads) / tb,
-         "distilled (no input embedding)":
-             nbytes(drafters["distilled, eager draft"].runner.model, ("embed_tokens",)) / tb,
-         "early_exit": (nbytes(target.model.model.layers[:8]) + nbytes(target.model.lm_head) + nbytes(ee.adapter)) / tb}
+share = {}
+for k, d in drafters.items():  # the drafter's floating-point weights over the target's
+    if k.startswith("eagle"):
+        share["eagle"] = nbytes(d.head) / tb
+    elif k.startswith("medusa"):
+        share["medusa"] = nbytes(d.heads) / tb
+    elif k.startswith("early_exit"):
+        share["early_exit"] = (nbytes(target.model.model.layers[:8]) + nbytes(target.model.lm_head)
+                               + nbytes(d.adapter)) / tb
+    elif k.startswith("distilled"):
+        share["distilled (no input embedding)"] = nbytes(d.runner.model, ("embed_tokens",)) / tb
 print(json.dumps({"weight_share": {k: round(v, 3) for k, v in share.items()}}))

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from spec_zoo.costs import draft_key
+from spec_zoo.costs import file_costs
 from spec_zoo.drafters.small_model import SmallModelDrafter
 from spec_zoo.errors import ConfigError
 from spec_zoo.sampling import to_full_vocab
@@ -86,7 +86,7 @@ class DistilledDrafter(SmallModelDrafter):
             if embed.weight.dtype != draft.dtype or embed.weight.device != draft.device:
                 embed = torch.nn.Embedding.from_pretrained(embed.weight.detach().to(draft.device, draft.dtype))
             draft.model.embed_tokens = embed  # shared with the target: no second copy of the full table
-        self.length.cost_key = draft_key(self)
+        file_costs(self)
         self._attached_to = target
 
     def to_target_vocab(self, logits: torch.Tensor) -> torch.Tensor:

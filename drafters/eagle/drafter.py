@@ -13,6 +13,10 @@ With ``tree`` a policy of `spec_zoo.trees` shapes the draft (EAGLE-2: ``tree=dyn
 each level is one head forward over the frontier nodes, each reading the head's guessed
 feature of its parent, with a tree mask over the head's cache. Exact verifiers stay
 exact: q is recorded when sampling and is zero outside the draft vocabulary.
+
+With ``runtime=compiled`` the head runs as one compiled graph on a static KV cache
+(`spec_zoo.compiled_head`), compiled once per process beside the target's: catching up on
+the committed tokens, every chain token and every tree level are calls of that graph.
 """
 
 from __future__ import annotations
@@ -23,7 +27,8 @@ import torch
 from transformers import DynamicCache
 
 from spec_zoo.chain import ChainDrafter
-from spec_zoo.costs import draft_key
+from spec_zoo.compiled_head import CompiledHead
+from spec_zoo.costs import file_costs
 from spec_zoo.draft import ROOT, Draft
 from spec_zoo.draft_length import DraftLength
 from spec_zoo.drafters.eagle.formats import FORMATS, PublishedHead, load_published, sniff
@@ -31,6 +36,7 @@ from spec_zoo.drafters.eagle.head import EagleHead, load_eagle
 from spec_zoo.errors import ConfigError
 from spec_zoo.interfaces import DecodeState
 from spec_zoo.layers import DecoderStack, causal_mask
+from spec_zoo.models import RUNTIMES, check_runtime
 from spec_zoo.sampling import check_sample_mode, drafts_sampled, to_full_vocab
 from spec_zoo.target import Target, follow
 from spec_zoo.trees import TreeLevels, build_tree_policy
@@ -41,7 +47,8 @@ SHIPPED = Path(__file__).parent / "artefacts" / "smollm2-135m-eagle"
 class EagleDrafter(ChainDrafter):
     """head:       an EAGLE-head dir (`spec-zoo-train eagle`, or a published EAGLE-1/2, EAGLE-3 or
                 speculators head: `spec_zoo.drafters.eagle.formats`), None (the one shipped for
-                SmolLM2-135M), or a head module; it must be trained for this target.
+                SmolLM2-135M), a head module, or a `CompiledHead` of one (its compiled graph
+                shared by drafters); it must be trained for this target.
     format:     the layout of ``head``: auto (sniffed from its files), spec_zoo, eagle, eagle3,
                 speculators.
     num_draft, adaptive, max_draft, token_cost, learn_cost: the chain length, fixed or chosen
@@ -50,6 +57,8 @@ class EagleDrafter(ChainDrafter):
                 sampling stays exact), argmax at 0; True/False force it.
     tree:       a tree policy (`spec_zoo.trees`: ``dynamic``, ``{policy: topk, width: 2}``, ...);
                 None drafts a chain.
+    runtime:    the head's runtime: ``eager``, or ``compiled`` (one compiled graph on a static KV
+                cache, `spec_zoo.compiled_head`; compiles on first use, float32 or bfloat16 on the CPU).
     """
 
     name = "eagle"
@@ -58,8 +67,10 @@ class EagleDrafter(ChainDrafter):
 
     def __init__(self, head=None, num_draft: int = 4, adaptive: bool = True, max_draft: int = 8,
                  sample: str | bool = "auto", token_cost: float = 0.1, learn_cost: bool = True,
-                 tree: str | dict | None = None, format: str = "auto"):
+                 tree: str | dict | None = None, format: str = "auto", runtime: str = "eager"):
         check_sample_mode(sample)
+        if runtime not in RUNTIMES:
+            raise ConfigError(f"drafter.runtime={runtime!r} is not a runtime; use one of: {', '.join(RUNTIMES)}.")
         if format not in FORMATS:
             raise ConfigError(f"drafter.format={format!r}; use one of {', '.join(FORMATS)}.")
         if head is None and format not in ("auto", "spec_zoo"):
@@ -69,12 +80,15 @@ class EagleDrafter(ChainDrafter):
             raise ConfigError(f"the shipped EAGLE head is missing ({SHIPPED}); reinstall spec-zoo, or set "
                               "drafter.head=DIR to a head made with `spec-zoo-train eagle`.")
         self.head_source, self.format, self.sample_mode = head, format, sample
+        self.runtime = "compiled" if isinstance(head, CompiledHead) else runtime
+        self.compiled: CompiledHead | None = None
         self.length = DraftLength(num_draft, adaptive, max_draft, token_cost, learn_cost)
         self.target: Target | None = None
 
     def attach(self, target: Target) -> None:
         self.stack = DecoderStack(target.model)
-        self.head = self._load(self.head_source, target)
+        source = self.head_source
+        self.head = self._load(source.head if isinstance(source, CompiledHead) else source, target)
         # a published head keeps its own RoPE and reads from the second token on (as its reference code)
         self._rotary = self.head.rotary if isinstance(self.head, PublishedHead) else self.stack.rotary
         self._shift = int(getattr(self.head, "starts_at_second_token", False))
@@ -84,8 +98,29 @@ class EagleDrafter(ChainDrafter):
                               "runtime hands out; use model.runtime=eager.")
         self.needs_target_hidden = layers or True
         self._width = self.head.fc.in_features if layers else int(target.model.lm_head.weight.shape[1])
-        self.length.cost_key = draft_key(self)
+        self.compiled = self._compiled_head(source, target, layers)
+        file_costs(self)
         self.target = target
+
+    def _compiled_head(self, source, target: Target, layers) -> CompiledHead | None:
+        """The head's compiled graph (``runtime=compiled``): the one handed in, or a new one."""
+        if self.runtime != "compiled":
+            return None
+        if layers:
+            raise ConfigError("drafter.runtime=compiled: an EAGLE-3 head reads the target's fused layers at its "
+                              "first position and its own features after, two widths one graph cannot take; "
+                              "use drafter.runtime=eager.")
+        check_runtime("compiled", str(self.head.fc.weight.dtype).removeprefix("torch."), str(target.device),
+                      "drafter")
+        if isinstance(source, CompiledHead):
+            return source
+        weights = () if isinstance(self.head, PublishedHead) else (self.stack.inner.rotary_emb,)
+        return CompiledHead(self.head, self._rotary, (self.stack.inner.embed_tokens.embedding_dim, self._width),
+                            weights, max_cache_len=target.max_length or 2048)
+
+    def compiled_parts(self) -> list[CompiledHead]:
+        """The head's compiled graph when it runs compiled: what `spec-zoo warmup` compiles."""
+        return [self.compiled] if self.compiled is not None else []
 
     def _load(self, source, target: Target):
         if isinstance(source, torch.nn.Module):
@@ -97,32 +132,44 @@ class EagleDrafter(ChainDrafter):
         return load_published(source, target.model, fmt)
 
     def begin(self, state: DecodeState) -> None:
-        self.cache = DynamicCache()
+        if self.compiled is not None:
+            self.compiled.reset()
+        self.cache = self.compiled.cache if self.compiled is not None else DynamicCache()
         self._fed: list[int] = []  # tokens whose KV is in the head's cache, in order
         self._exact = 0  # leading positions of the cache computed from the target's true features
         self._features: list[torch.Tensor] = []  # the target's features of positions 0.. (chunks)
         self._seen: torch.Tensor | None = None
         self.length.reset()
 
-    def _run(self, tokens: list[int], features: torch.Tensor, positions=None, mask=None) -> torch.Tensor:
-        """Feed ``tokens`` with the features of the positions before them ([m, H]); return
-        the block's outputs [m, H]. Without ``positions``/``mask`` they follow the fed tokens
-        causally (and count as fed); a tree level brings its own (`TreeLevels`)."""
+    def _run(self, tokens: list[int], features: torch.Tensor, place=None, pick=(-1,)):
+        """Feed ``tokens`` with the features of the positions before them ([m, W]); return the
+        head's feature guesses [m, H] and its logits (over the target's vocabulary) after the
+        rows ``pick``. Without ``place`` they follow the fed tokens causally (and count as
+        fed); a tree level brings its own (`TreeLevels`: ``feed`` eagerly, ``place`` compiled)."""
         assert self.target is not None  # attached (propose checks)
         past, m = len(self._fed), len(tokens)
-        device = self.target.device
-        embeds = self.stack.embed(torch.tensor([tokens], device=device))
-        hidden = self.head.inputs(embeds, features[None].to(embeds.dtype))
-        if positions is None:
-            positions = torch.arange(past, past + m, device=device)[None]
-            mask = causal_mask(past, m, hidden.dtype, device)
+        embeds = self.stack.embed(torch.tensor([tokens], device=self.target.device))
+        features = features[None].to(embeds.dtype)
+        if place is None:
             self._fed += tokens
-        out = self.head(hidden, self._rotary(hidden, positions), self.cache, mask)
-        return out[0]
+        if self.compiled is not None:
+            if place is None:
+                guess, logits = self.compiled.causal(embeds, features, list(pick))
+            else:
+                slots, paths = place
+                guess, logits = self.compiled.rows(embeds, features, slots, paths, visible=past, pick=list(pick))
+        else:
+            positions, mask = place or (torch.arange(past, past + m, device=embeds.device)[None],
+                                        causal_mask(past, m, embeds.dtype, embeds.device))
+            hidden = self.head.inputs(embeds, features)
+            out = self.head(hidden, self._rotary(hidden, positions), self.cache, mask)[0]
+            guess, logits = self.head.feature(out), self.head.logits(out[list(pick)])
+        return guess, self._logits(logits)
 
-    def _logits(self, out: torch.Tensor) -> torch.Tensor:
+    def _logits(self, logits: torch.Tensor) -> torch.Tensor:
+        """Draft-vocabulary logits [k, V_draft] as logits over the target's vocabulary [k, V]."""
         assert self.target is not None  # attached (propose checks)
-        return to_full_vocab(self.head.logits(out), self.head.vocab_ids, self.target.vocab_size)
+        return to_full_vocab(logits, self.head.vocab_ids, self.target.vocab_size)
 
     @torch.no_grad()
     def propose(self, state: DecodeState) -> Draft:
@@ -150,31 +197,35 @@ class EagleDrafter(ChainDrafter):
         keep = follow(self._fed, seq, min(self._exact, len(seq) - 1), self.cache)
         start = keep - 1 + self._shift
         before = features[start:n] if start >= 0 else torch.cat([features[:1] * 0, features[:n]])
-        out = self._run(seq[keep:], before)[-1:]
+        guess, logits = self._run(seq[keep:], before)
+        guess = guess[-1:]
         self._exact = len(seq)
         if self.tree is not None:
-            return self.tree.build(self._tree_expand(out), state, drafts_sampled(self.sample_mode, state.sampling))
+            return self.tree.build(self._tree_expand(guess[0], logits), state,
+                                   drafts_sampled(self.sample_mode, state.sampling))
 
         def advance(token: int, more: bool) -> torch.Tensor:  # the next position reads the head's guessed feature
-            nonlocal out
-            out = self._run([token], self.head.feature(out[-1:]))
-            return self._logits(out[-1])
+            nonlocal guess
+            guess, logits = self._run([token], guess)
+            return logits[0]
 
-        return self.draft_chain(state, self._logits(out[-1]), k, advance)
+        return self.draft_chain(state, logits[0], k, advance)
 
-    def _tree_expand(self, root: torch.Tensor):
+    def _tree_expand(self, root: torch.Tensor, root_logits: torch.Tensor):
         """``expand`` for a tree policy: a node reads the head's guessed feature of its parent
-        (the last committed position's for the first level); the tree's KV sits behind the
-        fed tokens until the next step crops it."""
-        outs, levels = {ROOT: root[-1]}, TreeLevels(len(self._fed))
+        (``root``: the last committed position's); the tree's KV sits behind the fed tokens
+        until the next step crops it."""
+        guesses, levels = {ROOT: root}, TreeLevels(len(self._fed))
 
         def expand(tree: Draft, nodes: list[int]) -> torch.Tensor:
-            if nodes != [ROOT]:
-                assert self.target is not None  # attached (propose checks)
-                features = self.head.feature(torch.stack([outs[tree.parents[node]] for node in nodes]))
-                positions, mask = levels.feed(tree, nodes, features.dtype, self.target.device)
-                out = self._run(tree.tokens[nodes].tolist(), features, positions, mask)
-                outs.update(zip(nodes, out))
-            return self._logits(torch.stack([outs[node] for node in nodes]))
+            if nodes == [ROOT]:
+                return root_logits
+            assert self.target is not None  # attached (propose checks)
+            features = torch.stack([guesses[tree.parents[node]] for node in nodes])
+            place = (levels.place(tree, nodes) if self.compiled is not None
+                     else levels.feed(tree, nodes, features.dtype, self.target.device))
+            guess, logits = self._run(tree.tokens[nodes].tolist(), features, place, pick=range(len(nodes)))
+            guesses.update(zip(nodes, guess))
+            return logits
 
         return expand

@@ -88,9 +88,9 @@ class EagleOneHead(PublishedHead):
     def inputs(self, embeds: torch.Tensor, features: torch.Tensor) -> torch.Tensor:
         return self.fc(torch.cat([embeds, features], dim=-1))
 
-    def forward(self, hidden, rotary, cache=None, mask=None) -> torch.Tensor:
+    def forward(self, hidden, rotary, cache=None, mask=None, **attention) -> torch.Tensor:
         return self.layer(hidden, attention_mask=mask, cache=cache, use_cache=cache is not None,
-                          position_embeddings=rotary)
+                          position_embeddings=rotary, **attention)
 
     def logits(self, out: torch.Tensor) -> torch.Tensor:
         return torch.nn.functional.linear(out, self.head)
@@ -134,14 +134,14 @@ class Eagle3Head(PublishedHead):
             features = self.fc(features)
         return torch.cat([embeds, features], dim=-1)
 
-    def forward(self, hidden, rotary, cache=None, mask=None) -> torch.Tensor:
+    def forward(self, hidden, rotary, cache=None, mask=None, **attention) -> torch.Tensor:
         layer = self.layer
         embeds, feature = hidden.split(self.config.hidden_size, dim=-1)
         normed = cast(LlamaRMSNorm, layer.hidden_norm)(feature)
         residual = normed if self.norm_before_residual else feature
         attn, _ = layer.self_attn(torch.cat([layer.input_layernorm(embeds), normed], dim=-1),
                                   position_embeddings=rotary, attention_mask=mask, cache=cache,
-                                  use_cache=cache is not None)
+                                  use_cache=cache is not None, **attention)
         hidden = residual + attn
         return hidden + layer.mlp(layer.post_attention_layernorm(hidden))
 

@@ -25,7 +25,7 @@ import torch
 from transformers import DynamicCache
 
 from spec_zoo.chain import ChainDrafter
-from spec_zoo.costs import draft_key
+from spec_zoo.costs import file_costs
 from spec_zoo.draft import ROOT, Draft
 from spec_zoo.draft_length import DraftLength
 from spec_zoo.drafters.early_exit.adapter import ExitAdapter, check_exit_layer, load_adapter
@@ -118,7 +118,7 @@ class EarlyExitDrafter(ChainDrafter):
             self.adapter = load_adapter(path, target.model, self.exit_layer)
         if self._default_cost:
             self.length.prior_cost = min(0.9, self.exit_layer / self.stack.num_layers + 0.1)
-        self.length.cost_key = f"{draft_key(self)}-{self.exit_layer}"
+        file_costs(self, f"-{self.exit_layer}")
         self.target = target
 
     def begin(self, state: DecodeState) -> None:

@@ -28,6 +28,7 @@ from pathlib import Path
 import torch
 
 from spec_zoo.chain import ChainDrafter
+from spec_zoo.costs import file_costs
 from spec_zoo.draft import ROOT, Draft
 from spec_zoo.drafters.medusa.formats import FORMATS, load_published_medusa
 from spec_zoo.drafters.medusa.heads import MedusaHeads, load_medusa
@@ -78,6 +79,7 @@ class MedusaDrafter(ChainDrafter):
     def attach(self, target: Target) -> None:
         self.heads = self._load(self.heads_source, target)
         self.length = level_length(self, self.heads.num_heads, "the Medusa heads have", "head")
+        file_costs(self)
         self.target = target
 
     def _load(self, source, target: Target):
