@@ -51,10 +51,10 @@ SHAPES = {
 }
 VERIFIERS = {"greedy": GreedyVerifier, "rejection": RejectionVerifier, "block": BlockVerifier,
              "typical": TypicalVerifier}
-DRAFTERS = ["ngram", "small_model", "distilled", "eagle", "medusa", "hydra", "mlp_speculator", "early_exit", "cascade",
-            "merge"]
+DRAFTERS = ["ngram", "small_model", "distilled", "eagle", "medusa", "hydra", "mlp_speculator", "parallel", "early_exit",
+            "cascade", "merge"]
 # drafters with a tree policy
-TREE_DRAFTERS = {"small_model", "distilled", "eagle", "medusa", "hydra", "mlp_speculator", "early_exit"}
+TREE_DRAFTERS = {"small_model", "distilled", "eagle", "medusa", "hydra", "mlp_speculator", "parallel", "early_exit"}
 
 
 @functools.cache
@@ -69,7 +69,7 @@ def parts() -> dict:
     from spec_zoo.drafters.distilled.student import save_artefact, student_from_target
     from spec_zoo.drafters.hydra.heads import HydraHeads
     from spec_zoo.drafters.mlp_speculator.speculator import MLPSpeculator
-    from tests.drafts import eagle_head, exit_adapter, medusa_heads, noisy_copy, staged_heads
+    from tests.drafts import eagle_head, exit_adapter, medusa_heads, noisy_copy, parallel_draft, staged_heads
 
     model = target()
     student = student_from_target(model, 1, None, torch.tensor([0, 2, 3]))  # token 1 is outside its vocabulary
@@ -81,7 +81,8 @@ def parts() -> dict:
                               dtype="float64")
     return {"draft": noisy_copy(model, 1.0), "eagle": eagle_head(model), "exit": exit_adapter(model),
             "medusa": medusa_heads(model), "hydra": staged_heads(HydraHeads, model, 2),
-            "mlp_speculator": staged_heads(MLPSpeculator, model, 2), "distilled": distilled}
+            "mlp_speculator": staged_heads(MLPSpeculator, model, 2), "distilled": distilled,
+            "parallel": parallel_draft(model)}
 
 
 def drafter_factory(drafter: str, shape: str):
@@ -111,6 +112,7 @@ def drafter_factory(drafter: str, shape: str):
     build = {
         "small_model": lambda: SmallModelDrafter(p["draft"], adaptive=False, **shape_kw()),
         "distilled": lambda: copy.deepcopy(loaded(drafter, shape)),  # loaded from disk once
+        "parallel": lambda: copy.deepcopy(loaded(drafter, shape)),
         "eagle": lambda: EagleDrafter(p["eagle"], adaptive=False, **shape_kw()),
         "medusa": lambda: MedusaDrafter(p["medusa"], **shape_kw()),
         "hydra": lambda: HydraDrafter(p["hydra"], **shape_kw()),
@@ -123,11 +125,14 @@ def drafter_factory(drafter: str, shape: str):
 
 @functools.cache
 def loaded(drafter: str, shape: str):
-    """The distilled drafter of a shape, loaded once (its factory copies it)."""
+    """The distilled or parallel drafter of a shape, loaded once (its factory copies it)."""
     from spec_zoo.drafters.distilled.drafter import DistilledDrafter
+    from spec_zoo.drafters.parallel.drafter import ParallelDrafter
 
     tree = SHAPES[shape]
     kw = {"num_draft": 2} if tree is None else {"tree": tree()}
+    if drafter == "parallel":
+        return ParallelDrafter(parts()["parallel"], dtype="float64", **kw)
     return DistilledDrafter(parts()["distilled"], dtype="float64", adaptive=False, **kw)
 
 

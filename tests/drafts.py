@@ -4,6 +4,9 @@ with drafts that are always, sometimes and never accepted."""
 from __future__ import annotations
 
 import copy
+import functools
+import tempfile
+from pathlib import Path
 
 import torch
 
@@ -20,6 +23,7 @@ from spec_zoo.drafters.mlp_speculator.drafter import MLPSpeculatorDrafter
 from spec_zoo.drafters.mlp_speculator.speculator import MLPSpeculator
 from spec_zoo.drafters.ngram import NgramDrafter
 from spec_zoo.drafters.none import NoDrafter
+from spec_zoo.drafters.parallel.drafter import ParallelDrafter
 from spec_zoo.drafters.small_model import SmallModelDrafter
 from spec_zoo.trees import Static
 
@@ -76,6 +80,43 @@ def staged_heads(cls: type[StagedHead], model, stages: int = 3, seed: int = 5) -
     return heads.eval()
 
 
+@functools.cache  # one artefact per model, written once
+def parallel_draft(model, k: int = 3, seed: int = 5, dtype: str = "float64") -> Path:
+    """A parallel-draft dir for ``model``: a one-layer distilled base over a reduced vocabulary
+    (token 1 outside it) and k - 1 random mask embeddings with random low-rank updates of its
+    layers from ``seed`` (so the mask rows disagree with the target and with each other)."""
+    from spec_zoo.artefacts import describe_target
+    from spec_zoo.drafters.distilled.student import save_artefact, student_from_target
+    from spec_zoo.drafters.parallel.model import save_parallel, weights_digest
+
+    root = Path(tempfile.mkdtemp(prefix="spec-zoo-parallel-"))
+    vocab = model.lm_head.weight.shape[0]
+    student = student_from_target(model, 1, None, torch.tensor([0, *range(2, vocab)]))
+    target = describe_target(model, "tiny")
+    base = save_artefact(student, root / "base", {"target": target, "init": {"kind": "target", "layers": 1}},
+                         dtype=dtype)
+    gen = torch.Generator().manual_seed(seed)
+    H = model.config.hidden_size
+    updates = {name: (torch.randn(w.shape[0], 2, generator=gen, dtype=torch.float64) / 2,
+                      torch.randn(2, w.shape[1], generator=gen, dtype=torch.float64) / w.shape[1] ** 0.5)
+               for name, w in student.lm.named_parameters() if ".layers." in name and w.dim() == 2}
+    masks = torch.randn(k - 1, H, generator=gen, dtype=torch.float64)
+    record = {"target": target, "base": {"path": str(base), "sha256": weights_digest(base)}}
+    return save_parallel(root / "parallel", masks, updates, record, dtype=getattr(torch, dtype))
+
+
+_PARALLEL: dict = {}
+
+
+def parallel_drafter(model, **options) -> ParallelDrafter:
+    """A fresh float64 `ParallelDrafter` of `parallel_draft` (loaded from disk once per model and
+    options, then copied: a certification builds one per decode)."""
+    key = (id(model), repr(sorted(options.items())))
+    if key not in _PARALLEL:  # the model is kept with it, so its id is not reused
+        _PARALLEL[key] = model, ParallelDrafter(parallel_draft(model), dtype="float64", **options)
+    return copy.deepcopy(_PARALLEL[key][1])
+
+
 MEDUSA_TREE = [[0], [1], [0, 0], [0, 1], [1, 0], [0, 0, 0], [0, 0, 1], [0, 0, 0, 0]]
 
 
@@ -117,6 +158,9 @@ def drafter_lineup(target_model, sampled: bool = False) -> dict:
                                                                 adaptive=True, sample=sample),
         "mlp_speculator_tree": lambda: MLPSpeculatorDrafter(staged_heads(MLPSpeculator, target_model), sample=sample,
                                                             tree={"policy": "topk", "width": 2, "depth": 3}),
+        "parallel_k3": lambda: parallel_drafter(target_model, num_draft=3, sample=sample),
+        "parallel_tree": lambda: parallel_drafter(target_model, sample=sample,
+                                                   tree={"policy": "static", "choices": MEDUSA_TREE[:6]}),
     }
 
 

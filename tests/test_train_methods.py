@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def test_every_method_package_with_a_recipe_is_a_command_with_its_config_and_drafter():
     packages = sorted(p.parent.name for p in (ROOT / "drafters").glob("*/train.py"))
     found = recipes()
-    assert len(found) == len(packages) == 6
+    assert len(found) == len(packages) == 7
     assert {cls.__module__.split(".")[2] for cls in found.values()} == set(packages)
     assert commands()[: len(found)] == list(found) and {"report", "translations", "export"} <= set(commands())
     for name, cls in found.items():
