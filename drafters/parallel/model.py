@@ -110,4 +110,4 @@ def apply_updates(lm: torch.nn.Module, tensors: dict[str, torch.Tensor], key: st
         if weight is None or down is None or (up.shape[0], down.shape[1]) != tuple(weight.shape):
             raise ConfigError(f"{key}={str(path)!r}: its update of {name} does not fit the base draft; "
                               "the files do not belong together: retrain or re-copy it.")
-        weight += (up.to(torch.float64) @ down.to(torch.float64)).to(weight.dtype)
+        weight.add_((up.to(torch.float64) @ down.to(torch.float64)).to(weight.dtype))
