@@ -112,9 +112,9 @@ def runtime_command(command: str, overrides: list[str]) -> None:
     draft's (where the drafter runs compiled) ahead of time, say how long each took and
     whether inductor's on-disk cache served it (`spec_zoo.compile_cache`: later processes
     then start in seconds). ``spec-zoo costs``: measure the scoring-cost table t(M) of the
-    target on this machine (and with ``drafter=...`` that drafter's cost per drafted level, kept
-    beside the others measured before), save it where the adaptive draft length finds it, and
-    plot it (PNG next to the JSON)."""
+    target on this machine (M = 1..32, after 100, 500 and 1,500 cached tokens; with
+    ``drafter=...`` also that drafter's cost per drafted level, kept beside the others measured
+    before), save it where the adaptive draft length finds it, and plot it (PNG next to the JSON)."""
     from spec_zoo.api import build_decoder, compose_config, load_checked_target
     from spec_zoo.costs import cached_table, measure, measure_draft, plot_table, table_path
 
@@ -148,9 +148,11 @@ def runtime_command(command: str, overrides: list[str]) -> None:
         seconds, levels = map(sum, zip(*(measure_draft(decoder, prompt) for _ in range(3))))
         table.drafts[key] = seconds / max(levels, 1) / table.seconds[0]
     path = table.save(table_path(target))
-    print(f"t(M) of {table.model} on {table.runtime}/{table.dtype}, {table.threads} thread(s), "
-          f"{table.past} cached tokens:")
-    print("  ".join(f"M={m}: {s * 1e3:.1f} ms ({table.relative(m):.2f}x)" for m, s in enumerate(table.seconds, 1)))
+    print(f"t(M) of {table.model} on {table.runtime}/{table.dtype}, {table.threads} thread(s):")
+    for past, seconds in table.curves().items():
+        print(f"after {past} cached tokens: " + "  ".join(
+            f"M={m}: {s * 1e3:.1f} ms ({s / seconds[0]:.2f}x)" for m, s in enumerate(seconds, 1)
+            if m <= 8 or m in (12, 16, 24, 32)))
     if table.drafts:
         print("drafting, per drafted level, in target steps t(1): "
               + ", ".join(f"{name}: {cost:.3f}" for name, cost in sorted(table.drafts.items())))

@@ -24,10 +24,15 @@ from spec_zoo.draft import Draft
 from spec_zoo.errors import ConfigError
 from spec_zoo.paths import cache_root
 
+CONTEXT_BUCKET = 64  # `CostTable.at` interpolates once per this many cached tokens
+CONTEXTS = (100, 500, 1500)  # cached tokens `measure` times t(M) after: short, mid, Spec-Bench's long prompts
+
 
 @dataclass
 class CostTable:
     """seconds[M - 1]: median time of one forward scoring M tokens after ``past`` cached ones;
+    contexts: the same curve after other numbers of cached tokens (``{"500": [...], ...}``:
+    attention makes scoring dearer, and steeper in M, as the context grows);
     drafts: measured cost of one drafted level per drafter (`draft_key`), in target steps t(1)."""
 
     seconds: list[float]
@@ -38,6 +43,33 @@ class CostTable:
     machine: str
     past: int = 100
     drafts: dict[str, float] = field(default_factory=dict)
+    contexts: dict[str, list[float]] = field(default_factory=dict)
+
+    def curves(self) -> dict[int, list[float]]:
+        """Every measured curve by its number of cached tokens, shortest context first."""
+        return dict(sorted({self.past: self.seconds, **{int(c): t for c, t in self.contexts.items()}}.items()))
+
+    def at(self, cached: int) -> CostTable:
+        """This table as it holds after ``cached`` tokens: the curve interpolated linearly between
+        the two measured contexts around it (the nearest one outside them), so a drafter priced
+        with it weighs a long prompt's dearer scoring. Draft costs stay as measured."""
+        curves = self.curves()
+        if len(curves) == 1:
+            return self
+        cached = min(max(cached, min(curves)), max(curves))
+        bucket = cached // CONTEXT_BUCKET
+        memo = self.__dict__.setdefault("_at", {})
+        if bucket not in memo:
+            cached = max(bucket * CONTEXT_BUCKET, min(curves))
+            lows = [c for c in curves if c <= cached] or [min(curves)]
+            highs = [c for c in curves if c >= cached] or [max(curves)]
+            lo, hi = max(lows), min(highs)
+            w = 0.0 if hi == lo else (cached - lo) / (hi - lo)
+            size = min(len(curves[lo]), len(curves[hi]))
+            seconds = [(1 - w) * a + w * b for a, b in zip(curves[lo][:size], curves[hi][:size], strict=True)]
+            memo[bucket] = CostTable(seconds, self.model, self.runtime, self.dtype, self.threads, self.machine,
+                                     cached, self.drafts)
+        return memo[bucket]
 
     def draft_cost(self, key: str | None, default: float) -> float:
         """The measured cost of one drafted level of drafter ``key``, else ``default``."""
@@ -55,7 +87,8 @@ class CostTable:
 
     def save(self, path: Path) -> Path:
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(asdict(self), indent=1))
+        record = {k: v for k, v in asdict(self).items() if not k.startswith("_")}
+        path.write_text(json.dumps(record, indent=1))
         return path
 
     @classmethod
@@ -65,7 +98,7 @@ class CostTable:
         except (OSError, ValueError, TypeError) as err:
             raise ConfigError(f"cost table {path} cannot be read ({err}); "
                               "re-measure it with `spec-zoo costs`.") from None
-        if not table.seconds or min(table.seconds) <= 0:
+        if any(not curve or min(curve) <= 0 for curve in table.curves().values()):
             raise ConfigError(f"cost table {path} holds no positive timings; re-measure it with `spec-zoo costs`.")
         return table
 
@@ -92,29 +125,42 @@ def cached_table(target) -> CostTable | None:
 
 
 @torch.no_grad()
-def measure(target, max_tokens: int = 16, repeats: int = 9, past: int = 100, progress: bool = True) -> CostTable:
-    """Time ``target.score`` for 1..``max_tokens`` scored tokens (a chain after ``past``
-    cached tokens), interleaving the sizes over ``repeats`` rounds so drift hits all alike."""
+def measure(target, max_tokens: int = 32, repeats: int = 9, contexts: Sequence[int] = CONTEXTS,
+            progress: bool = True) -> CostTable:
+    """Time ``target.score`` for 1..``max_tokens`` scored tokens (a chain) after each of
+    ``contexts`` cached tokens, interleaving the sizes over ``repeats`` rounds so drift hits
+    all alike. The first context's curve is the table's ``seconds``; a static cache bounds the
+    contexts (clipped to what it holds)."""
     from tqdm import tqdm
 
+    if not contexts or min(contexts) < 1 or max_tokens < 1:
+        raise ConfigError(f"a cost table needs contexts >= 1 cached tokens and max_tokens >= 1 "
+                          f"(got contexts={list(contexts)}, max_tokens={max_tokens}).")
     if target.max_length is not None:  # a static cache bounds the context
-        past = max(1, min(past, target.max_length - max_tokens - 1))
-    prompt = [(7 * i) % target.vocab_size for i in range(past + 1)]
+        contexts = [max(1, min(c, target.max_length - max_tokens - 1)) for c in contexts]
+    contexts = list(dict.fromkeys(contexts))
     if hasattr(target, "warm_up"):  # compile first: compiling is not scoring
         target.warm_up()
-    target.reset()
-    target.score(prompt, Draft.empty())
-    samples: dict[int, list[float]] = {m: [] for m in range(1, max_tokens + 1)}
-    for _ in tqdm(range(repeats), desc="cost table", disable=not progress):
-        for m in samples:
-            target.rewind(prompt)  # back to `past` cached tokens
-            draft = Draft.chain([(3 * j) % target.vocab_size for j in range(m - 1)])
-            start = time.perf_counter()
-            target.score(prompt, draft)
-            samples[m].append(time.perf_counter() - start)
-    seconds = [statistics.median(samples[m]) for m in samples]
-    return CostTable(seconds, *_what_costs(target), torch.get_num_threads(), platform.processor() or platform.machine(),
-                     past)
+    curves = {}
+    with tqdm(total=repeats * max_tokens * len(contexts), desc="cost table", disable=not progress) as bar:
+        for past in contexts:
+            prompt = [(7 * i) % target.vocab_size for i in range(past + 1)]
+            target.reset()
+            target.score(prompt, Draft.empty())
+            samples: dict[int, list[float]] = {m: [] for m in range(1, max_tokens + 1)}
+            for _ in range(repeats):
+                for m in samples:
+                    target.rewind(prompt)  # back to `past` cached tokens
+                    draft = Draft.chain([(3 * j) % target.vocab_size for j in range(m - 1)])
+                    start = time.perf_counter()
+                    target.score(prompt, draft)
+                    samples[m].append(time.perf_counter() - start)
+                    bar.update()
+            curves[past] = [statistics.median(samples[m]) for m in samples]
+    first, *others = contexts
+    return CostTable(curves[first], *_what_costs(target), torch.get_num_threads(),
+                     platform.processor() or platform.machine(), first,
+                     contexts={str(c): curves[c] for c in others})
 
 
 def draft_key(drafter) -> str:
@@ -132,21 +178,24 @@ def measure_draft(decoder, prompt: list[int], max_new_tokens: int = 48) -> tuple
 
 
 def plot_table(table: CostTable, path: Path, others: Sequence[CostTable] = ()) -> Path:
-    """t(M) in ms against M (with ``others``, e.g. another runtime, for comparison), as a PNG."""
+    """t(M)/t(1) against M, one line per measured context (and per table in ``others``, e.g.
+    another runtime, for comparison), with t(1) in the legend, as a PNG."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(5, 3.2))
+    fig, ax = plt.subplots(figsize=(5.5, 3.4))
     for each in (table, *others):
-        ms = range(1, len(each.seconds) + 1)
-        ax.plot(ms, [s * 1e3 for s in each.seconds], marker="o", label=f"{each.runtime} {each.dtype}")
+        for past, seconds in each.curves().items():
+            ms = range(1, len(seconds) + 1)
+            ax.plot(ms, [s / seconds[0] for s in seconds], marker="o", markersize=3,
+                    label=f"{each.runtime} {each.dtype}, {past} cached: t(1) {seconds[0] * 1e3:.1f} ms")
     ax.set_ylim(bottom=0)
     ax.set_xlabel("tokens scored in one forward (M)")
-    ax.set_ylabel("t(M), ms (median)")
-    ax.set_title(f"{table.model}, {table.threads} thread(s), {table.past} cached tokens", fontsize=9)
-    ax.legend(fontsize=8)
+    ax.set_ylabel("t(M) / t(1) (medians)")
+    ax.set_title(f"{table.model}, {table.threads} thread(s)", fontsize=9)
+    ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

@@ -44,7 +44,8 @@ class SpeculativeDecoder:
 
     cost_table: the target's measured scoring costs t(M) on this machine (`spec_zoo.costs`;
                 `spec_zoo.api.build_decoder` looks it up): greedy runs price draft lengths and
-                trees with it. None: drafters use their configured priors.
+                trees with it, at each step the curve for the context so far (`CostTable.at`).
+                None: drafters use their configured priors.
     observers:  callables told of every step after its commit (`StepObserver`): how a
                 benchmark traces a run without touching the drafter.
     """
@@ -163,6 +164,8 @@ class SpeculativeDecoder:
         finish = "length"
         while True:
             state.max_depth = max_new_tokens - len(generated) - 1
+            if state.cost_table is not None and self.cost_table is not None:
+                state.cost_table = self.cost_table.at(len(tokens))  # scoring is dearer after a longer context
             t0 = time.perf_counter()
             draft = self.drafter.propose(state) if state.max_depth > 0 else Draft.empty()
             draft = draft.truncated(state.max_depth)

@@ -26,6 +26,7 @@ from typing import ClassVar
 import torch
 
 from spec_zoo.chain import ChainDrafter
+from spec_zoo.costs import draft_key
 from spec_zoo.draft import ROOT, Draft
 from spec_zoo.draft_head import StagedHead, load_head
 from spec_zoo.draft_length import DraftLength
@@ -34,6 +35,22 @@ from spec_zoo.interfaces import DecodeState
 from spec_zoo.sampling import check_sample_mode, drafts_sampled, to_full_vocab
 from spec_zoo.target import Target
 from spec_zoo.trees import Static, build_tree_policy
+
+
+def level_length(drafter, levels: int, have: str, unit: str) -> DraftLength:
+    """The draft length of a drafter with ``levels`` heads or stages, one drafted level each
+    (Medusa, Hydra, MLP speculator): its static tree and ``num_draft`` checked against them
+    before any drafting, its drafting priced at its measured cost where `spec-zoo costs` has one."""
+    if isinstance(drafter.tree, Static) and drafter.tree.depth > levels:
+        raise ConfigError(f"drafter.tree has paths {drafter.tree.depth} deep but {have} {levels} {unit}s "
+                          f"(one per level); use paths of at most {levels} ranks.")
+    if int(drafter.num_draft or levels) > levels:
+        raise ConfigError(f"drafter.num_draft={drafter.num_draft} but {have} {levels} {unit}s (one token each); "
+                          f"use at most {levels}, or null for one per {unit}.")
+    length = DraftLength(int(drafter.num_draft or levels), drafter.adaptive, levels, drafter.token_cost,
+                         drafter.learn_cost)
+    length.cost_key = draft_key(drafter)
+    return length
 
 
 class StagedDrafter(ChainDrafter):
@@ -74,14 +91,7 @@ class StagedDrafter(ChainDrafter):
         else:
             self.heads = load_head(self.head_class, source or self.shipped, target.model, "drafter.heads",
                                    self.train_command)
-        K = self.heads.num_stages
-        if isinstance(self.tree, Static) and self.tree.depth > K:
-            raise ConfigError(f"drafter.tree has paths {self.tree.depth} deep but the {self.head_class.WHAT} have "
-                              f"{K} stages (one per level); use paths of at most {K} ranks.")
-        if int(self.num_draft or K) > K:
-            raise ConfigError(f"drafter.num_draft={self.num_draft} but the {self.head_class.WHAT} have {K} stages "
-                              f"(one token each); use at most {K}, or null for one per stage.")
-        self.length = DraftLength(int(self.num_draft or K), self.adaptive, K, self.token_cost, self.learn_cost)
+        self.length = level_length(self, self.heads.num_stages, f"the {self.head_class.WHAT} have", "stage")
         self.target = target
 
     def begin(self, state: DecodeState) -> None:

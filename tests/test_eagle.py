@@ -202,15 +202,17 @@ def test_shipped_head_is_lossless_and_beats_its_initialisation_on_the_real_targe
     plain = SpeculativeDecoder(smollm2_target)
     shipped = load_eagle(eagle_module.SHIPPED, smollm2_target.model)
     untrained = EagleHead(smollm2_target.model, shipped.init_layer, vocab_ids=shipped.vocab_ids).eval()
+    prompts = [plain.encode(question) for question in (
+        "Name three colours.", "Translate to French: the cat sleeps on the warm windowsill.",
+        "What is 12 times 7? Explain step by step.")]
+    references = [plain.generate(prompt, max_new_tokens=48).ids for prompt in prompts]
     rates = {}
     for name, head in (("shipped", shipped), ("untrained", untrained)):
         decoder = SpeculativeDecoder(smollm2_target, EagleDrafter(head, num_draft=3, adaptive=False))
         accepted = drafted = 0
-        for question in ("Name three colours.", "Translate to French: the cat sleeps on the warm windowsill.",
-                         "What is 12 times 7? Explain step by step."):
-            prompt = plain.encode(question)
+        for prompt, reference in zip(prompts, references):
             out = decoder.generate(prompt, max_new_tokens=48)
-            assert out.ids == plain.generate(prompt, max_new_tokens=48).ids
+            assert out.ids == reference
             accepted, drafted = accepted + out.stats.accepted, drafted + out.stats.drafted
         rates[name] = accepted / drafted
     print(rates)

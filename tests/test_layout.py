@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from spec_zoo import SpeculativeDecoder
+from spec_zoo.registry import option_names
 
 ROOT = Path(__file__).resolve().parents[1]
 SOURCES = ("spec_zoo", "drafters", "verifiers")
@@ -202,19 +203,25 @@ def test_every_experiment_preset_and_method_composes():
     assert len(specs) == len(option_names("method")) and not notes
 
 
-@pytest.mark.real_model
-def test_every_shipped_drafter_option_loads_and_decodes_as_plain_greedy(smollm2_target):
-    """Every conf/drafter option (shipped artefacts included) builds from its YAML on the
-    real target and, under greedy verification, prints plain greedy decoding's tokens."""
-    from spec_zoo.api import build_decoder, compose_config
-    from spec_zoo.registry import option_names
+OPTION_PROMPT = "Write a Python function that reverses a list."
 
-    prompt, plain = None, None
-    for option in option_names("drafter"):
-        cfg = compose_config([f"drafter={option}", "prompt=Write a Python function that reverses a list.",
-                              "generation.max_new_tokens=12"])
-        decoder = build_decoder(cfg, target=smollm2_target)
-        prompt = prompt or decoder.encode(cfg.prompt)
-        ids = decoder.generate(prompt, 12).ids
-        plain = plain or SpeculativeDecoder(smollm2_target).generate(prompt, 12).ids
-        assert ids == plain, option
+
+@pytest.fixture(scope="module")
+def plain_option_ids(smollm2_target):
+    """Plain greedy decoding's 12 tokens on the options' prompt (computed once per worker)."""
+    decoder = SpeculativeDecoder(smollm2_target)
+    return decoder.generate(decoder.encode(OPTION_PROMPT), 12).ids
+
+
+@pytest.mark.real_model
+@pytest.mark.parametrize("option", option_names("drafter"))
+def test_every_shipped_drafter_option_loads_and_decodes_as_plain_greedy(smollm2_target, plain_option_ids, option):
+    """Every conf/drafter option (shipped artefacts included) builds from its YAML on the
+    real target and, under greedy verification, prints plain greedy decoding's tokens (one
+    test per option, so the test workers share them)."""
+    from spec_zoo.api import build_decoder, compose_config
+
+    cfg = compose_config([f"drafter={option}", f"prompt={OPTION_PROMPT}", "generation.max_new_tokens=12"])
+    decoder = build_decoder(cfg, target=smollm2_target)
+    assert decoder.generate(decoder.encode(cfg.prompt), 12).ids == plain_option_ids, option
+

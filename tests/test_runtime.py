@@ -19,6 +19,7 @@ from spec_zoo.compile_cache import cached_compile, fingerprint
 from spec_zoo.costs import CostTable, measure
 from spec_zoo.draft import Draft
 from spec_zoo.draft_length import DraftLength
+from spec_zoo.drafters.ngram import NgramDrafter
 from spec_zoo.drafters.small_model import SmallModelDrafter
 from spec_zoo.errors import ConfigError
 from spec_zoo.interfaces import DecodeState
@@ -247,14 +248,39 @@ def test_the_skinny_gemm_keeps_rows_and_tree_nodes_exact(model):
 
 
 def test_cost_table_is_measured_saved_and_read(compiled, tmp_path):
-    table = measure(compiled, max_tokens=8, repeats=2, progress=False)
+    table = measure(compiled, max_tokens=8, repeats=2, contexts=(4, 20), progress=False)
     assert len(table.seconds) == 8 and all(s > 0 for s in table.seconds)
     assert table.runtime == "compiled" and table.relative(1) == 1.0
+    assert table.past == 4 and list(table.contexts) == ["20"] and len(table.contexts["20"]) == 8
     again = CostTable.load(table.save(tmp_path / "t.json"))
     assert again == table
     (tmp_path / "bad.json").write_text("{not json")
     with pytest.raises(ConfigError, match="spec-zoo costs"):
         CostTable.load(tmp_path / "bad.json")
+
+
+def test_the_cost_at_a_context_interpolates_between_measured_ones():
+    table = CostTable([1.0, 1.0, 2.0], "m", "compiled", "float32", 1, "x", past=64,
+                      contexts={"1088": [3.0, 5.0, 8.0]})
+    mid = table.at(600)  # halfway, once rounded down to its bucket (576)
+    assert mid.seconds == [2.0, 3.0, 5.0] and mid.relative(3) == 2.5
+    assert table.at(10).seconds == table.seconds and table.at(5000).seconds == table.contexts["1088"]
+    assert table.at(620) is mid  # one interpolation per bucket of cached tokens
+    assert CostTable([1.0], "m", "eager", "float32", 1, "x").at(900).seconds == [1.0]  # one curve: as it is
+
+
+def test_the_decoder_prices_each_step_at_its_context(tiny_llama):
+    seen = []
+
+    class Watch(NgramDrafter):
+        def propose(self, state):
+            seen.append(state.cost_table.past)
+            return super().propose(state)
+
+    table = CostTable([1.0] * 4, "m", "eager", "float32", 1, "x", past=1, contexts={"400": [2.0] * 4})
+    prompt = [1 + i % 50 for i in range(150)]
+    SpeculativeDecoder(Target(tiny_llama()), Watch(), cost_table=table).generate(prompt, max_new_tokens=80)
+    assert seen[0] == 128 and seen[-1] == 192 and seen == sorted(seen)
 
 
 def test_relative_cost_extrapolates_past_the_table():

@@ -134,6 +134,9 @@ def test_bad_settings_fail_clearly(method, tmp_path):
             SpeculativeDecoder(Target(model), drafter)
     with pytest.raises(ConfigError, match="drafter.num_draft=0"):
         drafter_cls(heads, num_draft=0)
+    priced = drafter_cls(heads)
+    priced.attach(Target(model))
+    assert priced.length.cost_key == method  # `spec-zoo costs drafter=...` files its cost under this key
     with pytest.raises(ConfigError, match=f"{section}.{size}=0"):
         heads_cls(model, 0)
     monkey = type("Elsewhere", (drafter_cls,), {"shipped": tmp_path / "nothing"})

@@ -21,7 +21,7 @@ target = load_checked_target(compose_config(overrides).model)
 if hasattr(target, "warm_up"):
     target.warm_up()
 compile_s = time.perf_counter() - start
-table = measure(target, max_tokens=8, repeats=7, past=past, progress=False)
+table = measure(target, max_tokens=8, repeats=7, contexts=(past,), progress=False)
 row = {"name": name, "overrides": args, "threads": torch.get_num_threads(), "past": past,
        "compile_s": round(compile_s, 1), "ms": [round(s * 1e3, 2) for s in table.seconds], "runtime": target.runtime}
 print(json.dumps(row))

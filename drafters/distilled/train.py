@@ -22,7 +22,7 @@ from spec_zoo.drafters.distilled.student import (
 from spec_zoo.errors import ConfigError
 from spec_zoo.schema import NON_NEGATIVE, POSITIVE, Keys
 from spec_zoo.target import Target
-from spec_zoo.train.batches import batch_metrics, draft_vocab, same_at_every_depth
+from spec_zoo.train.batches import TeacherMetrics, draft_vocab, same_at_every_depth
 from spec_zoo.train.data import TeacherData
 from spec_zoo.train.loop import train_module
 from spec_zoo.train.methods import register
@@ -33,7 +33,7 @@ INITS = ("target", "pretrained", "random")
 
 
 @register("distill")
-class DraftRecipe:
+class DraftRecipe(TeacherMetrics):
     """What `spec-zoo-train distill` trains: a small draft model (`Student`), a
     `spec_zoo.train.recipe.Recipe`."""
 
@@ -69,13 +69,6 @@ class DraftRecipe:
 
     def trainable(self, student: Student, cfg: DictConfig) -> list[torch.nn.Parameter]:
         return _trainable(student, cfg)
-
-    def batch_metrics(self, student: Student, data: TeacherData, rows: torch.Tensor, full_vocab: int, kind: str,
-                      with_agreement: bool = False) -> dict[str, torch.Tensor]:
-        return batch_metrics(student, data, rows, full_vocab, kind, with_agreement)
-
-    def extra_loss(self, student: Student, cfg: DictConfig) -> torch.Tensor | None:
-        return None
 
     def save(self, student: Student, cfg: DictConfig, target_info: dict, record: dict) -> Path:
         s = cfg.student

@@ -28,16 +28,15 @@ from pathlib import Path
 import torch
 
 from spec_zoo.chain import ChainDrafter
-from spec_zoo.costs import draft_key
 from spec_zoo.draft import ROOT, Draft
-from spec_zoo.draft_length import DraftLength
 from spec_zoo.drafters.medusa.formats import FORMATS, load_published_medusa
 from spec_zoo.drafters.medusa.heads import MedusaHeads, load_medusa
 from spec_zoo.errors import ConfigError
 from spec_zoo.interfaces import DecodeState
 from spec_zoo.sampling import check_sample_mode, drafts_sampled, to_full_vocab
+from spec_zoo.staged import level_length
 from spec_zoo.target import Target
-from spec_zoo.trees import Static, build_tree_policy
+from spec_zoo.trees import build_tree_policy
 
 SHIPPED = Path(__file__).parent / "artefacts" / "smollm2-135m-medusa"
 
@@ -78,15 +77,7 @@ class MedusaDrafter(ChainDrafter):
 
     def attach(self, target: Target) -> None:
         self.heads = self._load(self.heads_source, target)
-        K = self.heads.num_heads
-        if isinstance(self.tree, Static) and self.tree.depth > K:
-            raise ConfigError(f"drafter.tree has paths {self.tree.depth} deep but the Medusa heads have {K} heads "
-                              f"(one per level); use paths of at most {K} ranks.")
-        if int(self.num_draft or K) > K:
-            raise ConfigError(f"drafter.num_draft={self.num_draft} but the Medusa heads have {K} heads (one token "
-                              f"each); use at most {K}, or null for one per head.")
-        self.length = DraftLength(int(self.num_draft or K), self.adaptive, K, self.token_cost, self.learn_cost)
-        self.length.cost_key = draft_key(self)
+        self.length = level_length(self, self.heads.num_heads, "the Medusa heads have", "head")
         self.target = target
 
     def _load(self, source, target: Target):

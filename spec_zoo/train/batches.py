@@ -61,6 +61,18 @@ def batch_metrics(student: Student, data: TeacherData, rows: torch.Tensor, full_
     return {"loss": loss}
 
 
+class TeacherMetrics:
+    """What most recipes share: a batch scored by `batch_metrics` (the student's next-token
+    logits against the teacher's) and no loss term of their own."""
+
+    def batch_metrics(self, student: Student, data: TeacherData, rows: torch.Tensor, full_vocab: int, kind: str,
+                      with_agreement: bool = False) -> dict[str, torch.Tensor]:
+        return batch_metrics(student, data, rows, full_vocab, kind, with_agreement)
+
+    def extra_loss(self, student: Student, cfg: Any) -> torch.Tensor | None:
+        return None
+
+
 @torch.no_grad()
 def evaluate(student: Student, data: TeacherData, full_vocab: int, kind: str, batch_size: int = 16,
              metrics: Metrics = batch_metrics) -> dict[str, float]:

@@ -17,7 +17,7 @@ from spec_zoo.draft_head import BlockHead, VocabHead, save_head
 from spec_zoo.errors import ConfigError
 from spec_zoo.layers import DecoderStack
 from spec_zoo.schema import Keys
-from spec_zoo.train.batches import batch_metrics, draft_vocab, same_at_every_depth
+from spec_zoo.train.batches import TeacherMetrics, draft_vocab, same_at_every_depth
 from spec_zoo.train.data import TeacherData
 from spec_zoo.train.recipe import Recipe, Student
 from spec_zoo.train.store import TeacherSet
@@ -81,7 +81,7 @@ class HeadStudent(torch.nn.Module):
         return self.lm.logits(hidden)
 
 
-class HeadRecipe:
+class HeadRecipe(TeacherMetrics):
     """A head's recipe (`spec_zoo.train.recipe.Recipe`; see the distilled draft's for a
     draft model): its config section (``section``: init_layer, mlp, vocab_size, train_head)
     builds it (`build`), only its parameters train, it reads the target's states from the
@@ -131,13 +131,6 @@ class HeadRecipe:
         for p in student.stack.model.parameters():
             p.requires_grad_(False)
         return list(student.lm.parameters())
-
-    def batch_metrics(self, student: Student, data: TeacherData, rows: torch.Tensor, full_vocab: int, kind: str,
-                      with_agreement: bool = False) -> dict[str, torch.Tensor]:
-        return batch_metrics(student, data, rows, full_vocab, kind, with_agreement)
-
-    def extra_loss(self, student: Student, cfg: DictConfig) -> torch.Tensor | None:
-        return None
 
     def save(self, student: Student, cfg: DictConfig, target_info: dict, record: dict) -> Path:
         from spec_zoo.models import DTYPES
