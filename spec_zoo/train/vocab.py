@@ -104,7 +104,7 @@ def draft_costs(target: Target, vocabs: dict[str, torch.Tensor | None], context:
         for name, decoder in decoders.items():
             seconds, levels = measure_draft(decoder, prompt, max_new_tokens=16)
             times[name].append(seconds / max(levels, 1))
-        times["target"].append(measure(target, max_tokens=1, repeats=3, past=context, progress=False).seconds[0])
+        times["target"].append(measure(target, max_tokens=1, repeats=3, contexts=[context], progress=False).seconds[0])
     return {k: median(v) for k, v in times.items()}
 
 
