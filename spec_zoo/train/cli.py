@@ -5,7 +5,8 @@ Commands: one per trained method, found where each registers itself
 ``conf/train_<method>.yaml``; and the pipeline's own tools: ``report`` (conf/train_report.yaml):
 held-out acceptance of trained artefacts by position and category, ``translations``
 (conf/train_translations.yaml): German-to-English prompts written by the target, and ``export``
-(conf/train_export.yaml, ``--format medusa|eagle3|speculators``): a head in a published layout.
+(conf/train_export.yaml, ``--format medusa|eagle3|speculators``): a head in a published layout, and
+``vocab`` (conf/train_vocab.yaml): coverage and cost of each draft-vocabulary size.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ TOOLS = {
     "report": "spec_zoo.train.report:run_report",
     "translations": "spec_zoo.train.translations:make_translations",
     "export": "spec_zoo.train.export:export",
+    "vocab": "spec_zoo.train.vocab:run_vocab",
 }
 
 

@@ -69,18 +69,21 @@ def load_prompts(path, num: int, sources=None, seed: int = 0) -> list[str]:
     return chosen[:num] if num else chosen
 
 
+def chat_ids(tokenizer, messages: list[dict]) -> list[int]:
+    """Token ids of a conversation through the chat template, ending with the assistant's turn to speak."""
+    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+    return [int(t) for t in (ids["input_ids"] if hasattr(ids, "keys") else ids)]
+
+
 def encode_prompts(tokenizer, prompts: list[str], chat: bool, max_prompt_tokens: int) -> list[list[int]]:
     """Token ids per prompt (through the chat template when ``chat``); prompts longer than
     ``max_prompt_tokens`` are dropped rather than cut (a cut template is not a real prompt)."""
     out = []
     for text in prompts:
         if chat and getattr(tokenizer, "chat_template", None):
-            ids = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
-                                                tokenize=True)
-            ids = ids["input_ids"] if hasattr(ids, "keys") else ids
+            ids = chat_ids(tokenizer, [{"role": "user", "content": text}])
         else:
-            ids = tokenizer(text, add_special_tokens=True)["input_ids"]
-        ids = [int(t) for t in ids]
+            ids = [int(t) for t in tokenizer(text, add_special_tokens=True)["input_ids"]]
         if 0 < len(ids) <= max_prompt_tokens:
             out.append(ids)
     return out

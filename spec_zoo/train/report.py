@@ -11,11 +11,18 @@ features (unrolled), Medusa head s from the state before r, and for drafts that 
 tokens only (distilled draft, exit adapter) the same as depth 1. Which recipe reads an
 artefact is found by its record file (`spec_zoo.train.methods`). ``alpha`` at position s is
 the greedy acceptance given positions 1..s-1 were accepted, over chains that fit in the
-continuation (the issue's "second position given the first").
+continuation (the issue's "second position given the first"), overall and by depth bucket
+(where in the answer the chain starts, ``report.depth_buckets``).
+
+``report.prompts=workloads`` measures on prompts shaped like real use instead of the
+mixture's (`spec_zoo.train.workloads`: conversations scored on the second answer, long
+documents, translation); ``report.compare`` sets the result beside a benchmark run's
+(`spec_zoo.train.bench_match`).
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import sys
@@ -27,12 +34,14 @@ from omegaconf import DictConfig
 from spec_zoo.errors import ConfigError
 from spec_zoo.target import Target
 from spec_zoo.train.batches import teacher_positions
+from spec_zoo.train.bench_match import bench_position1, closeness
 from spec_zoo.train.data import PACKAGED_PROMPTS, TeacherData, read_records
 from spec_zoo.train.loop import load_teacher_target
 from spec_zoo.train.methods import recipe_of_artefact, recipes
 from spec_zoo.train.mixture import categories, mixture_texts
 from spec_zoo.train.recipe import Recipe, Student
 from spec_zoo.train.store import TeacherSet
+from spec_zoo.train.workloads import workload_prompts
 
 
 @torch.no_grad()
@@ -48,22 +57,30 @@ def depth_matches(recipe: Recipe, student: Student, data: TeacherData, rows: tor
 
 
 def chain_alpha(matches: torch.Tensor, local: torch.Tensor, gen: torch.Tensor,
-                start: int = 0) -> list[tuple[int, int]]:
+                start: int = 0, stop: int | None = None) -> list[tuple[int, int]]:
     """(accepted, reached) per position over every chain that fits and starts at continuation
-    position ``start`` or later (`Recipe.chain_start`): chain r's position s is
-    ``matches[r + s - 1, s - 1]``."""
+    position ``start`` or later (`Recipe.chain_start`) and before ``stop``: chain r's
+    position s is ``matches[r + s - 1, s - 1]``."""
     D = matches.shape[1]
-    fits = (local + D <= gen) & (local >= start)
+    fits = (local + D <= gen) & (local >= start) & (local < (stop if stop is not None else gen.max() + 1))
     starts = fits.nonzero()[:, 0]
     alive = torch.stack([matches[starts + s, s] for s in range(D)], 1).long().cumprod(1)
     reached = torch.cat([torch.tensor([len(starts)]), alive[:, :-1].sum(0)])
     return [(int(a), int(r)) for a, r in zip(alive.sum(0), reached)]
 
 
+def bucket_labels(starts: list[int]) -> list[str]:
+    """``[0, 32, 64]`` -> ``["0-31", "32-63", "64+"]``: the continuation positions of each depth bucket."""
+    return [f"{a}-{b - 1}" for a, b in itertools.pairwise(starts)] + [f"{starts[-1]}+"]
+
+
 def measure(recipe: Recipe, student: Student, data: TeacherData, names: list[str], full_vocab: int, depth: int,
-            batch_size: int = 8) -> dict:
-    """{category: [(accepted, reached) per position]} plus ``all``."""
-    counts: dict[str, list[list[int]]] = {}
+            buckets: list[int] = (0,), batch_size: int = 8) -> dict:
+    """{category: {bucket: [(accepted, reached) per position]}} plus the category ``all`` and
+    the bucket ``all``; a chain is in the depth bucket of its first token's place in the
+    continuation (``buckets``: where each starts)."""
+    spans = list(zip(bucket_labels(list(buckets)), buckets, [*buckets[1:], None]))
+    counts: dict[str, dict[str, list[list[int]]]] = {}
     for s in range(0, len(data), batch_size):
         rows = torch.arange(s, min(s + batch_size, len(data)))
         m, local = depth_matches(recipe, student, data, rows, full_vocab, depth)
@@ -72,11 +89,13 @@ def measure(recipe: Recipe, student: Student, data: TeacherData, names: list[str
         for i in rows.tolist():
             pick = seq == i
             name = names[int(data.category[i])] if int(data.category[i]) >= 0 else "other"
-            for cat in (name, "all"):
-                acc = counts.setdefault(cat, [[0, 0] for _ in range(depth)])
-                for d, (a, r) in enumerate(chain_alpha(m[pick], local[pick], gen[pick], recipe.chain_start)):
-                    acc[d][0] += a
-                    acc[d][1] += r
+            for label, lo, hi in [("all", 0, None), *spans]:
+                pairs = chain_alpha(m[pick], local[pick], gen[pick], max(lo, recipe.chain_start), hi)
+                for cat in (name, "all"):
+                    acc = counts.setdefault(cat, {}).setdefault(label, [[0, 0] for _ in range(depth)])
+                    for d, (a, r) in enumerate(pairs):
+                        acc[d][0] += a
+                        acc[d][1] += r
     return counts
 
 
@@ -94,10 +113,23 @@ def run_report(cfg: DictConfig, target: Target | None = None) -> Path:
     r = cfg.report
     if int(r.per_category) < 1 or int(r.depth) < 1:
         raise ConfigError(f"report.per_category={r.per_category}, report.depth={r.depth}; both must be >= 1.")
+    if r.prompts not in ("mixture", "workloads"):
+        raise ConfigError(f"report.prompts={r.prompts!r}; use mixture (the training mixture's categories) or "
+                          "workloads (prompts shaped like real use, report.workloads).")
+    buckets = [int(b) for b in r.depth_buckets]
+    if not buckets or buckets[0] != 0 or buckets != sorted(set(buckets)):
+        raise ConfigError(f"report.depth_buckets={list(buckets)}; give increasing continuation positions starting "
+                          "at 0, e.g. [0, 32, 64, 96].")
     paths = [Path(p).expanduser() for p in r.artefacts] if r.artefacts else shipped()
     if not paths:
         raise ConfigError("report.artefacts: no artefacts given and none shipped; give report.artefacts=[DIR, ...].")
     readers = [recipe_of_artefact(p)() for p in paths]  # each artefact's recipe, with its defaults
+    compare = dict(r.compare.methods or {}) if r.compare.results else {}
+    unknown = sorted(set(compare) - {p.name for p in paths})
+    if unknown:
+        raise ConfigError(f"report.compare.methods names {unknown}, not an artefact of this report; key it by the "
+                          f"artefact's directory name ({', '.join(p.name for p in paths)}).")
+    bench = {name: bench_position1(r.compare.results, method) for name, method in compare.items()}
     torch.set_num_threads(int(cfg.threads))
     target = target or load_teacher_target(cfg)
     exclude = None
@@ -106,25 +138,48 @@ def run_report(cfg: DictConfig, target: Target | None = None) -> Path:
         if int(r.get("exclude_mixture", 0)):  # what a recipe with data.num_prompts=N on these data settings trained on
             exclude |= frozenset(mixture_texts(target.tokenizer, cfg.data, categories(cfg.data),
                                                int(r.exclude_mixture)))
-    teacher = TeacherSet(cfg, target, int(r.per_category) * 64, heldout=exclude, per_category=int(r.per_category))
+    given = workload_prompts(target, cfg, exclude or frozenset()) if r.prompts == "workloads" else None
+    teacher = TeacherSet(cfg, target, int(r.per_category) * 64, heldout=exclude, per_category=int(r.per_category),
+                         given=given)
     data = teacher.fill(len(teacher.prompts), bool(cfg.progress))
     results: dict[str, dict] = {}
     for path, recipe in zip(paths, readers):
         student = recipe.load(path, target.model)
         name = os.path.relpath(path) if path.resolve().is_relative_to(Path.cwd()) else str(path)
-        results[name] = {"kind": recipe.drafter, "alpha": measure(recipe, student, data, teacher.names,
-                                                                  target.vocab_size, int(r.depth))}
+        counts = measure(recipe, student, data, teacher.names, target.vocab_size, int(r.depth), buckets)
+        results[name] = {"kind": recipe.drafter, "alpha": {c: v["all"] for c, v in counts.items()},
+                         "by_depth": counts}
+        if path.name in bench:
+            ours = {c: _alpha(v["all"][0]) for c, v in counts.items()}
+            theirs = {c: _alpha(v) for c, v in bench[path.name].items()}
+            results[name]["bench"] = {"method": compare[path.name], "position1": bench[path.name],
+                                      **closeness(ours, theirs)}
         print(f"{path.name}: position 1 alpha {_alpha(results[name]['alpha']['all'][0]):.3f}", file=sys.stderr)
     out = Path(r.out).expanduser()
     out.mkdir(parents=True, exist_ok=True)
     sizes = {n: sum(1 for c in teacher.categories if teacher.names[c] == n) for n in teacher.names}
     meta = {"prompts": sizes, "max_new_tokens": int(cfg.data.max_new_tokens), "depth": int(r.depth),
-            "positions": data.positions, "prompts_file": str(cfg.data.prompts or "packaged")}
+            "positions": data.positions, "prompts_file": str(cfg.data.prompts or "packaged"),
+            "kind": str(r.prompts), "depth_buckets": bucket_labels(buckets),
+            "prompt_tokens": _prompt_tokens(data, teacher.names),
+            **({"bench_overlap_dropped": given.dropped, "bench_questions": str(r.bench_questions or "spec_bench"),
+                "bench_ngram": int(r.bench_ngram)} if given is not None else {}),
+            **({"compare": {"results": str(r.compare.results), "methods": compare}} if compare else {})}
     (out / "acceptance.json").write_text(json.dumps({"settings": meta, "artefacts": results}, indent=1))
     md = out / "report.md"
     md.write_text(_markdown(results, meta, teacher.names))
     _plot(results, out / "acceptance.png")
     return md
+
+
+def _prompt_tokens(data: TeacherData, names: list[str]) -> dict[str, list[int]]:
+    """Prompt lengths per category (min, median, max): how long the contexts were."""
+    out = {}
+    for c, n in enumerate(names):
+        lengths = sorted(int(x) for x in data.prompt_len[data.category == c])
+        if lengths:
+            out[n] = [lengths[0], lengths[len(lengths) // 2], lengths[-1]]
+    return out
 
 
 def _alpha(pair) -> float:
@@ -133,12 +188,19 @@ def _alpha(pair) -> float:
 
 
 def _markdown(results: dict, meta: dict, names: list[str]) -> str:
-    D = meta["depth"]
+    D, labels = meta["depth"], meta["depth_buckets"]
+    what = ("prompts shaped like real use (`report.prompts=workloads`: conversations scored on the answer to a "
+            "follow-up, long documents, translation), none trained on, none sharing "
+            f"{meta.get('bench_ngram')} words with {Path(str(meta.get('bench_questions'))).name}"
+            f" (dropped: {', '.join(f'{k} {v}' for k, v in meta.get('bench_overlap_dropped', {}).items())})"
+            if meta["kind"] == "workloads" else "none trained on")
     lines = ["# Acceptance by draft position and prompt category", "",
              f"Held-out prompts per category: {', '.join(f'{k} {v}' for k, v in meta['prompts'].items())} "
-             f"(from {meta['prompts_file']}, none trained on); {meta['max_new_tokens']} greedy target tokens each, "
-             f"{meta['positions']} positions. alpha at position s: greedy acceptance of the depth-s draft given "
-             "positions 1..s-1 were accepted (teacher-forced chains, `spec-zoo-train report`).", ""]
+             f"(from {meta['prompts_file']}; {what}); {meta['max_new_tokens']} greedy target tokens each, "
+             f"{meta['positions']} positions. Prompt tokens (min / median / max): "
+             f"{', '.join(f'{k} {a}/{b}/{c}' for k, (a, b, c) in meta['prompt_tokens'].items())}. "
+             "alpha at position s: greedy acceptance of the depth-s draft given positions 1..s-1 were accepted "
+             "(teacher-forced chains from every token of the answer, `spec-zoo-train report`).", ""]
     lines += ["| artefact | kind | " + " | ".join(f"pos {s + 1}" for s in range(D)) + " | " + " | ".join(
         f"{n} (pos 1)" for n in names) + " |", "|" + "---|" * (2 + D + len(names))]
     for path, res in results.items():
@@ -146,17 +208,39 @@ def _markdown(results: dict, meta: dict, names: list[str]) -> str:
         cells = [f"{_alpha(a['all'][s]):.3f}" for s in range(D)]
         cells += [f"{_alpha(a[n][0]):.3f}" if n in a else "-" for n in names]
         lines.append(f"| `{Path(path).name}` | {res['kind']} | " + " | ".join(cells) + " |")
+    lines += ["", "By depth in the answer (the continuation position a chain starts at), all categories: "
+              "position 1 / position 2 given 1:", "",
+              "| artefact | " + " | ".join(labels) + " |", "|" + "---|" * (1 + len(labels))]
+    for path, res in results.items():
+        cells = [" / ".join(f"{_alpha(res['by_depth']['all'][b][s]):.3f}" for s in range(min(D, 2))) for b in labels]
+        lines.append(f"| `{Path(path).name}` | " + " | ".join(cells) + " |")
+    compared = {p: res["bench"] for p, res in results.items() if "bench" in res}
+    if compared:
+        lines += ["", "Against the benchmark (`report.compare`): position 1 per category, report / bench "
+                  "(bench from its per-step traces):", "",
+                  "| artefact | bench method | " + " | ".join(names) + " | mean abs diff | max abs diff | "
+                  "Spearman |", "|" + "---|" * (5 + len(names))]
+        for path, b in compared.items():
+            ours = results[path]["alpha"]
+            cells = [f"{_alpha(ours[n][0]):.2f} / {_alpha(b['position1'][n]):.2f}"
+                     if n in ours and n in b["position1"] else "-" for n in names]
+            lines.append(f"| `{Path(path).name}` | {b['method']} | " + " | ".join(cells)
+                         + f" | {b['mean_abs_diff']:.3f} | {b['max_abs_diff']:.3f} | {b['spearman']:.2f} |")
     lines += ["", "Per category and position (accepted / reached):", ""]
     for path, res in results.items():
-        lines += [f"**`{Path(path).name}`**", "", "| category | " + " | ".join(f"pos {s + 1}" for s in range(D)) + " |",
-                  "|" + "---|" * (1 + D)]
+        lines += [f"**`{Path(path).name}`**", "", "| category | " + " | ".join(f"pos {s + 1}" for s in range(D))
+                  + " | " + " | ".join(f"pos 1, {b}" for b in labels) + " |", "|" + "---|" * (1 + D + len(labels))]
         for n in [*names, "all"]:
             if n in res["alpha"]:
-                lines.append(f"| {n} | " + " | ".join(f"{_alpha(p):.3f} ({p[0]}/{p[1]})" if p[1] else "- (0/0)"
-                                                      for p in res["alpha"][n]) + " |")
+                cells = [_cell(p) for p in res["alpha"][n]] + [_cell(res["by_depth"][n][b][0]) for b in labels]
+                lines.append(f"| {n} | " + " | ".join(cells) + " |")
         lines.append("")
     lines += ["![acceptance by position](acceptance.png)", ""]
     return "\n".join(lines)
+
+
+def _cell(pair) -> str:
+    return f"{_alpha(pair):.3f} ({pair[0]}/{pair[1]})" if pair[1] else "- (0/0)"
 
 
 def _plot(results: dict, path: Path) -> None:

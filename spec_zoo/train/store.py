@@ -32,6 +32,7 @@ from spec_zoo.artefacts import describe_target, fingerprint_matches, read_record
 from spec_zoo.errors import ConfigError
 from spec_zoo.train.data import TeacherData, from_parts, generate_batch, join_batches, stop_and_pad_ids
 from spec_zoo.train.mixture import categories, describe, mixture_prompts, text_digest
+from spec_zoo.train.workloads import Workloads
 
 FORMAT, VERSION = "spec-zoo-teacher-data", 1
 _SHARD = re.compile(r"shard-(\d{7})-(\d{7})\.safetensors")
@@ -135,16 +136,27 @@ class TeacherStore:
         return out
 
 
+def shard_files(root) -> list[Path]:
+    """The teacher-data shards of a store directory (none if it is not one), in order."""
+    root = Path(root)
+    return sorted(p for p in root.iterdir() if _SHARD.fullmatch(p.name)) if root.is_dir() else []
+
+
 class TeacherSet:
     """A config's teacher data (``cfg.data``, ``cfg.target``): the first ``wanted`` prompts
     of its mixture (all of ``data.token_ids`` when given; ``heldout``: evaluation prompts,
-    see `mixture_prompts`; ``per_category``: only the first that many of each category), the
-    target's EOS and padding ids, and the store (``data.store``) opened for them."""
+    see `mixture_prompts`; ``per_category``: only the first that many of each category;
+    ``given``: these prompts instead, `spec_zoo.train.workloads`), the target's EOS and
+    padding ids, and the store (``data.store``) opened for them."""
 
-    def __init__(self, cfg, target, wanted: int, heldout: frozenset | None = None, per_category: int = 0):
+    def __init__(self, cfg, target, wanted: int, heldout: frozenset | None = None, per_category: int = 0,
+                 given: Workloads | None = None):
         d, model = cfg.data, target.model
         cats = categories(d)
-        if d.get("token_ids") is not None:  # tests / pre-tokenized prompts
+        if given is not None:
+            self.prompts, self.categories, self.names = given.prompts, given.categories, given.names
+            self.taken = {n: given.categories.count(c) for c, n in enumerate(given.names)}
+        elif d.get("token_ids") is not None:  # tests / pre-tokenized prompts
             self.prompts = [list(map(int, p)) for p in d.token_ids]
             self.categories, self.names = [0] * len(self.prompts), ["token_ids"]
             self.taken = {"token_ids": len(self.prompts)}
@@ -165,8 +177,9 @@ class TeacherSet:
         self.model, self.batch_size, self.seed = model, int(d.batch_size), int(d.seed)
         self.identity = {
             "target": describe_target(model, cfg.target.path or cfg.target.name),
-            "prompts": {**describe(d, cats), **({} if heldout is None else {"heldout": text_digest(heldout)}),
-                        **({"per_category": per_category} if per_category else {})},
+            "prompts": given.identity() if given is not None else {
+                **describe(d, cats), **({} if heldout is None else {"heldout": text_digest(heldout)}),
+                **({"per_category": per_category} if per_category else {})},
             "generation": {"max_new_tokens": int(d.max_new_tokens), "top_k": int(d.top_k),
                            "temperature": float(d.temperature), "eos": self.eos_ids},
         }

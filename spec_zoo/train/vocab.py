@@ -1,0 +1,180 @@
+"""``spec-zoo-train vocab``: what each draft-vocabulary size buys and costs, before training
+at it (conf/train_vocab.yaml; the size is each recipe's ``<section>.vocab_size``).
+
+A draft over K of the target's tokens can never draft the others (lossless: such a token
+is simply not proposed), so its acceptance is capped by how much of the target's own text
+those K tokens cover; a smaller K makes each drafted token cheaper (the head's last matrix
+is K x H). For each size of ``vocab.sizes`` the tool picks the K most frequent tokens of a
+teacher-data store's answers, FR-Spec style (`spec_zoo.train.batches.draft_vocab`, as the
+recipes do), and measures
+
+* **coverage**: the share of the target's tokens on a benchmark (its own greedy answers, a
+  bench run's ``output_ids`` of ``vocab.bench_method``) inside the K tokens, per category,
+  counted from the answers only and from answers and prompts (more text, same store);
+* **cost**: an EAGLE head's eager draft of one token after ``vocab.context`` tokens (the
+  drafter's own path in a decode: block, draft-vocabulary head, logits back to the target's vocabulary,
+  argmax, the catching up on committed tokens included), timed interleaved with one eager
+  target forward, as a ratio to it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections import defaultdict
+from pathlib import Path
+from statistics import median
+
+import torch
+from safetensors.torch import load_file
+
+from spec_zoo.errors import ConfigError
+from spec_zoo.target import Target
+from spec_zoo.train.batches import select_vocab
+from spec_zoo.train.data import from_parts
+from spec_zoo.train.loop import load_teacher_target
+from spec_zoo.train.store import shard_files
+
+
+def store_counts(root, vocab_size: int) -> dict[str, torch.Tensor]:
+    """Token counts of a teacher-data store: ``answers`` (the generated tokens, what the
+    recipes choose from) and ``answers+prompts``."""
+    root = Path(root).expanduser()
+    shards = shard_files(root)
+    if not shards:
+        raise ConfigError(f"vocab.store={str(root)!r} holds no teacher-data shards; point it at a store a recipe "
+                          "filled (data.store), or run a recipe with train.steps=0 first.")
+    have = json.loads((root / "manifest.json").read_text()).get("target", {}).get("vocab_size")
+    if have != vocab_size:
+        raise ConfigError(f"vocab.store={str(root)!r} holds teacher data of a {have}-token vocabulary, not of this "
+                          f"target's {vocab_size}; point it at this target's store.")
+    data = from_parts([load_file(p) for p in shards])
+    answers = data.token_counts(vocab_size)
+    whole = torch.bincount(data.ids[data.ids >= 0].long(), minlength=vocab_size)[:vocab_size].float()
+    return {"answers": answers, "answers+prompts": whole}
+
+
+def bench_tokens(results, method: str) -> dict[str, torch.Tensor]:
+    """The target's tokens on a benchmark: ``output_ids`` of ``method``'s first repeat per
+    (question, turn) in a bench ``results.jsonl``, by category and ``all``."""
+    path = Path(results).expanduser()
+    if not path.is_file():
+        raise ConfigError(f"vocab.bench_results={str(path)!r} does not exist; give a bench run's results.jsonl.")
+    seen: dict[tuple, tuple[str, list[int]]] = {}
+    for line in path.read_text().splitlines():
+        r = json.loads(line) if line.strip() else None
+        if r and r["method"] == method:
+            seen.setdefault((r["question_id"], r["turn"]), (r["category"], r["output_ids"]))
+    if not seen:
+        raise ConfigError(f"vocab.bench_method={method!r} has no records in {path}; name a method of that run.")
+    out: dict[str, list[int]] = defaultdict(list)
+    for category, ids in seen.values():
+        out[category] += ids
+        out["all"] += ids
+    return {k: torch.tensor(out[k], dtype=torch.long) for k in sorted(out, key=lambda k: k == "all")}  # all last
+
+
+def coverage(vocab_ids: torch.Tensor | None, tokens: torch.Tensor, vocab_size: int) -> float:
+    """The share of ``tokens`` a draft over ``vocab_ids`` (None: all) can draft."""
+    if vocab_ids is None:
+        return 1.0
+    inside = torch.zeros(vocab_size, dtype=torch.bool)
+    inside[vocab_ids] = True
+    return float(inside[tokens].double().mean())
+
+
+@torch.no_grad()
+def draft_costs(target: Target, vocabs: dict[str, torch.Tensor | None], context: int, repeats: int) -> dict:
+    """Per vocabulary, seconds per drafted token of an eager EAGLE chain (one token a step, an
+    untrained head of that size: the cost does not depend on the weights) in a greedy decode
+    of a ``context``-token prompt (`spec_zoo.costs.measure_draft`, as ``spec-zoo costs``
+    prices drafters); and ``target``: one eager target forward t(1) after ``context`` tokens.
+    Each is the median of ``repeats`` rounds, every round measuring all of them in turn."""
+    from spec_zoo.costs import measure, measure_draft
+    from spec_zoo.decoder import SpeculativeDecoder
+    from spec_zoo.drafters.eagle.drafter import EagleDrafter
+    from spec_zoo.drafters.eagle.head import EagleHead
+
+    prompt = [(7 * i) % target.vocab_size for i in range(context)]
+    decoders = {name: SpeculativeDecoder(target, EagleDrafter(EagleHead(target.model, 0, vocab_ids=vocab).eval(),
+                                                              num_draft=1, adaptive=False))
+                for name, vocab in vocabs.items()}
+    times: dict[str, list[float]] = defaultdict(list)
+    for _ in range(repeats):
+        for name, decoder in decoders.items():
+            seconds, levels = measure_draft(decoder, prompt, max_new_tokens=16)
+            times[name].append(seconds / max(levels, 1))
+        times["target"].append(measure(target, max_tokens=1, repeats=3, contexts=[context], progress=False).seconds[0])
+    return {k: median(v) for k, v in times.items()}
+
+
+def run_vocab(cfg, target: Target | None = None) -> Path:
+    """Run ``spec-zoo-train vocab``; return its markdown file."""
+    v = cfg.vocab
+    sizes = [int(s) for s in v.sizes]
+    if not sizes or any(s < 0 for s in sizes):
+        raise ConfigError(f"vocab.sizes={list(v.sizes)}; give draft-vocabulary sizes >= 0 (0 = the full vocabulary).")
+    if not v.bench_results:
+        raise ConfigError("vocab.bench_results is not set; give a bench run's results.jsonl (e.g. "
+                          "docs/retrained/results.jsonl): its answers are the tokens to cover.")
+    bench = bench_tokens(v.bench_results, str(v.bench_method))
+    torch.set_num_threads(int(cfg.threads))
+    target = target or load_teacher_target(cfg)
+    V = target.vocab_size
+    counts = store_counts(v.store or cfg.data.store, V)
+    tok = target.tokenizer
+    always = list(getattr(tok, "all_special_ids", []) or []) if tok is not None else []
+    label = {s: "full" if not 0 < s < V else f"{s // 1024}k" if s % 1024 == 0 else str(s) for s in sizes}
+    table: dict[str, dict] = {}
+    vocabs: dict[str, torch.Tensor | None] = {}
+    for source, c in counts.items():
+        for s in sizes:
+            vocab = select_vocab(c, s, always)
+            if source == "answers":  # what the recipes choose from: the one the cost is measured for
+                vocabs[label[s]] = vocab
+            table[f"{label[s]} ({source})"] = {k: coverage(vocab, t, V) for k, t in bench.items()}
+    for path in map(Path, v.artefacts or []):
+        ids = artefact_vocab(path.expanduser())
+        name = f"{path.name} ({len(ids) if ids is not None else V})"
+        table[name] = {k: coverage(ids, t, V) for k, t in bench.items()}
+    costs = draft_costs(target, vocabs, int(v.context), int(v.repeats))
+    out = Path(v.out).expanduser()
+    out.mkdir(parents=True, exist_ok=True)
+    meta = {"store": str(v.store or cfg.data.store), "store_tokens": {k: int(c.sum()) for k, c in counts.items()},
+            "bench_results": str(v.bench_results), "bench_tokens": {k: len(t) for k, t in bench.items()},
+            "context": int(v.context), "repeats": int(v.repeats), "threads": int(cfg.threads),
+            "load_average": list(os.getloadavg())}
+    (out / "vocab.json").write_text(json.dumps({"settings": meta, "coverage": table, "cost_s": costs}, indent=1))
+    md = out / "vocab.md"
+    cats = list(bench)
+    lines = ["# Draft vocabulary: coverage and cost per size", "",
+             f"Coverage: share of the target's tokens on the benchmark ({meta['bench_results']}, "
+             f"{meta['bench_tokens']['all']} tokens) inside the K most frequent tokens of the teacher store "
+             f"{meta['store']} ({meta['store_tokens']['answers']} answer tokens, "
+             f"{meta['store_tokens']['answers+prompts']} with the prompts), `spec-zoo-train vocab`.", "",
+             "| vocabulary | " + " | ".join(cats) + " |", "|" + "---|" * (1 + len(cats))]
+    lines += [f"| {name} | " + " | ".join(f"{row[c]:.3f}" for c in cats) + " |" for name, row in table.items()]
+    lines += ["", f"Eager cost of one drafted token (EAGLE head, {meta['context']} tokens of context, median of "
+              f"{meta['repeats']} interleaved repeats, {meta['threads']} thread(s), load average "
+              f"{meta['load_average'][0]:.2f}): seconds, and as a share of one eager target forward.", "",
+              "| vocabulary | draft token (ms) | / target forward |", "|---|---|---|"]
+    lines += [f"| {k} | {costs[k] * 1e3:.2f} | {costs[k] / costs['target']:.3f} |" for k in vocabs]
+    lines += [f"| target forward | {costs['target'] * 1e3:.2f} | 1 |", ""]
+    md.write_text("\n".join(lines))
+    return md
+
+
+def artefact_vocab(path: Path) -> torch.Tensor | None:
+    """The draft vocabulary a spec-zoo artefact stores: ``vocab_ids`` in a head's weights, or
+    ``draft_vocab`` in a distilled draft's record (None: the full vocabulary)."""
+    for weights in sorted(path.glob("*.safetensors")):
+        found = load_file(weights)
+        if "vocab_ids" in found:
+            return found["vocab_ids"].long()
+    for record in path.glob("*.json"):
+        ids = json.loads(record.read_text()).get("draft_vocab") if record.name != "config.json" else None
+        if ids:
+            return torch.tensor(ids, dtype=torch.long)
+    if not any(path.glob("*.safetensors")):
+        raise ConfigError(f"vocab.artefacts: {path} holds no spec-zoo artefact; give an artefact's directory.")
+    return None

@@ -1,0 +1,127 @@
+"""Held-out prompts shaped like real use (``spec-zoo-train report report.prompts=workloads``):
+one category per kind of request a benchmark such as Spec-Bench asks (``report.workloads``),
+each drawn from the far end of the prompts file and never a training prompt.
+
+* **Conversations** (``follow_up: true``, MT-bench's second turns): the target answers the
+  first turn itself (greedy, ``data.max_new_tokens`` tokens, as the benchmark lets it), a
+  follow-up of ``report.follow_ups`` is asked, and the report scores the answer to it.
+* **Long documents** (``min_tokens``): only prompts at least that long (summaries, a passage
+  and a question), up to ``report.max_prompt_tokens``.
+* **Never the benchmark's questions**: a prompt or follow-up that shares a run of
+  ``report.bench_ngram`` words with any turn of ``report.bench_questions`` is dropped (the
+  count is kept), on lower-cased alphanumeric words.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from spec_zoo.bench.dataset import DATASETS
+from spec_zoo.errors import ConfigError
+from spec_zoo.train.data import PACKAGED_PROMPTS, chat_ids, generate_batch, read_records, stop_and_pad_ids
+from spec_zoo.train.mixture import text_digest
+
+_WORD = re.compile(r"[a-z0-9]+")
+
+
+def word_ngrams(text: str, n: int) -> set[tuple[str, ...]]:
+    """Every run of ``n`` lower-cased alphanumeric words of ``text``."""
+    words = _WORD.findall(text.lower())
+    return {tuple(words[i : i + n]) for i in range(len(words) - n + 1)}
+
+
+def bench_ngrams(path, n: int) -> set[tuple[str, ...]]:
+    """The ``n``-word runs of every turn of a benchmark's questions (a JSONL with ``turns``;
+    None: the packaged Spec-Bench)."""
+    path = Path(path).expanduser() if path else DATASETS["spec_bench"]
+    if not path.is_file():
+        raise ConfigError(f"report.bench_questions={str(path)!r} does not exist; give the benchmark's question.jsonl "
+                          "(its prompts are kept out of the report's).")
+    grams: set[tuple[str, ...]] = set()
+    for line in path.read_text(encoding="utf-8").splitlines():
+        if line.strip():
+            for turn in json.loads(line)["turns"]:
+                grams |= word_ngrams(turn, n)
+    return grams
+
+
+@dataclass
+class Workloads:
+    """The report's prompts (token ids), the category index of each, the category names, and
+    per category the prompts dropped for sharing words with the benchmark."""
+
+    prompts: list[list[int]] = field(default_factory=list)
+    categories: list[int] = field(default_factory=list)
+    names: list[str] = field(default_factory=list)
+    dropped: dict[str, int] = field(default_factory=dict)
+
+    def identity(self) -> dict:
+        """What the prompt list is, for the teacher-data store's manifest."""
+        digest = text_digest(",".join(map(str, p)) for p in self.prompts)
+        return {"file": "report.workloads", "sha256": digest, "categories": self.names}
+
+
+def workload_prompts(target, cfg, exclude: frozenset) -> Workloads:
+    """The held-out prompts of ``cfg.report.workloads`` (see the module docstring)."""
+    d, r = cfg.data, cfg.report
+    tok = target.tokenizer
+    if tok is None or not getattr(tok, "chat_template", None):
+        raise ConfigError("report.prompts=workloads needs a target with a chat template (conversations are built "
+                          "with it); use report.prompts=mixture for this target.")
+    n = int(r.bench_ngram)
+    grams = bench_ngrams(r.bench_questions, n)
+    follow_ups = [str(f) for f in r.follow_ups]
+    clash = [f for f in follow_ups if word_ngrams(f, n) & grams]
+    if clash:
+        raise ConfigError(f"report.follow_ups: {clash[0]!r} shares {n} words with a benchmark question; "
+                          "write follow-ups of your own.")
+    records = read_records(d.prompts or PACKAGED_PROMPTS)
+    out = Workloads()
+    for c, (name, spec) in enumerate(r.workloads.items()):
+        prefixes = [str(s) for s in spec["sources"]]
+        pool = [rec["prompt"] for rec in records if any(str(rec.get("source", "")).startswith(p) for p in prefixes)
+                and rec["prompt"] not in exclude]
+        order = torch.randperm(len(pool), generator=torch.Generator().manual_seed(int(d.seed) * 1000 + c)).tolist()
+        low, high = int(spec.get("min_tokens", 0)), int(r.max_prompt_tokens)
+        texts, dropped = [], 0
+        for i in reversed(order):  # the far end: training takes each category's order from the front
+            if len(texts) == int(r.per_category):
+                break
+            if word_ngrams(pool[i], n) & grams:
+                dropped += 1
+            elif low <= len(chat_ids(tok, [{"role": "user", "content": pool[i]}])) <= high:
+                texts.append(pool[i])
+        if not texts:
+            raise ConfigError(f"report.workloads.{name}: no held-out prompt of sources {prefixes} with {low}.."
+                              f"{high} tokens in {Path(d.prompts or PACKAGED_PROMPTS).name}; fix its sources or "
+                              "min_tokens.")
+        ids = (_second_turns(target, texts, follow_ups, d, high) if spec.get("follow_up")
+               else [chat_ids(tok, [{"role": "user", "content": t}]) for t in texts])
+        out.prompts += ids
+        out.categories += [c] * len(ids)
+        out.names.append(str(name))
+        out.dropped[str(name)] = dropped
+    return out
+
+
+def _second_turns(target, texts: list[str], follow_ups: list[str], d, limit: int) -> list[list[int]]:
+    """The conversation up to the second answer: turn 1, the target's own greedy answer to it
+    (special tokens dropped, as the benchmark passes it back), follow-up ``i % len``."""
+    tok = target.tokenizer
+    first = [chat_ids(tok, [{"role": "user", "content": t}]) for t in texts]
+    eos_ids, pad_id = stop_and_pad_ids(target)
+    answers = generate_batch(target.model, first, int(d.max_new_tokens), 1, 0.0, eos_ids, pad_id, int(d.seed))
+    out = []
+    for i, text in enumerate(texts):
+        p, g = len(first[i]), int(answers["gen_len"][i])
+        reply = tok.decode(answers["ids"][i, p : p + g].tolist(), skip_special_tokens=True)
+        ids = chat_ids(tok, [{"role": "user", "content": text}, {"role": "assistant", "content": reply},
+                             {"role": "user", "content": follow_ups[i % len(follow_ups)]}])
+        if len(ids) <= limit:
+            out.append(ids)
+    return out

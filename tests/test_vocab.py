@@ -1,0 +1,116 @@
+"""The draft vocabulary as a knob (issue 24): the K most frequent tokens of the teacher data
+(FR-Spec style) give a draft that stays exact though it cannot draft the other tokens, and
+`spec-zoo-train vocab` measures each size's coverage of a benchmark's tokens and its cost."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+
+from spec_zoo.drafters.eagle.drafter import EagleDrafter
+from spec_zoo.drafters.eagle.head import EagleHead
+from spec_zoo.errors import ConfigError
+from spec_zoo.registry import CONF_DIR
+from spec_zoo.target import Target
+from spec_zoo.testing import (
+    assert_greedy_identity,
+    assert_lossless,
+    certify_model,
+    hf_greedy,
+    repetitive_prompt,
+    tiny_llama,
+)
+from spec_zoo.train.batches import select_vocab
+from spec_zoo.train.store import TeacherSet
+from spec_zoo.train.vocab import artefact_vocab, run_vocab
+from tests.heads import teacher
+from tests.test_distill import _prompts
+from tests.tiny import one_thread  # noqa: F401 (autouse fixture)
+
+
+def _knob(model, size: int) -> torch.Tensor:
+    """The ``size`` most frequent tokens of the model's own greedy text (its teacher data)."""
+    text = hf_greedy(model, repetitive_prompt(7, model.config.vocab_size), 40)
+    return select_vocab(torch.bincount(torch.tensor(text), minlength=model.config.vocab_size).float(), size)
+
+
+def test_a_frequency_chosen_draft_vocabulary_never_drafts_other_tokens_and_stays_exact():
+    drafted: list[int] = []
+
+    def factory(model):
+        vocab = _knob(model, 16)
+        drafter = EagleDrafter(EagleHead(model, 1, vocab_ids=vocab).eval(), num_draft=3, adaptive=False)
+        propose = drafter.propose
+
+        def watch(state):
+            draft = propose(state)
+            drafted.extend(int(t) for t in draft.tokens)
+            assert all(int(t) in set(vocab.tolist()) for t in draft.tokens), "drafted outside the draft vocabulary"
+            return draft
+        drafter.propose = watch
+        return drafter
+
+    assert_greedy_identity(factory, seeds=(0,), max_new_tokens=30)
+    model = tiny_llama(0, sharpness=3.0)  # the helper's seed-0 target: its text holds tokens the draft cannot draft
+    assert drafted and set(hf_greedy(model, repetitive_prompt(0), 30)) - set(_knob(model, 16).tolist())
+    # sampling at T = 1: the exact law (enumerated) with a 3-of-4-token knob vocabulary
+    model = certify_model()
+    three = _knob(model, 3)  # chosen once: certify builds a drafter per enumerated branch
+    cert = assert_lossless(lambda m: EagleDrafter(EagleHead(m, 1, vocab_ids=three).eval(), num_draft=2,
+                                                  adaptive=False, sample=True), model=model)
+    assert cert.tau > 1
+
+
+def _store(tmp_path):
+    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+        cfg = compose("train_vocab", overrides=[
+            "data.max_new_tokens=10", "data.batch_size=4", "data.top_k=4", f"data.cache_dir={tmp_path / 'c'}",
+            "progress=false", "threads=1", "vocab.sizes=[8,32,0]", "vocab.repeats=1", "vocab.context=16",
+            f"vocab.out={tmp_path / 'out'}", f"vocab.bench_results={tmp_path / 'results.jsonl'}"])
+    OmegaConf.update(cfg, "data.token_ids", _prompts(12))
+    model = teacher()
+    data = TeacherSet(cfg, Target(model), 12).fill(12, progress=False)
+    return cfg, model, data
+
+
+def test_vocab_tool_measures_coverage_per_size_and_cost(tmp_path):
+    cfg, model, data = _store(tmp_path)
+    answers = data.token_counts(64)
+    top8 = select_vocab(answers, 8, [])
+    inside, outside = int(top8[0]), next(t for t in range(64) if t not in set(top8.tolist()))
+    rows = [{"method": "ar", "question_id": 1, "turn": 1, "repeat": r, "category": "qa",
+             "output_ids": [inside, inside, inside, outside]} for r in range(2)]  # the repeat counts once
+    rows += [{"method": "ar", "question_id": 2, "turn": 1, "repeat": 0, "category": "rag", "output_ids": [outside]},
+             {"method": "other", "question_id": 2, "turn": 1, "repeat": 0, "category": "rag", "output_ids": [inside]}]
+    (tmp_path / "results.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
+    md = run_vocab(cfg, target=Target(model))
+    got = json.loads((md.parent / "vocab.json").read_text())
+    cov = got["coverage"]
+    assert cov["8 (answers)"] == {"qa": 0.75, "rag": 0.0, "all": 0.6}
+    assert cov["full (answers)"] == {"qa": 1.0, "rag": 1.0, "all": 1.0}
+    assert got["settings"]["store_tokens"] == {"answers": int(answers.sum()),
+                                               "answers+prompts": int((data.ids >= 0).sum())}
+    assert set(got["cost_s"]) == {"8", "32", "full", "target"} and all(v > 0 for v in got["cost_s"].values())
+    assert "| full (answers) | 1.000 | 1.000 | 1.000 |" in md.read_text()
+    cfg.vocab.bench_method = "nope"
+    with pytest.raises(ConfigError, match="vocab.bench_method='nope' has no records"):
+        run_vocab(cfg, target=Target(model))
+    cfg.vocab.bench_method, cfg.vocab.store = "ar", str(tmp_path / "empty")
+    with pytest.raises(ConfigError, match="holds no teacher-data shards"):
+        run_vocab(cfg, target=Target(model))
+
+
+def test_an_artefact_keeps_its_draft_vocabulary(tmp_path):
+    from spec_zoo.artefacts import describe_target
+    from spec_zoo.draft_head import save_head
+
+    model = teacher()
+    vocab = torch.tensor([2, 5, 9, 33])
+    save_head(EagleHead(model, 0, vocab_ids=vocab), tmp_path / "h", describe_target(model, "tiny"), {})
+    assert artefact_vocab(tmp_path / "h").tolist() == vocab.tolist()
+    save_head(EagleHead(model, 0), tmp_path / "full", describe_target(model, "tiny"), {})
+    assert artefact_vocab(tmp_path / "full") is None
