@@ -26,6 +26,7 @@ import itertools
 import json
 import os
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
@@ -75,7 +76,7 @@ def bucket_labels(starts: list[int]) -> list[str]:
 
 
 def measure(recipe: Recipe, student: Student, data: TeacherData, names: list[str], full_vocab: int, depth: int,
-            buckets: list[int] = (0,), batch_size: int = 8) -> dict:
+            buckets: Sequence[int] = (0,), batch_size: int = 8) -> dict:
     """{category: {bucket: [(accepted, reached) per position]}} plus the category ``all`` and
     the bucket ``all``; a chain is in the depth bucket of its first token's place in the
     continuation (``buckets``: where each starts)."""

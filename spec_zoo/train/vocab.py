@@ -24,6 +24,7 @@ import os
 from collections import defaultdict
 from pathlib import Path
 from statistics import median
+from typing import Any
 
 import torch
 from safetensors.torch import load_file
@@ -140,7 +141,8 @@ def run_vocab(cfg, target: Target | None = None) -> Path:
     costs = draft_costs(target, vocabs, int(v.context), int(v.repeats))
     out = Path(v.out).expanduser()
     out.mkdir(parents=True, exist_ok=True)
-    meta = {"store": str(v.store or cfg.data.store), "store_tokens": {k: int(c.sum()) for k, c in counts.items()},
+    meta: dict[str, Any] = {
+            "store": str(v.store or cfg.data.store), "store_tokens": {k: int(c.sum()) for k, c in counts.items()},
             "bench_results": str(v.bench_results), "bench_tokens": {k: len(t) for k, t in bench.items()},
             "context": int(v.context), "repeats": int(v.repeats), "threads": int(cfg.threads),
             "load_average": list(os.getloadavg())}

@@ -88,7 +88,8 @@ def workload_prompts(target, cfg, exclude: frozenset) -> Workloads:
                 and rec["prompt"] not in exclude]
         order = torch.randperm(len(pool), generator=torch.Generator().manual_seed(int(d.seed) * 1000 + c)).tolist()
         low, high = int(spec.get("min_tokens", 0)), int(r.max_prompt_tokens)
-        texts, dropped = [], 0
+        texts: list[str] = []
+        dropped = 0
         for i in reversed(order):  # the far end: training takes each category's order from the front
             if len(texts) == int(r.per_category):
                 break
