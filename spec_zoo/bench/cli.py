@@ -17,6 +17,8 @@ from omegaconf import DictConfig, OmegaConf
 from spec_zoo.api import quiet_loading
 from spec_zoo.bench.dataset import load_dataset, prompt_encoder
 from spec_zoo.bench.methods import build_method
+from spec_zoo.bench.peer_method import build_peer_method
+from spec_zoo.bench.peers import PEERS
 from spec_zoo.bench.records import LOCK_FILE, TRACE_FILE, check_schema, read_records
 from spec_zoo.bench.runner import run_benchmark, run_context
 from spec_zoo.bench.specs import resolve_methods
@@ -67,6 +69,10 @@ def bench(cfg: DictConfig) -> Summary:
     specs, notes = resolve_methods(OmegaConf.to_container(cfg.methods) if cfg.methods is not None else None,
                                    list(cfg.default_methods), cfg, method_params)
     specs = name_custom_drafters(compatible(specs, sampling, cfg.get("skip_incompatible", False), notes))
+    for spec in specs:
+        if spec.engine in PEERS and (not sampling.greedy or gen.stop_strings):
+            raise ConfigError(f"method {spec.name}: a peer engine is measured greedy and without stop strings; set "
+                              "generation.temperature=0 generation.stop_strings=[].")
     check_model_config(cfg.model)
     for spec in specs:
         check_runtime(spec.runtime or cfg.model.runtime, cfg.model.dtype, cfg.model.device, f"methods.{spec.name}")
@@ -105,9 +111,13 @@ def _run(cfg: DictConfig, specs, questions, sampling: SamplingParams, notes: lis
     target = load_target(**cfg.model)
     plain = SpeculativeDecoder(target, sampling=sampling)  # encodes prompts; its EOS set serves every method
     eos = sorted(plain._eos_ids())
+    def built(spec, config_hash, on):
+        return build_method(spec, on, sampling, config_hash, cfg.seed, list(gen.stop_strings), eos)
+
+    # peer engines start first: their workers load (vLLM: minutes) while our compiled runtimes compile
+    peers = {s.name: build_peer_method(s, target, h, eos) for s, h in zip(specs, hashes) if s.engine in PEERS}
     targets = runtime_targets(target, specs, cfg.model)
-    methods = [build_method(s, targets[s.runtime or cfg.model.runtime], sampling, h, cfg.seed,
-                            list(gen.stop_strings), eos) for s, h in zip(specs, hashes)]
+    methods = [peers.get(s.name) or built(s, h, targets[s.runtime or cfg.model.runtime]) for s, h in zip(specs, hashes)]
     report_compile_times(targets, methods, out)
     records = run_benchmark(
         methods, questions, prompt_encoder(plain, gen.chat), results_path,

@@ -18,6 +18,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 from omegaconf import OmegaConf
 
+from spec_zoo.bench.peers import PEERS
+from spec_zoo.bench.records import BASELINE
 from spec_zoo.bench.specs import MethodSpec
 from spec_zoo.bench.trace import StepTrace
 from spec_zoo.costs import cached_table
@@ -40,7 +42,10 @@ class Measurement:
 
 
 class Method(ABC):
-    """A named way to generate, timed by the benchmark."""
+    """A named way to generate, timed by the benchmark; ``plain`` names the method that is its own
+    plain decoding (its output is compared with that one's, `spec_zoo.bench.specs.with_plains`)."""
+
+    plain: str = BASELINE
 
     def __init__(self, name: str, drafter: str, verifier: str, params: dict, config_hash: str):
         self.name, self.drafter, self.verifier = name, drafter, verifier
@@ -139,7 +144,17 @@ class TransformersMethod(Method):
 
 def build_method(spec: MethodSpec, target: Target, sampling: SamplingParams, config_hash: str, seed: int = 0,
                  stop_strings: Sequence[str] = (), eos_token_ids: Sequence[int] | None = None) -> Method:
-    """Instantiate a resolved spec on a loaded target (loads draft/assistant models)."""
+    """Instantiate a resolved spec on a loaded target (loads draft/assistant models); a peer
+    engine's is `spec_zoo.bench.peer_method.build_peer_method`."""
+    if spec.engine in PEERS:
+        raise ValueError(f"method {spec.name}: a peer engine's method is built by build_peer_method")
+    method = _built(spec, target, sampling, config_hash, seed, stop_strings, eos_token_ids)
+    method.plain = spec.plain
+    return method
+
+
+def _built(spec: MethodSpec, target: Target, sampling: SamplingParams, config_hash: str, seed: int,
+           stop_strings: Sequence[str], eos_token_ids: Sequence[int] | None) -> Method:
     if spec.engine == "spec_zoo":
         key = f"methods.{spec.name}"
         drafter = build_component(OmegaConf.create(spec.drafter), f"{key}.drafter")

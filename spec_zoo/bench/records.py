@@ -37,7 +37,7 @@ FIELDS = (
     "schema_version", "method", "drafter", "verifier", "lossless", "params", "model", "dataset", "category",
     "question_id", "turn", "repeat", "prompt_tokens", "new_tokens", "wall_s", "tokens_per_s",
     "target_forwards", "tau", "alpha", "drafted", "accepted", "draft_s", "verify_s",
-    "accept_per_position", "predicted_speedup", "output_ids", "matches_baseline", "top2_margin_at_mismatch",
+    "accept_per_position", "predicted_speedup", "output_ids", "plain", "matches_baseline", "top2_margin_at_mismatch",
     "temperature", "seed", "max_new_tokens", "device", "platform", "machine", "threads", "torch_version",
     "spec_zoo_version", "config_hash",
 )
@@ -104,7 +104,7 @@ FIELD_TYPES = {
     "temperature": (_NUMBER, False), "max_new_tokens": (_INT, False), "target_forwards": (_INT, False),
     "tau": (_NUMBER, False), "alpha": (_NUMBER, False), "drafted": (_INT, False), "accepted": (_INT, False),
     "draft_s": (_NUMBER, False), "verify_s": (_NUMBER, False), "accept_per_position": ((list,), False),
-    "predicted_speedup": (_NUMBER, False), "matches_baseline": ((bool,), False),
+    "predicted_speedup": (_NUMBER, False), "plain": ((str,), False), "matches_baseline": ((bool,), False),
     "top2_margin_at_mismatch": (_NUMBER, False), "lossless": ((bool,), False), "params": ((dict,), False),
 }
 

@@ -102,6 +102,9 @@ def run_benchmark(
     """
     if not methods or methods[0].name != BASELINE:
         raise ValueError(f"methods[0] must be the baseline {BASELINE!r}")
+    names = [m.name for m in methods]
+    if late := next((m for i, m in enumerate(methods) if i and m.plain not in names[:i]), None):
+        raise ValueError(f"method {late.name}: its plain method {late.plain!r} must run before it")
     if repeats < 1:
         raise ValueError(f"repeats={repeats}; it must be a positive integer")
     done = {record_key(r): r for r in check_schema(read_records(results_path), str(results_path))}
@@ -123,9 +126,9 @@ def run_benchmark(
             record = done.get(_key(question, repeat, turn, method))
             if record is None:
                 bar.set_postfix_str(f"{method.name} q{question.question_id} t{turn}")
-                mine, base = answers[method.name], answers[BASELINE]
+                mine, base = answers[method.name], answers[method.plain]
                 prompt = encode(question.turns[:turn], mine)
-                # comparable to the baseline only on the same prompt: the same earlier answers
+                # comparable to its plain method only on the same prompt: the same earlier answers
                 comparable = greedy and mine == base[: turn - 1]
                 # drafters that learn across requests (drafter=suffix) hide what this question's
                 # earlier runs produced: a repeat must not draft its own answer
@@ -161,8 +164,8 @@ def _measure(method: Method, prompt: list[int], max_new_tokens: int, seed: int, 
              baseline_ids: list[int] | None, comparable: bool,
              request_id: Hashable | None = None) -> tuple[dict, dict | None]:
     """Run ``method`` once; return its record's method and measurement fields, and its
-    per-step trace (None: not a spec-zoo decoder). ``baseline_ids`` is None when ``method``
-    is the baseline itself."""
+    per-step trace (None: not a spec-zoo decoder). ``baseline_ids``: the output of its plain
+    method (`Method.plain`) on this prompt, None when ``method`` is the baseline itself."""
     measured = method.run(prompt, max_new_tokens, seed, request_id)
     if baseline_ids is None:
         baseline_ids = measured.output_ids
@@ -175,7 +178,7 @@ def _measure(method: Method, prompt: list[int], max_new_tokens: int, seed: int, 
     return {
         **measured.fields, "schema_version": SCHEMA_VERSION, "method": method.name, "drafter": method.drafter,
         "verifier": method.verifier, "lossless": _lossless(method), "params": method.params,
-        "output_ids": measured.output_ids,
+        "output_ids": measured.output_ids, "plain": method.plain,
         "matches_baseline": matches, "top2_margin_at_mismatch": margin, "seed": seed,
         "max_new_tokens": max_new_tokens, "config_hash": method.config_hash,
     }, measured.trace

@@ -2,17 +2,20 @@
 bench's ``methods`` resolved into a `MethodSpec` (drafter and verifier configs composed,
 params merged, interpolations resolved) before any model loads::
 
-    engine: spec_zoo        # spec_zoo (our loop) or transformers (model.generate, a reference)
+    engine: spec_zoo        # spec_zoo (our loop), transformers (model.generate, a reference) or a
+                            #   peer engine in its own venv (vllm: `spec_zoo.bench.peers`)
     runtime: null           # spec_zoo: the target's runtime, eager or compiled; null = model.runtime
     drafter: ngram          # spec_zoo: an option of conf/drafter/, or a dict with _target_
     verifier: null          # spec_zoo: an option of conf/verifier/ or a dict; null = greedy at
                             #   temperature 0, rejection above (the decoder's default)
     assistant: null         # transformers: a drafter option whose `path` is the assistant model
     params: {}              # spec_zoo: overrides merged into the drafter config;
-                            #   transformers: extra generate() kwargs
+                            #   transformers: extra generate() kwargs; a peer: the engine's arguments
 
-An inline entry overrides the file of the same name, key by key. `spec_zoo.bench.methods`
-builds a spec into a runnable method.
+An inline entry overrides the file of the same name, key by key. Each spec also names its own
+plain decoding (`MethodSpec.plain`): the plain method of the same engine and runtime in the run
+(a peer engine's speculation is compared with that engine's plain decoding), else ``ar``.
+`spec_zoo.bench.methods` builds a spec into a runnable method.
 """
 
 from __future__ import annotations
@@ -26,12 +29,13 @@ from typing import cast
 
 from omegaconf import DictConfig, OmegaConf
 
+from spec_zoo.bench.peers import PEERS
 from spec_zoo.bench.records import BASELINE
 from spec_zoo.errors import ConfigError
 from spec_zoo.paths import cache_root
 from spec_zoo.registry import compose_option, option_names
 
-ENGINES = ("spec_zoo", "transformers")
+ENGINES = ("spec_zoo", "transformers", *PEERS)
 _SPEC_KEYS = {"engine", "runtime", "drafter", "verifier", "assistant", "params"}
 # generate() kwarg -> drafter label of a transformers method without an assistant model
 _HF_DRAFTERS = {"prompt_lookup_num_tokens": "prompt_lookup", "assistant_early_exit": "early_exit"}
@@ -49,6 +53,7 @@ class MethodSpec:
     params: dict = field(default_factory=dict)
     drafter_label: str = "none"  # the option name (or _target_) recorded as `drafter`
     runtime: str | None = None  # the target's runtime (None: model.runtime)
+    plain: str = BASELINE  # the method whose output and speed are this one's own plain decoding
 
     @property
     def draft_model_path(self) -> str | None:
@@ -123,6 +128,12 @@ def _spec(name: str, entry: Mapping, root: DictConfig | None) -> MethodSpec:
             raise ConfigError(f"method {name}: runtime={runtime!r}; a spec_zoo method runs on one of "
                               f"{', '.join(RUNTIMES)} (null = model.runtime).")
     params = dict(entry.get("params") or {})
+    if engine in PEERS:
+        if any(entry.get(k) is not None for k in ("drafter", "verifier", "assistant")):
+            raise ConfigError(f"method {name}: engine={engine} takes no drafter/verifier/assistant; its params are "
+                              "the engine's own arguments (docs/peers.md).")
+        PEERS[engine].check(params, name)
+        return MethodSpec(name, engine, params=params, drafter_label=PEERS[engine].drafter_label(params))
     if engine == "transformers":
         if entry.get("drafter") is not None or entry.get("verifier") is not None:
             raise ConfigError(f"method {name}: engine=transformers takes no drafter/verifier; "
@@ -177,4 +188,25 @@ def resolve_methods(
             notes.append(f"skipping {name}: {why}.")
             continue
         specs.append(spec)
-    return specs, notes
+    return with_plains(specs), notes
+
+
+def with_plains(specs: list[MethodSpec]) -> list[MethodSpec]:
+    """``specs`` with each speculative spec_zoo or peer method pointed at the plain method of its own
+    engine and runtime listed before it (a compiled method at ``ar_compiled`` when listed before it,
+    else at ``ar``); speculative peer methods move last, after their engine's plain method, which
+    the run must have."""
+    specs = sorted(specs, key=lambda s: (s.name != BASELINE, s.engine in PEERS and s.drafter_label != "none"))
+    plains: dict[tuple, str] = {}
+    for spec in specs:
+        if spec.drafter_label == "none":
+            plains.setdefault((spec.engine, spec.runtime), spec.name)
+            continue
+        if spec.engine == "transformers":
+            continue
+        plain = plains.get((spec.engine, spec.runtime))
+        if spec.engine in PEERS and plain is None:
+            raise ConfigError(f"method {spec.name}: its speedup is over {spec.engine}'s own plain decoding; add a "
+                              f"plain {spec.engine} method to methods (e.g. {spec.engine}_ar).")
+        spec.plain = plain or BASELINE
+    return specs

@@ -3,6 +3,9 @@
 speedup:    (sum new_tokens / sum wall_s) of the method over the same of the baseline ``ar``
             on the same prompts (question, turn, repeat): pooled, not a mean of per-prompt
             ratios, so long answers weigh as much as they cost.
+own speedup: the same over the record's own plain method (its ``plain`` field: a peer engine's
+            plain decoding, ``ar_compiled`` for a compiled method), shown when some method's
+            own plain is not the baseline.
 Spec-Bench speedup: Spec-Bench's own formula (mean over questions of each question's summed
             tokens / summed seconds, method over baseline; mean over repeats).
 tau:        sum new_tokens / sum target_forwards (tokens committed per target forward).
@@ -56,6 +59,10 @@ class Cell:
     paired_wall_s: float = 0.0
     base_tokens: int = 0  # ... and those baseline records
     base_wall_s: float = 0.0
+    plain_pair_tokens: int = 0  # the records with a record of their own plain method (`plain`) ...
+    plain_pair_wall_s: float = 0.0
+    plain_tokens: int = 0  # ... and those plain records
+    plain_wall_s: float = 0.0
     timed_forwards: int = 0  # target_forwards of the records reporting draft_s / verify_s
     draft_s: float = 0.0
     verify_s: float = 0.0
@@ -68,9 +75,15 @@ class Cell:
     mismatch_margins: list = field(default_factory=list)  # top2_margin_at_mismatch (None: output ran short)
     seed: int = 0  # of the bootstrap
 
-    def add(self, r: dict, base: dict | None) -> None:
-        """Count record ``r``; ``base`` is the baseline's record for the same prompt, if any."""
+    def add(self, r: dict, base: dict | None, plain: dict | None = None) -> None:
+        """Count record ``r``; ``base`` is the baseline's record for the same prompt, if any;
+        ``plain`` that of its own plain method (`spec_zoo.bench.specs.with_plains`)."""
         self.records += 1
+        if plain is not None:
+            self.plain_pair_tokens += r["new_tokens"]
+            self.plain_pair_wall_s += r["wall_s"]
+            self.plain_tokens += plain["new_tokens"]
+            self.plain_wall_s += plain["wall_s"]
         if base is not None:
             self.paired_tokens += r["new_tokens"]
             self.paired_wall_s += r["wall_s"]
@@ -115,6 +128,14 @@ class Cell:
         if not (self.paired_wall_s and self.base_tokens and self.base_wall_s):
             return None
         return (self.paired_tokens / self.paired_wall_s) / (self.base_tokens / self.base_wall_s)
+
+    @property
+    def own_speedup(self) -> float | None:
+        """Throughput over that of its own plain method (a peer engine's plain decoding, ``ar_compiled``
+        for a compiled method), on the prompts both ran."""
+        if not (self.plain_pair_wall_s and self.plain_tokens and self.plain_wall_s):
+            return None
+        return (self.plain_pair_tokens / self.plain_pair_wall_s) / (self.plain_tokens / self.plain_wall_s)
 
     @property
     def tau(self) -> float | None:
@@ -199,6 +220,7 @@ class Summary:
     cells: dict[tuple[str, str], Cell]
     baseline: str = BASELINE
     warnings: tuple[str, ...] = ()
+    own_plains: dict[str, str] = field(default_factory=dict)  # method -> its own plain, where not the baseline
 
     def get(self, method: str, category: str, stat: str):
         """One statistic (a `Cell` property, e.g. "speedup") of a method in a category; None if absent."""
@@ -224,6 +246,12 @@ class Summary:
              "verify = one plain step)", "predicted_speedup", "{:.2f}x"),
             ("Prediction error (predicted / measured speedup - 1)", "prediction_error", "{:+.0%}"),
         ]
+        if self.own_plains:  # some method's own plain decoding is not the baseline (a peer engine, a runtime)
+            tables.insert(1, ("Speedup over its own plain decoding (same engine and runtime: "
+                              + ", ".join(f"{m} over {p}" for m, p in self.own_plains.items()) + ")",
+                              "own_speedup", "{:.2f}x"))
+            tables[-1] = ("Match rate vs its own plain decoding (the baseline unless named above)", "match_rate",
+                          "{:.0%}")
         lines = ["# Benchmark summary", ""]
         lines += [f"> warning: {w}" for w in self.warnings]
         for title, stat, fmt in tables + extra:
@@ -261,6 +289,8 @@ def summarize(records: Iterable[dict], baseline: str = BASELINE, label: Callable
     records = list(records)
     label = label or method_label
     baseline_of = {prompt_key(r): r for r in records if r["method"] == baseline}
+    by_method = {(prompt_key(r), r["method"]): r for r in records}
+    own_plains = {label(r): r["plain"] for r in records if r.get("plain", baseline) != baseline}
     cells: dict[tuple[str, str], Cell] = {}
     methods: dict[str, set] = {}
     seen_categories = set()
@@ -269,7 +299,8 @@ def summarize(records: Iterable[dict], baseline: str = BASELINE, label: Callable
         methods.setdefault(name, set()).add((r.get("_source"), r.get("config_hash")))
         seen_categories.add(r["category"])
         for category in (r["category"], OVERALL):
-            cells.setdefault((name, category), Cell(seed=seed)).add(r, baseline_of.get(prompt_key(r)))
+            plain = by_method.get((prompt_key(r), r.get("plain", baseline)))
+            cells.setdefault((name, category), Cell(seed=seed)).add(r, baseline_of.get(prompt_key(r)), plain)
     order = [c for c in CATEGORIES if c in seen_categories] + sorted(seen_categories - set(CATEGORIES))
     warnings = tuple(
         f"method {m} mixes {len(h)} configurations (config_hash); summarize one configuration at a time."
@@ -277,7 +308,7 @@ def summarize(records: Iterable[dict], baseline: str = BASELINE, label: Callable
     )
     if not any(r["method"] == baseline for r in records) and records:
         warnings += (f"no `{baseline}` records: speedups are undefined.",)
-    return Summary(list(methods), order + [OVERALL], cells, baseline, warnings)
+    return Summary(list(methods), order + [OVERALL], cells, baseline, warnings, own_plains)
 
 
 def summarize_file(path, config_hashes: Sequence[str] | None = None) -> Summary:

@@ -1,0 +1,68 @@
+"""Peer engines the bench can measure beside spec-zoo (``engine: vllm`` in a method spec): what
+each needs to run in its own virtual environment (a venv made by a documented command, never
+part of spec-zoo's install, since each pins its own torch), checked before any model loads.
+
+A peer method's ``params`` are the engine's own arguments (for vLLM, keyword arguments of
+``vllm.LLM`` such as ``speculative_config``) plus ``venv``, the environment's directory.
+`spec_zoo.bench.peer_method` runs the engine's worker script there (docs/peers.md).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from spec_zoo.errors import ConfigError
+
+#: where Debian's libtcmalloc-minimal4 puts tcmalloc, which vLLM's CPU build asks to have preloaded
+TCMALLOC = "/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4"
+
+
+@dataclass(frozen=True)
+class PeerEngine:
+    """A serving engine run in its own venv through a worker script speaking the peer protocol."""
+
+    name: str
+    worker: str  # the script the venv's python runs (a name: next to this module)
+    venv: str  # the default venv directory (relative to the working directory)
+    install: str  # the command that makes that venv
+    speculation_key: str  # the engine argument that turns speculation on
+
+    def python(self, params: Mapping) -> Path:
+        return Path(params.get("venv") or self.venv).expanduser() / "bin" / "python"
+
+    def worker_path(self) -> Path:
+        return Path(__file__).parent / self.worker
+
+    def engine_args(self, params: Mapping) -> dict:
+        """The engine's own arguments: ``params`` without ``venv``."""
+        return {k: v for k, v in params.items() if k != "venv"}
+
+    def drafter_label(self, params: Mapping) -> str:
+        """What a record names as the drafter: the engine's speculative method, or ``none``."""
+        speculation = params.get(self.speculation_key)
+        return str(speculation.get("method", "speculative")) if isinstance(speculation, Mapping) else "none"
+
+    def check(self, params: Mapping, method: str) -> None:
+        """The venv is there, or one line naming the command that makes it."""
+        python = self.python(params)
+        if not python.is_file():
+            raise ConfigError(f"method {method}: the {self.name} environment is missing ({python} not found); make it "
+                              f"with `{self.install}` (docs/peers.md), or point params.venv at one.")
+
+    def environment(self, params: Mapping, threads: int) -> dict:
+        """The worker's environment: ``threads`` compute threads, and what the engine needs preloaded."""
+        env = {**os.environ, "OMP_NUM_THREADS": str(threads), "PYTHONUNBUFFERED": "1"}
+        if self.name == "vllm":
+            venv = self.python(params).parent.parent
+            preload = [p for p in (TCMALLOC, str(venv / "lib" / "libiomp5.so")) if Path(p).is_file()]  # intel-openmp
+            env.update(LD_PRELOAD=":".join(preload), VLLM_ENABLE_V1_MULTIPROCESSING="0",  # the engine in the worker
+                       VLLM_CPU_OMP_THREADS_BIND="nobind", VLLM_CPU_KVCACHE_SPACE="1", VLLM_LOGGING_LEVEL="WARNING")
+        return env
+
+
+PEERS = {
+    "vllm": PeerEngine("vllm", "vllm_worker.py", ".venv-vllm", "make peer-vllm", "speculative_config"),
+}

@@ -1,0 +1,85 @@
+"""Peer engines in the bench (`spec_zoo.bench.peers`, `peer_method`): the adapter, its protocol and
+its errors, on a stub engine (tests/stub_peer.py) in place of vLLM, which CI does not install."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+from spec_zoo.bench.methods import build_method
+from spec_zoo.bench.peer_method import PeerMethod, build_peer_method
+from spec_zoo.bench.peers import PEERS
+from spec_zoo.bench.specs import resolve_methods
+from spec_zoo.bench.summary import OVERALL, summarize
+from spec_zoo.errors import ConfigError
+from spec_zoo.sampling import SamplingParams
+from spec_zoo.target import Target
+from tests.conftest import make_tiny_llama
+from tests.test_bench import EOS, bench
+
+STUB = Path(__file__).with_name("stub_peer.py")
+BROKEN = {"vllm_broken": {"engine": "vllm", "params": {"speculative_config": {"method": "broken"}}}}
+
+
+@pytest.fixture(scope="module")
+def target():
+    return Target(make_tiny_llama())
+
+
+@pytest.fixture
+def stub_engine(tmp_path, monkeypatch):
+    """The vllm engine's venv made of this python, its worker replaced by the stub."""
+    (tmp_path / "venv" / "bin").mkdir(parents=True)
+    (tmp_path / "venv" / "bin" / "python").symlink_to(sys.executable)
+    monkeypatch.setenv("SPEC_ZOO_VLLM_VENV", str(tmp_path / "venv"))
+    monkeypatch.setitem(PEERS, "vllm", dataclasses.replace(PEERS["vllm"], worker=str(STUB)))
+
+
+def test_peer_methods_run_beside_ours_compared_with_their_own_plain_decoding(target, tmp_path, stub_engine):
+    specs, _ = resolve_methods({"vllm_ngram": None, "ar": None, "vllm_ar": None, **BROKEN}, [])
+    methods = [build_method(s, target, SamplingParams(), "h-ar", eos_token_ids=EOS) if s.engine == "spec_zoo"
+               else build_peer_method(s, target, f"h-{s.name}", EOS) for s in specs]
+    assert [(m.name, m.plain) for m in methods] == [
+        ("ar", "ar"), ("vllm_ar", "ar"), ("vllm_ngram", "vllm_ar"), ("vllm_broken", "vllm_ar")]
+    records = bench(target, methods, tmp_path / "results.jsonl")
+    by = {}
+    for r in records:
+        by.setdefault(r["method"], []).append(r)
+    assert {r["drafter"] for r in by["vllm_ngram"]} == {"ngram"} and by["vllm_ar"][0]["verifier"] == "vllm"
+    assert all(r["matches_baseline"] is True for r in by["vllm_ngram"])  # equal to vllm_ar's output
+    # its last token differs; a second turn after a different answer is another prompt: not compared
+    assert [r["matches_baseline"] for r in by["vllm_broken"]] == [False, None, False]
+    ngram = by["vllm_ngram"][0]
+    assert ngram["target_forwards"] == ngram["new_tokens"] - ngram["accepted"]
+    assert ngram["tau"] == pytest.approx(ngram["new_tokens"] / ngram["target_forwards"])
+    summary = summarize(records)
+    assert summary.get("vllm_ngram", OVERALL, "own_speedup") == pytest.approx(2.0)  # 0.01 s vs 0.02 s
+    # a plain method's own plain decoding is the baseline's
+    assert summary.get("vllm_ar", OVERALL, "own_speedup") == summary.get("vllm_ar", OVERALL, "speedup")
+    assert "vllm_ngram over vllm_ar" in summary.to_markdown()
+    for method in methods[1:]:
+        method.close()
+
+
+def test_a_missing_peer_environment_names_the_install_command(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPEC_ZOO_VLLM_VENV", str(tmp_path / "nowhere"))
+    with pytest.raises(ConfigError, match=r"method vllm_ar: the vllm environment is missing .*`make peer-vllm`"):
+        resolve_methods(["vllm_ar"], [])
+
+
+def test_peer_speculation_needs_its_engines_plain_decoding_in_the_run(stub_engine):
+    with pytest.raises(ConfigError, match="add a plain vllm method to methods"):
+        resolve_methods(["vllm_ngram"], [])
+    with pytest.raises(ConfigError, match="takes no drafter"):
+        resolve_methods({"vllm_ar": {"drafter": "ngram"}}, [])
+
+
+def test_a_worker_that_dies_is_one_line_quoting_its_last_words(target, stub_engine, monkeypatch):
+    method = PeerMethod("vllm_ar", "vllm", {"venv": os.environ["SPEC_ZOO_VLLM_VENV"]}, "h", "crash", "float32")
+    with pytest.raises(ConfigError, match=r"vllm_ar: the vllm worker exited \(3\): stub: cannot load the model"):
+        method.run([3, 4], 4, 0)
+    method.close()
