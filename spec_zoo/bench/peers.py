@@ -26,12 +26,13 @@ class PeerEngine:
 
     name: str
     worker: str  # the script the venv's python runs (a name: next to this module)
-    venv: str  # the default venv directory (relative to the working directory)
+    venv: str  # the default venv directory (relative to the working directory); SPEC_ZOO_<NAME>_VENV overrides it
     install: str  # the command that makes that venv
     speculation_key: str  # the engine argument that turns speculation on
 
     def python(self, params: Mapping) -> Path:
-        return Path(params.get("venv") or self.venv).expanduser() / "bin" / "python"
+        venv = params.get("venv") or os.environ.get(f"SPEC_ZOO_{self.name.upper()}_VENV") or self.venv
+        return Path(venv).expanduser() / "bin" / "python"
 
     def worker_path(self) -> Path:
         return Path(__file__).parent / self.worker

@@ -22,7 +22,7 @@ _COUNTERS = {"vllm:spec_decode_num_draft_tokens": "drafted", "vllm:spec_decode_n
 
 def _spec_counters(llm) -> dict:
     """vLLM's speculative-decoding counters so far (drafted and accepted tokens; null when it keeps none)."""
-    totals = {"drafted": None, "accepted": None}
+    totals: dict[str, int | None] = {"drafted": None, "accepted": None}
     try:
         metrics = llm.get_metrics()
     except Exception:
