@@ -377,14 +377,15 @@ def test_spec_zoo_costs_measures_saves_and_plots_the_table(tmp_path, monkeypatch
     from spec_zoo.testing import tiny_llama
 
     monkeypatch.setenv("SPEC_ZOO_CACHE", str(tmp_path / "cache"))
-    tiny_llama(3, dtype=torch.float32).save_pretrained(tmp_path / "m")
+    tiny_llama(3, dtype=torch.float32, max_position_embeddings=2048).save_pretrained(tmp_path / "m")
     runtime_command("costs", ["model=local", f"model.path={tmp_path / 'm'}"])
     printed = capsys.readouterr().out
-    assert "M=1:" in printed and "M=16:" in printed
-    target = Target(tiny_llama(3, dtype=torch.float32))
+    assert "M=1:" in printed and "M=32:" in printed and "after 1500 cached tokens" in printed
+    target = Target(tiny_llama(3, dtype=torch.float32, max_position_embeddings=2048))
     table = cached_table(target)
     decoder = build_decoder(compose_config(["model=local", f"model.path={tmp_path / 'm'}"]), target=target)
-    assert table is not None and len(table.seconds) == 16 and decoder.cost_table == table
+    assert table is not None and len(table.seconds) == 32 and decoder.cost_table == table
+    assert table.past == 100 and sorted(table.contexts) == ["1500", "500"]
     assert (tmp_path / "cache" / "costs").is_dir() and list((tmp_path / "cache" / "costs").glob("*.png"))
     with pytest.raises(ConfigError, match="model.runtime=eager has nothing to compile"):
         runtime_command("warmup", ["model=local", f"model.path={tmp_path / 'm'}"])
