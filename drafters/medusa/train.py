@@ -28,11 +28,11 @@ from omegaconf import DictConfig
 from spec_zoo.drafters.medusa.heads import MedusaHeads, load_medusa
 from spec_zoo.errors import ConfigError
 from spec_zoo.target import Target
-from spec_zoo.train.batches import draft_vocab, right_at, teacher_positions
+from spec_zoo.train.batches import AheadMetrics, draft_index, draft_vocab, right_at, teacher_positions
 from spec_zoo.train.data import TeacherData
 from spec_zoo.train.heads import HeadRecipe, HeadStudent
 from spec_zoo.train.loop import train_module
-from spec_zoo.train.losses import agreement, divergence
+from spec_zoo.train.losses import divergence
 from spec_zoo.train.methods import register
 from spec_zoo.train.recipe import Recipe, Student
 
@@ -90,37 +90,18 @@ class MedusaRecipe(HeadRecipe):
         assert isinstance(student, MedusaStudent)
         ids, mask, where, t_ids, t_index, t_logp = teacher_positions(student, data, rows, full_vocab)
         states = student.hidden(ids, mask).reshape(-1, student.lm.head.shape[1])[where]  # [N, H]
-        gen = data.gen_len[rows].tolist()
-        t = torch.cat([torch.arange(g) for g in gen])  # each row's place in its continuation
-        end = torch.cat([torch.full((g,), g) for g in gen])
-        N, K = where.numel(), student.lm.num_heads
-        written = ids.reshape(-1)[where + 1]  # the token the target wrote at each row
-        if student.vocab_ids is not None:  # its place in the draft vocabulary (-1: outside, not learnable)
-            lut = torch.full((full_vocab,), -1, dtype=torch.long)
-            lut[student.vocab_ids] = torch.arange(student.vocab_ids.numel())
-            written = lut[written]
-        loss = torch.zeros(N)
-        out: dict[str, torch.Tensor] = {}
-        matched = torch.zeros(N, K, dtype=torch.bool)
+        K = student.lm.num_heads
+        written = draft_index(ids.reshape(-1)[where + 1], student.vocab_ids, full_vocab)  # what the target wrote
+        metrics = AheadMetrics(data, rows, K, "head", with_agreement, where.device)
         for i in range(K):
-            src = (t + i + 1 < end).nonzero()[:, 0]  # states whose head i has a token to guess
-            dst = src + i + 1  # the teacher row of that token (same sequence: rows are consecutive)
+            src, dst = metrics.rows(i + 1)  # states whose head i has a token to guess, its teacher row
             logits = student.lm.head_logits(states[src], i)
             if self.labels == "tokens":  # cross-entropy: fkl against a one-hot teacher
                 head_loss = divergence(logits, written[dst, None], torch.zeros(len(dst), 1), "fkl")
             else:
                 head_loss = divergence(logits, t_index[dst], t_logp[dst], kind)
-            loss = loss.index_add(0, src, self.decay ** i * head_loss)
-            if with_agreement:
-                greedy, accept = agreement(logits, student.vocab_ids, t_ids[dst], t_index[dst], t_logp[dst])
-                out[f"head{i + 1}_greedy"], out[f"head{i + 1}_sampled"] = greedy, accept
-                matched[src, i] = greedy
-        out["loss"] = loss
-        if with_agreement:
-            out["alpha_greedy"], out["alpha_sampled"] = out["head1_greedy"], out["head1_sampled"]
-            full = t + K < end  # states all K heads have a token for
-            out["tau_chain"] = 1 + matched[full].long().cumprod(1).sum(1)  # tokens per step, greedy chain of K
-        return out
+            metrics.add(i, src, self.decay ** i * head_loss, logits, student.vocab_ids, t_ids, t_index, t_logp, dst)
+        return metrics.result()
 
 
     def load(self, path: Path, model: torch.nn.Module) -> Student:

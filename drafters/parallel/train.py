@@ -40,9 +40,9 @@ from spec_zoo.errors import ConfigError
 from spec_zoo.models import DTYPES
 from spec_zoo.schema import POSITIVE, Keys, Limit
 from spec_zoo.target import Target
-from spec_zoo.train.batches import right_at, teacher_positions
+from spec_zoo.train.batches import AheadMetrics, right_at, teacher_positions
 from spec_zoo.train.data import TeacherData
-from spec_zoo.train.losses import agreement, divergence
+from spec_zoo.train.losses import divergence
 from spec_zoo.train.methods import register
 from spec_zoo.train.recipe import Recipe
 from spec_zoo.train.store import TeacherSet
@@ -200,27 +200,14 @@ class ParallelRecipe:
         assert isinstance(student, ParallelStudent)
         ids, mask, where, t_ids, t_index, t_logp = teacher_positions(student, data, rows, full_vocab)
         states = student.anchored(ids, mask, where)
-        device, N, k = where.device, where.numel(), student.k
-        gen = data.gen_len[rows].tolist()
-        t = torch.cat([torch.arange(g) for g in gen]).to(device)
-        end = torch.cat([torch.full((g,), g) for g in gen]).to(device)
-        loss = torch.zeros(N, device=device)
-        out: dict[str, torch.Tensor] = {}
-        matched = torch.zeros(N, k, dtype=torch.bool, device=device)
+        device, k = where.device, student.k
+        metrics = AheadMetrics(data, rows, k, "pos", with_agreement, device)
         for i in range(k):
-            src = (t + i < end).nonzero()[:, 0]
-            dst = src + i  # the teacher row of the token i places after the anchor's next one
+            src, dst = metrics.rows(i)  # the teacher row of the token i places after the anchor's next one
             logits = student.head(states[src, i])
-            loss = loss.index_add(0, src, self.decay ** i * divergence(logits, t_index[dst], t_logp[dst], kind))
-            if with_agreement:
-                greedy, accept = agreement(logits, student.vocab_ids, t_ids[dst], t_index[dst], t_logp[dst])
-                out[f"pos{i + 1}_greedy"], out[f"pos{i + 1}_sampled"] = greedy, accept
-                matched[src, i] = greedy
-        out["loss"] = loss
-        if with_agreement:
-            out["alpha_greedy"], out["alpha_sampled"] = out["pos1_greedy"], out["pos1_sampled"]
-            out["tau_chain"] = 1 + matched[t + k <= end].long().cumprod(1).sum(1)
-        return out
+            loss = self.decay ** i * divergence(logits, t_index[dst], t_logp[dst], kind)
+            metrics.add(i, src, loss, logits, student.vocab_ids, t_ids, t_index, t_logp, dst)
+        return metrics.result()
 
     def extra_loss(self, student: Student, cfg: DictConfig) -> torch.Tensor | None:
         return None

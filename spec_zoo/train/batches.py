@@ -73,6 +73,58 @@ class TeacherMetrics:
         return None
 
 
+def draft_index(tokens: torch.Tensor, vocab_ids: torch.Tensor | None, full_vocab: int) -> torch.Tensor:
+    """Target ids -> places in the draft vocabulary (-1: outside it, not learnable)."""
+    if vocab_ids is None:
+        return tokens
+    lut = torch.full((full_vocab,), -1, dtype=torch.long, device=tokens.device)
+    lut[vocab_ids.to(tokens.device)] = torch.arange(vocab_ids.numel(), device=tokens.device)
+    return lut[tokens]
+
+
+class AheadMetrics:
+    """The batch metrics of a recipe that guesses tokens several places ahead of each teacher
+    position (Medusa heads, staged heads, parallel masks), added up guess by guess: ``loss`` =
+    the sum of decay^i x guess i's loss (guesses past a sequence's end left out); with
+    agreement, per guess ``<name><i>_greedy`` and ``<name><i>_sampled`` (1 - TV), ``alpha_*``
+    of the first, and ``tau_chain`` (1 + the leading guesses that are right, over the rows
+    every guess has a token for: tokens per step of a greedy chain of them all)."""
+
+    def __init__(self, data: TeacherData, rows: torch.Tensor, guesses: int, name: str, with_agreement: bool,
+                 device: torch.device):
+        gen = data.gen_len[rows].tolist()
+        self.t = torch.cat([torch.arange(g) for g in gen]).to(device)  # each row's place in its continuation
+        self.end = torch.cat([torch.full((g,), g) for g in gen]).to(device)
+        self.name, self.with_agreement, self.furthest = name, with_agreement, 0
+        self.loss = torch.zeros(len(self.t), device=device)
+        self.matched = torch.zeros(len(self.t), guesses, dtype=torch.bool, device=device)
+        self.out: dict[str, torch.Tensor] = {}
+
+    def rows(self, ahead: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(rows with a token ``ahead`` teacher rows further on in their sequence, those rows)."""
+        self.furthest = max(self.furthest, ahead)
+        src = (self.t + ahead < self.end).nonzero()[:, 0]
+        return src, src + ahead  # rows are consecutive within a sequence
+
+    def add(self, i: int, src: torch.Tensor, weighted_loss: torch.Tensor, logits: torch.Tensor,
+            vocab_ids: torch.Tensor | None, t_ids: torch.Tensor, t_index: torch.Tensor, t_logp: torch.Tensor,
+            dst: torch.Tensor) -> None:
+        """Guess ``i`` at rows ``src`` (its teacher rows ``dst``): its decayed loss and agreement."""
+        self.loss = self.loss.index_add(0, src, weighted_loss)
+        if self.with_agreement:
+            greedy, accept = agreement(logits, vocab_ids, t_ids[dst], t_index[dst], t_logp[dst])
+            self.out[f"{self.name}{i + 1}_greedy"], self.out[f"{self.name}{i + 1}_sampled"] = greedy, accept
+            self.matched[src, i] = greedy
+
+    def result(self) -> dict[str, torch.Tensor]:
+        out = {**self.out, "loss": self.loss}
+        if self.with_agreement:
+            out["alpha_greedy"], out["alpha_sampled"] = out[f"{self.name}1_greedy"], out[f"{self.name}1_sampled"]
+            full = self.t + self.furthest < self.end
+            out["tau_chain"] = 1 + self.matched[full].long().cumprod(1).sum(1)
+        return out
+
+
 @torch.no_grad()
 def evaluate(student: Student, data: TeacherData, full_vocab: int, kind: str, batch_size: int = 16,
              metrics: Metrics = batch_metrics) -> dict[str, float]:

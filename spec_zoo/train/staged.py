@@ -20,10 +20,10 @@ from omegaconf import DictConfig
 
 from spec_zoo.draft_head import StagedHead, load_head
 from spec_zoo.errors import ConfigError
-from spec_zoo.train.batches import draft_vocab, right_at, teacher_positions
+from spec_zoo.train.batches import AheadMetrics, draft_index, draft_vocab, right_at, teacher_positions
 from spec_zoo.train.data import TeacherData
 from spec_zoo.train.heads import HeadRecipe, HeadStudent
-from spec_zoo.train.losses import agreement, divergence
+from spec_zoo.train.losses import divergence
 from spec_zoo.train.recipe import Recipe, Student
 
 
@@ -34,15 +34,6 @@ class StagedStudent(HeadStudent):
 
     def hidden(self, ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         return self.cached_states(ids, attention_mask.sum(1).tolist())
-
-
-def draft_index(tokens: torch.Tensor, vocab_ids: torch.Tensor | None, full_vocab: int) -> torch.Tensor:
-    """Target ids -> places in the draft vocabulary (-1: outside it, not learnable)."""
-    if vocab_ids is None:
-        return tokens
-    lut = torch.full((full_vocab,), -1, dtype=torch.long, device=tokens.device)
-    lut[vocab_ids.to(tokens.device)] = torch.arange(vocab_ids.numel(), device=tokens.device)
-    return lut[tokens]
 
 
 class StagedRecipe(HeadRecipe):
@@ -91,33 +82,19 @@ class StagedRecipe(HeadRecipe):
         ids, mask, where, t_ids, t_index, t_logp = teacher_positions(student, data, rows, full_vocab)
         device = where.device
         states = student.hidden(ids, mask).reshape(-1, head.head.shape[1])[where]  # [N, H]: h_j
-        gen = data.gen_len[rows].tolist()
-        t = torch.cat([torch.arange(g) for g in gen]).to(device)  # each row's place in its continuation
-        end = torch.cat([torch.full((g,), g) for g in gen]).to(device)
-        N, K = where.numel(), head.num_stages
+        K = head.num_stages
         written = ids.reshape(-1)[where + 1]  # x_{j+1}, the token the target wrote after h_j
         labels = draft_index(written, student.vocab_ids, full_vocab)
-        loss = torch.zeros(N, device=device)
-        out: dict[str, torch.Tensor] = {}
-        matched = torch.zeros(N, K, dtype=torch.bool, device=device)
+        metrics = AheadMetrics(data, rows, K, "stage", with_agreement, device)
+        N = where.numel()
         state = head.start(states)
         for i in range(K):
             state = head.advance(i, state, written[(torch.arange(N, device=device) + i).clamp(max=N - 1)])
-            src = (t + i + 1 < end).nonzero()[:, 0]  # rows whose stage i has a token to guess (same sequence)
-            dst = src + i + 1  # the teacher row of that token
+            src, dst = metrics.rows(i + 1)  # rows whose stage i has a token to guess, its teacher row
             logits = head.logits(i, state[src])
             stage_loss = divergence(logits, labels[dst, None], torch.zeros(len(dst), 1, device=device), "fkl")
-            loss = loss.index_add(0, src, self.decay ** i * stage_loss)
-            if with_agreement:
-                greedy, accept = agreement(logits, student.vocab_ids, t_ids[dst], t_index[dst], t_logp[dst])
-                out[f"stage{i + 1}_greedy"], out[f"stage{i + 1}_sampled"] = greedy, accept
-                matched[src, i] = greedy
-        out["loss"] = loss
-        if with_agreement:
-            out["alpha_greedy"], out["alpha_sampled"] = out["stage1_greedy"], out["stage1_sampled"]
-            full = t + K < end  # rows every stage has a token for
-            out["tau_chain"] = 1 + matched[full].long().cumprod(1).sum(1)  # tokens per step, greedy chain of K
-        return out
+            metrics.add(i, src, self.decay ** i * stage_loss, logits, student.vocab_ids, t_ids, t_index, t_logp, dst)
+        return metrics.result()
 
     def depth_matches(self, student: Student, ids: torch.Tensor, mask: torch.Tensor, where: torch.Tensor,
                       t_ids: torch.Tensor, local: torch.Tensor, depth: int) -> list[torch.Tensor]:
