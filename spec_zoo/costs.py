@@ -87,8 +87,7 @@ class CostTable:
 
     def save(self, path: Path) -> Path:
         path.parent.mkdir(parents=True, exist_ok=True)
-        record = {k: v for k, v in asdict(self).items() if not k.startswith("_")}
-        path.write_text(json.dumps(record, indent=1))
+        path.write_text(json.dumps(asdict(self), indent=1))  # fields only: the `at` memo stays out
         return path
 
     @classmethod

@@ -163,7 +163,7 @@ class SpeculativeDecoder:
         finish = "length"
         while True:
             state.max_depth = max_new_tokens - len(generated) - 1
-            if state.cost_table is not None and self.cost_table is not None:
+            if self.cost_table is not None:
                 state.cost_table = self.cost_table.at(len(tokens))  # scoring is dearer after a longer context
             t0 = time.perf_counter()
             draft = self.drafter.propose(state) if state.max_depth > 0 else Draft.empty()
