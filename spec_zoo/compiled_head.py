@@ -21,6 +21,8 @@ from __future__ import annotations
 import torch
 from transformers.cache_utils import Cache, StaticLayer
 
+from spec_zoo.attention_kernel import DEFAULT_ATTENTION
+from spec_zoo.attention_kernel import load as load_attention
 from spec_zoo.compile_cache import fingerprint
 from spec_zoo.errors import ConfigError
 from spec_zoo.runtime import DRAFT_BLOCK, KEY_BLOCK, compile_graph, crop_all, inductor_settings, rowwise_run
@@ -38,22 +40,27 @@ class CompiledHead:
     weights: modules the graph reads besides the head (the target's rotary embedding), so the
              on-disk cache tells heads apart by every weight they compile in.
     key:     the config key named in errors and in the eager fallback's warning.
+    attention: ``kernel`` (spec-zoo's C++ attention, float32) or ``inductor``, as the target's ``model.attention``.
     """
 
     runtime = "compiled"
 
     def __init__(self, head, rotary, widths: tuple[int, int], weights: tuple[torch.nn.Module, ...] = (),
                  max_cache_len: int = 2048, key_block: int = KEY_BLOCK, freezing: bool = True,
-                 gemm_backends: str = "CPP", fallback: bool = True, key: str = "drafter"):
+                 gemm_backends: str = "CPP", fallback: bool = True, key: str = "drafter",
+                 attention: str = DEFAULT_ATTENTION):
         self.head, self.rotary, self.widths, self.weights, self.key = head, rotary, widths, weights, key
+        if attention == "kernel":
+            load_attention()  # built now, once per machine (the target's runtime usually built it already)
+        self.attention = attention
         self.max_cache_len, self.key_block, self.fallback = max_cache_len, key_block, fallback
         self.settings = inductor_settings(freezing, gemm_backends)
-        attention = next(m for m in head.modules() if hasattr(m, "k_proj"))  # the layer's attention
-        self.configs = [attention.config]  # where the row-wise attention is set while the graph runs
-        self.dtype = attention.k_proj.weight.dtype
+        layer = next(m for m in head.modules() if hasattr(m, "k_proj"))  # the layer's attention
+        self.configs = [layer.config]  # where the row-wise attention is set while the graph runs
+        self.dtype = layer.k_proj.weight.dtype
         self.cache = Cache(layers=[StaticLayer(max_cache_len=self.cache_slots)])
-        self.cache.early_initialization(1, attention.config.num_key_value_heads, attention.head_dim, self.dtype,
-                                        attention.k_proj.weight.device)  # allocated before compiling
+        self.cache.early_initialization(1, layer.config.num_key_value_heads, layer.head_dim, self.dtype,
+                                        layer.k_proj.weight.device)  # allocated before compiling
         self._compiled = None
         self.compile_s: float | None = None
         self.compile_cached = False
@@ -143,10 +150,12 @@ class CompiledHead:
                                torch.full((2, 3 * block), length, dtype=torch.long), torch.zeros(2, 3 * block),
                                torch.zeros(3, dtype=torch.long))
         tag = fingerprint(torch.nn.ModuleList([self.head, *self.weights]))
+        def under(fn):
+            return rowwise_run(fn, self.configs, self.settings, attention=self.attention)
+
         try:
             graph, self.compile_s, self.compile_cached = compile_graph(
-                self._forward, lambda fn: rowwise_run(fn, self.configs, self.settings), inputs, tag, "the draft head",
-                self.key, self.fallback)
+                self._forward, under, inputs, tag, "the draft head", self.key, self.fallback)
         finally:
             crop_all(self.cache, length)
         return graph

@@ -18,7 +18,9 @@ gpt-fast's recipe (static cache + ``torch.compile``) on the model's own modules.
   the sequence, where the mask hides it until it is overwritten.
 - Attention (`rowwise_attention`) reads the committed prefix's slots, rounded up to
   ``key_block``, in slot order, and each row's draft path root first, so a row's arithmetic
-  depends neither on M nor on the tree around it.
+  depends neither on M nor on the tree around it. In float32 it runs as one C++ kernel
+  (`spec_zoo.attention_kernel`, ``model.attention=kernel``, the default), which reads each key
+  once for all rows; inductor's loops for the formula read it once per row.
 - Committed tokens before the last one (the prompt) are prefilled eagerly into the same
   cache: one long forward that runs once per prompt and would cost a compile per length.
   Plain and speculative decoding prefill alike, so they still match bit for bit.
@@ -36,6 +38,7 @@ compiles ahead of time and says how long it took and whether the cache served it
 
 from __future__ import annotations
 
+import functools
 import sys
 import time
 import warnings
@@ -47,6 +50,8 @@ from transformers import AttentionInterface
 from transformers.cache_utils import Cache, StaticLayer
 from transformers.utils import output_capturing
 
+from spec_zoo.attention_kernel import ATTENTIONS, DEFAULT_ATTENTION, attend
+from spec_zoo.attention_kernel import load as load_attention
 from spec_zoo.compile_cache import cached_compile, fingerprint
 from spec_zoo.draft import Draft
 from spec_zoo.errors import ConfigError
@@ -60,7 +65,7 @@ DEFAULT_BUCKETS = (2,)  # a single row runs as 2: the row count is a dynamic dim
 
 
 def rowwise_attention(module, query, key, value, attention_mask, scaling, dropout=0.0, draft_slots=None,
-                      draft_mask=None, softcap=None, sliding_window=None, **kwargs):
+                      draft_mask=None, softcap=None, sliding_window=None, kernel=False, **kwargs):
     """Attention whose every output row is computed on its own, as fused multiply-and-sum
     reductions over the key axis: inductor generates the same loop for a row whatever the
     number of rows, which the CPU SDPA kernel (another blocking per query length) does not.
@@ -74,7 +79,12 @@ def rowwise_attention(module, query, key, value, attention_mask, scaling, dropou
     slower). query [B, H, M, D]; key, value [B, Hkv, slots, D]; attention_mask additive
     [B, 1, 1, S]; draft_mask additive [M, N]. ``softcap``: the model's attention soft-capping
     (Gemma 2), tanh(s / c) * c on the scaled scores before the mask, as its own attention does;
-    ``sliding_window`` needs nothing here (`CompiledTarget` refuses windows shorter than its cache)."""
+    ``sliding_window`` needs nothing here (`CompiledTarget` refuses windows shorter than its cache).
+    ``kernel``: in float32, the same contract in one C++ kernel (`spec_zoo.attention_kernel`), which
+    reads each key once for all rows; inductor's loops for the formula below read it once per row."""
+    if kernel and query.dtype == torch.float32:
+        out = attend(query, key, value, attention_mask, scaling, draft_slots, draft_mask, softcap)
+        return out.transpose(1, 2), None
     b, heads, m, d = query.shape
     groups = heads // key.shape[1]
     span = attention_mask.shape[-1]
@@ -95,6 +105,7 @@ def rowwise_attention(module, query, key, value, attention_mask, scaling, dropou
 
 
 AttentionInterface.register("spec_zoo_rowwise", rowwise_attention)
+AttentionInterface.register("spec_zoo_rowwise_kernel", functools.partial(rowwise_attention, kernel=True))
 
 
 def inductor_settings(freezing: bool, gemm_backends: str) -> dict:
@@ -120,10 +131,14 @@ class CompiledTarget(Target):
         fallback: bool = True,
         key_block: int = KEY_BLOCK,
         gemm: str = DEFAULT_GEMM,
+        attention: str = DEFAULT_ATTENTION,
     ):
         if gemm not in GEMMS:
             raise ConfigError(
                 f"model.gemm={gemm!r} is not a GEMM of the compiled runtime; use one of: {', '.join(GEMMS)}.")
+        if attention not in ATTENTIONS:
+            raise ConfigError(f"model.attention={attention!r} is not an attention of the compiled runtime; use one "
+                              f"of: {', '.join(ATTENTIONS)}.")
         stack = DecoderStack(model)  # refuses a model that is not laid out as the runtime needs
         buckets = sorted({int(b) for b in buckets})
         if not buckets or buckets[0] < 2:
@@ -143,6 +158,9 @@ class CompiledTarget(Target):
         self.settings = inductor_settings(freezing, gemm_backends)
         # the linear layers on the skinny GEMM (its kernel built now, once per machine), or on inductor's
         self.linears = SkinnyLinears() if gemm == "skinny" else None
+        if attention == "kernel":
+            load_attention()  # built now, once per machine: a missing compiler fails before any model work
+        self.attention = attention
         self._compiled = None  # the graph, compiled at the first compiled forward
         self.compile_s: float | None = None
         self.compile_cached = False  # whether the graph came from the on-disk cache
@@ -250,7 +268,7 @@ class CompiledTarget(Target):
         return final_logits(self.model, out), out
 
     def _with_rowwise_attention(self, fn):
-        return rowwise_run(fn, [self.config], self.settings, self.linears)
+        return rowwise_run(fn, [self.config], self.settings, self.linears, self.attention)
 
     # -- compiling ----------------------------------------------------------------------------
     def _graph(self):
@@ -284,15 +302,17 @@ class CompiledTarget(Target):
         return self.compile_s
 
 
-def rowwise_run(fn, configs, settings: dict, linears=None):
-    """``fn`` run with the row-wise attention (set on the models' ``configs`` meanwhile) and the
-    inductor ``settings``; the models keep their own attention for eager calls, and inductor's
-    config must be set where it compiles (``torch.compile(options=...)`` skips freezing)."""
+def rowwise_run(fn, configs, settings: dict, linears=None, attention: str = "inductor"):
+    """``fn`` run with the row-wise attention (set on the models' ``configs`` meanwhile; on the
+    C++ kernel when ``attention`` is ``kernel``) and the inductor ``settings``; the models keep
+    their own attention for eager calls, and inductor's config must be set where it compiles
+    (``torch.compile(options=...)`` skips freezing)."""
+    rowwise = "spec_zoo_rowwise_kernel" if attention == "kernel" else "spec_zoo_rowwise"
 
     def run(*args):
         before = [config._attn_implementation for config in configs]
         for config in configs:
-            config._attn_implementation = "spec_zoo_rowwise"
+            config._attn_implementation = rowwise
         try:
             with inductor_config.patch(**settings), no_output_capture(), linears or nullcontext():
                 return fn(*args)

@@ -19,50 +19,11 @@
 #include <cmath>
 #include <utility>
 
-#if defined(__AVX512F__) || defined(__AVX2__)
-#include <immintrin.h>
-#endif
+#include "simd.h"
 
 namespace {
 
-#if defined(__AVX512F__)
-constexpr const char* kIsa = "avx512";
-constexpr int LANES = 16, MR = 4, NB = 6;  // tiles of up to MR rows x NB weight rows
-using Vec = __m512;
-inline Vec vzero() { return _mm512_setzero_ps(); }
-inline Vec vload(const float* p) { return _mm512_loadu_ps(p); }
-inline Vec vfma(Vec a, Vec b, Vec c) { return _mm512_fmadd_ps(a, b, c); }
-inline float hsum(Vec v) {  // (i + i+8), then (i + i+4), (i + i+2), (i + i+1)
-  __m256 a = _mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1));
-  __m128 b = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
-  __m128 c = _mm_add_ps(b, _mm_movehl_ps(b, b));
-  return _mm_cvtss_f32(_mm_add_ss(c, _mm_movehdup_ps(c)));
-}
-#elif defined(__AVX2__) && defined(__FMA__)
-constexpr const char* kIsa = "avx2";
-constexpr int LANES = 8, MR = 4, NB = 3;
-using Vec = __m256;
-inline Vec vzero() { return _mm256_setzero_ps(); }
-inline Vec vload(const float* p) { return _mm256_loadu_ps(p); }
-inline Vec vfma(Vec a, Vec b, Vec c) { return _mm256_fmadd_ps(a, b, c); }
-inline float hsum(Vec v) {  // (i + i+4), then (i + i+2), (i + i+1)
-  __m128 b = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  __m128 c = _mm_add_ps(b, _mm_movehl_ps(b, b));
-  return _mm_cvtss_f32(_mm_add_ss(c, _mm_movehdup_ps(c)));
-}
-#else
-constexpr const char* kIsa = "portable";
-constexpr int LANES = 8, MR = 2, NB = 2;
-struct Vec { float v[LANES]; };
-inline Vec vzero() { return Vec{}; }
-inline Vec vload(const float* p) { Vec r; for (int l = 0; l < LANES; ++l) r.v[l] = p[l]; return r; }
-inline Vec vfma(Vec a, Vec b, Vec c) { for (int l = 0; l < LANES; ++l) c.v[l] = std::fma(a.v[l], b.v[l], c.v[l]); return c; }
-inline float hsum(Vec v) {
-  for (int w = LANES / 2; w >= 1; w /= 2)
-    for (int l = 0; l < w; ++l) v.v[l] = v.v[l] + v.v[l + w];
-  return v.v[0];
-}
-#endif
+using namespace spec_zoo_simd;
 
 // One register tile: rows x[0..mr) against weight rows j = 0..nr of a packed block (`w` points
 // at row j = 0 of chunk 0; chunk c of row j lies at w + c * NB * LANES + j * LANES),
@@ -154,7 +115,7 @@ std::string skinny_isa() { return kIsa; }
 
 }  // namespace
 
-TORCH_LIBRARY(spec_zoo, m) {
+TORCH_LIBRARY_FRAGMENT(spec_zoo, m) {
   m.def("skinny_linear(Tensor x, Tensor packed, int N) -> Tensor");
   m.def("skinny_layout() -> int[]", &skinny_layout);
   m.def("skinny_isa() -> str", &skinny_isa);

@@ -13,57 +13,22 @@ implementation included) so inductor calls it inside the compiled graph.
 from __future__ import annotations
 
 import functools
-import hashlib
-import os
-import platform
-import shutil
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
-from spec_zoo.errors import ConfigError, first_line
-from spec_zoo.paths import cache_root
+from spec_zoo.cpp_kernels import build
 
-SOURCE = Path(__file__).with_name("skinny_gemm.cpp")
 GEMMS = ("skinny", "inductor")  # model.gemm: this kernel, or inductor's own GEMM (model.gemm_backends)
 # level with skinny on one layer on this AVX2 VM; the whole model is not yet measured (docs/runtime.md)
 DEFAULT_GEMM = "inductor"
 
 
-def _cpu_flags() -> str:
-    """This CPU's feature flags (what -march=native compiles for), so a shared cache never
-    hands one machine another's build."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("flags"):
-                return line
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
 @functools.cache
 def load() -> str:
     """Build (once per machine, then cached) and load the kernel; the ISA it was built for."""
-    compiler = os.environ.get("CXX", "c++")
-    if shutil.which(compiler) is None:
-        raise ConfigError(f"model.gemm=skinny builds a C++ kernel on first use, but no compiler ({compiler}) is on "
-                          "PATH; install one (e.g. apt-get install g++) or set model.gemm=inductor.")
-    from torch.utils import cpp_extension
-
-    source = SOURCE.read_text()
-    tag = hashlib.sha256((source + _cpu_flags() + torch.__version__).encode()).hexdigest()[:12]
-    name = f"spec_zoo_skinny_gemm_{tag}"
-    build = cache_root() / "kernels" / name
-    build.mkdir(parents=True, exist_ok=True)
-    try:
-        cpp_extension.load(name, sources=[str(SOURCE)], extra_cflags=["-O3", "-march=native", "-ffp-contract=off"],
-                           build_directory=str(build), is_python_module=False, verbose=False)
-    except (RuntimeError, OSError, ImportError) as err:
-        raise ConfigError(f"model.gemm=skinny: building its C++ kernel in {build} failed ({first_line(err)}); "
-                          "set model.gemm=inductor.") from None
+    build("skinny_gemm.cpp", "model.gemm=skinny", "set model.gemm=inductor")
 
     @torch.library.register_fake("spec_zoo::skinny_linear")
     def _(x, packed, n):  # shapes for the compiler: x [..., K] -> [..., N]

@@ -279,12 +279,17 @@ def test_bad_buckets_and_cache_length_are_refused(model):
         CompiledTarget(model, max_cache_len=100000)
     with pytest.raises(ConfigError, match="model.gemm='mkl'"):
         CompiledTarget(model, gemm="mkl")
+    with pytest.raises(ConfigError, match="model.attention='flash'"):
+        CompiledTarget(model, attention="flash")
 
 
-def test_the_skinny_gemm_keeps_rows_and_tree_nodes_exact(model):
-    """model.gemm=skinny (spec_zoo.skinny_gemm inside the compiled graph; no eager fallback):
-    row 0 is bit-identical for 1..16 scored tokens, and every tree node equals its path as a chain."""
-    target = CompiledTarget(model, max_cache_len=96, buckets=BUCKETS, key_block=16, gemm="skinny", fallback=False)
+def test_the_skinny_gemm_and_inductors_attention_keep_rows_and_tree_nodes_exact(model):
+    """model.gemm=skinny (spec_zoo.skinny_gemm inside the compiled graph; no eager fallback) with
+    model.attention=inductor (the formula's loops, not the default kernel; one compile for both
+    non-default settings): row 0 is bit-identical for 1..16 scored tokens, and every tree node
+    equals its path as a chain."""
+    target = CompiledTarget(model, max_cache_len=96, buckets=BUCKETS, key_block=16, gemm="skinny",
+                            attention="inductor", fallback=False)
     target.reset()
     alone = target.score(PROMPT, Draft.empty()).logits[0]
     for m in range(1, 16):

@@ -1,9 +1,12 @@
-"""Whole-model t(M): SmolLM2-135M on the compiled runtime with model.gemm=skinny and =inductor,
-two CompiledTargets on one model in one process, every (M, GEMM) interleaved per round, at
+"""Whole-model t(M): SmolLM2-135M on the compiled runtime in several settings (VARIANTS: `;`
+between variants, `+` between a variant's model settings; or GEMMS, one model.gemm each), one
+CompiledTarget each on one model in one process, every (M, variant) interleaved per round, at
 each context length in PASTS; wall and thread CPU time; then row 0's logits at every M
-against M = 1. docs/runtime.md, "The skinny GEMM".
+against M = 1. docs/runtime.md, "The skinny GEMM" and "The attention kernel".
 
     OMP_NUM_THREADS=1 GEMMS=skinny,inductor PASTS=100,500,1500 R=5 python docs/runtime/skinny_costs.py
+    OMP_NUM_THREADS=1 VARIANTS="attention=inductor;attention=kernel" PASTS=100,500,1500 R=3 \
+        OUT=docs/runtime/attention_costs.json python docs/runtime/skinny_costs.py
 """
 
 import json
@@ -64,10 +67,13 @@ def measure(targets: dict, past: int, rounds: int, vocab: int) -> dict:
 def main():
     torch.set_num_threads(1)
     base = load_target("smollm2-135m")
+    variants = os.environ.get("VARIANTS") or ";".join(
+        f"gemm={g}" for g in os.environ.get("GEMMS", "skinny,inductor").split(","))
     targets = {}
-    for gemm in os.environ.get("GEMMS", "skinny,inductor").split(","):
-        targets[gemm] = on_runtime("compiled", base.model, base.tokenizer, gemm=gemm, fallback=False)
-        print(gemm, "compiled in", targets[gemm].warm_up(), "s", file=sys.stderr, flush=True)
+    for variant in variants.split(";"):
+        settings = dict(pair.split("=") for pair in variant.split("+"))
+        targets[variant] = on_runtime("compiled", base.model, base.tokenizer, fallback=False, **settings)
+        print(variant, "compiled in", targets[variant].warm_up(), "s", file=sys.stderr, flush=True)
     records = [measure(targets, int(p), int(os.environ.get("R", 5)), base.vocab_size)
                for p in os.environ.get("PASTS", "100").split(",")]
     if "OUT" in os.environ:

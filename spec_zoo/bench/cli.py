@@ -136,7 +136,7 @@ def runtime_targets(target, specs, model_cfg) -> dict:
     from spec_zoo.models import on_runtime
 
     settings = {k: v for k, v in cast(dict, OmegaConf.to_container(model_cfg)).items()
-                if k in ("max_cache_len", "buckets", "freezing", "gemm_backends", "gemm")}
+                if k in ("max_cache_len", "buckets", "freezing", "gemm_backends", "gemm", "attention")}
     targets = {model_cfg.runtime: target}
     for runtime in {s.runtime for s in specs} - {None, model_cfg.runtime}:
         targets[runtime] = on_runtime(runtime, target.model, target.tokenizer, **settings)

@@ -1,0 +1,220 @@
+// spec_zoo::rowwise_attention(q [B, H, M, D], k, v [B, Hkv, T, D], mask [B, 1, 1, S], draft_slots [M, N],
+//                             draft_mask [M, N], scaling, softcap) -> out [B, H, M, D], float32.
+//
+// The compiled runtime's attention as one kernel (the contract: `spec_zoo.runtime.rowwise_attention`).
+// Inductor's loops for that formula re-read every key for every query row, one dependent accumulator
+// chain per sum, so attention set the price of long contexts and of many scored rows. Here a block of
+// keys is read into L1 once and used by every query row of its KV head (G query heads x M rows), and
+// every sum of a row runs in one fixed order whatever the number of rows:
+//  - a score <q, k> is LANES partial sums over D in increasing order, `hsum`, then the D tail in order;
+//  - the softmax's max and denominator run over the prefix slots in slot order, then over the row's
+//    draft path root first; the output adds e * v (one lane per d) in the same order;
+//  - a key whose additive mask is below -1e30, or whose weight e is exactly 0, is skipped: it would
+//    add an exact 0, which changes no sum.
+// So a row is bit-identical for any M, and a tree node equals its path scored as a chain.
+#include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "simd.h"
+
+namespace {
+
+using namespace spec_zoo_simd;
+
+constexpr float kMasked = -1e30f;   // an additive mask below this hides the key
+constexpr int64_t kKeyBlock = 64;   // keys per block: 64 x D floats of K or V stay in L1 for every row
+constexpr int kKeys = 4;            // scores computed side by side (independent FMA chains)
+
+// out[t] = <q, k_t> for NK keys ldk floats apart; each the same arithmetic as NK = 1.
+template <int NK>
+inline void dots(const float* q, const float* k, int64_t ldk, int64_t D, float* out) {
+  const int64_t body = D / LANES;
+  Vec acc[NK];
+  for (int t = 0; t < NK; ++t) acc[t] = vzero();
+  for (int64_t c = 0; c < body; ++c) {
+    const Vec qv = vload(q + c * LANES);
+    for (int t = 0; t < NK; ++t) acc[t] = vfma(qv, vload(k + t * ldk + c * LANES), acc[t]);
+  }
+  for (int t = 0; t < NK; ++t) {
+    float s = hsum(acc[t]);
+    for (int64_t d = body * LANES; d < D; ++d) s = std::fma(q[d], k[t * ldk + d], s);
+    out[t] = s;
+  }
+}
+
+inline float score(float dot, float scaling, float softcap, float mask) {
+  float s = dot * scaling;
+  if (softcap > 0.f) s = std::tanh(s / softcap) * softcap;
+  return s + mask;
+}
+
+// acc[0..D) += e_j * v_j for the keys of one block, in key order, one FMA per lane (NV = D / LANES
+// vectors held in registers; NV = 0: any D, through memory). Same arithmetic for every NV.
+template <int NV>
+inline void accumulate(float* acc, const float* e, const float* v, int64_t ldv, int64_t count, int64_t D) {
+  if constexpr (NV > 0) {
+    Vec a[NV];
+    for (int c = 0; c < NV; ++c) a[c] = vload(acc + c * LANES);
+    for (int64_t j = 0; j < count; ++j) {
+      if (e[j] == 0.f) continue;
+      const Vec w = vbroadcast(e[j]);
+      for (int c = 0; c < NV; ++c) a[c] = vfma(w, vload(v + j * ldv + c * LANES), a[c]);
+    }
+    for (int c = 0; c < NV; ++c) vstore(acc + c * LANES, a[c]);
+  } else {
+    const int64_t body = D / LANES;
+    for (int64_t j = 0; j < count; ++j) {
+      if (e[j] == 0.f) continue;
+      const Vec w = vbroadcast(e[j]);
+      for (int64_t c = 0; c < body; ++c)
+        vstore(acc + c * LANES, vfma(w, vload(v + j * ldv + c * LANES), vload(acc + c * LANES)));
+      for (int64_t d = body * LANES; d < D; ++d) acc[d] = std::fma(e[j], v[j * ldv + d], acc[d]);
+    }
+  }
+}
+
+// x[j] = exp(x[j] - top) where mask[j] >= kMasked, else 0, LANES at a time (a tail padded as
+// masked: a lane's exp depends on its own input only); sums += the results, lane by lane.
+inline void exponentiate(float* x, const float* mask, int64_t count, float top, Vec& sums) {
+  const Vec t = vbroadcast(top);
+  int64_t j = 0;
+  for (; j + LANES <= count; j += LANES) {
+    const Vec e = vkeep_ge(vload(mask + j), kMasked, vexp(vsub(vload(x + j), t)));
+    sums = vadd(sums, e);
+    vstore(x + j, e);
+  }
+  if (j < count) {
+    const int64_t n = count - j;
+    float xs[LANES], ms[LANES];
+    for (int l = 0; l < LANES; ++l) {
+      xs[l] = l < n ? x[j + l] : 0.f;
+      ms[l] = l < n ? mask[j + l] : -std::numeric_limits<float>::infinity();
+    }
+    const Vec e = vkeep_ge(vload(ms), kMasked, vexp(vsub(vload(xs), t)));
+    sums = vadd(sums, e);
+    vstore(xs, e);
+    for (int64_t l = 0; l < n; ++l) x[j + l] = xs[l];
+  }
+}
+
+using AccumulateFn = void (*)(float*, const float*, const float*, int64_t, int64_t, int64_t);
+
+AccumulateFn accumulator(int64_t D) {
+  if (D % LANES) return &accumulate<0>;
+  switch (D / LANES) {
+    case 1: return &accumulate<1>;
+    case 2: return &accumulate<2>;
+    case 4: return &accumulate<4>;
+    case 8: return &accumulate<8>;
+    case 16: return &accumulate<16>;
+    default: return &accumulate<0>;
+  }
+}
+
+at::Tensor rowwise_attention(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
+                             const at::Tensor& mask, const at::Tensor& draft_slots, const at::Tensor& draft_mask,
+                             double scaling, double softcap) {
+  TORCH_CHECK(query.scalar_type() == at::kFloat && key.scalar_type() == at::kFloat &&
+                  value.scalar_type() == at::kFloat && mask.scalar_type() == at::kFloat &&
+                  draft_mask.scalar_type() == at::kFloat,
+              "spec_zoo::rowwise_attention computes in float32");
+  TORCH_CHECK(draft_slots.scalar_type() == at::kLong, "draft_slots must be int64");
+  TORCH_CHECK(query.dim() == 4 && key.dim() == 4 && value.sizes() == key.sizes() && mask.dim() == 4 &&
+                  draft_slots.dim() == 2 && draft_mask.sizes() == draft_slots.sizes(),
+              "rowwise_attention: query [B, H, M, D], key/value [B, Hkv, T, D], mask [B, 1, 1, S], "
+              "draft_slots/draft_mask [M, N]");
+  const int64_t B = query.size(0), H = query.size(1), M = query.size(2), D = query.size(3);
+  const int64_t Hkv = key.size(1), T = key.size(2), S = mask.size(3), N = draft_slots.size(1);
+  TORCH_CHECK(key.size(0) == B && key.size(3) == D && Hkv > 0 && H % Hkv == 0, "rowwise_attention: head shapes");
+  TORCH_CHECK(S <= T && draft_slots.size(0) == M && (mask.size(0) == 1 || mask.size(0) == B) &&
+                  mask.size(1) == 1 && mask.size(2) == 1,
+              "rowwise_attention: the mask spans at most the cache, one row of slots per row");
+  auto q = query.contiguous(), k = key.contiguous(), v = value.contiguous(), pm = mask.contiguous();
+  auto slots = draft_slots.contiguous(), dm = draft_mask.contiguous();
+  const int64_t* sp = slots.data_ptr<int64_t>();
+  for (int64_t i = 0; i < M * N; ++i) TORCH_CHECK(0 <= sp[i] && sp[i] < T, "draft_slots past the cache");
+  auto out = at::empty({B, H, M, D}, query.options());
+  const int64_t G = H / Hkv, R = G * M;
+  const float scale = static_cast<float>(scaling), cap = static_cast<float>(softcap);
+  const float *qp = q.data_ptr<float>(), *kp = k.data_ptr<float>(), *vp = v.data_ptr<float>();
+  const float *pmp = pm.data_ptr<float>(), *dmp = dm.data_ptr<float>();
+  float* op = out.data_ptr<float>();
+  const AccumulateFn add = accumulator(D);
+  // threads split (batch, KV head) pairs: a thread owns whole rows, so the split changes no sum
+  at::parallel_for(0, B * Hkv, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> prefix(R * S), drafts(R * N), total(R), acc(R * D);
+    for (int64_t task = begin; task < end; ++task) {
+      const int64_t b = task / Hkv, kvh = task % Hkv;
+      const float* keys = kp + (b * Hkv + kvh) * T * D;
+      const float* values = vp + (b * Hkv + kvh) * T * D;
+      const float* row_mask = pmp + (mask.size(0) == 1 ? 0 : b) * S;
+      auto qrow = [&](int64_t r) { return qp + ((b * H + kvh * G + r / M) * M + r % M) * D; };
+      // scores: a block of keys, then every row against it
+      for (int64_t j0 = 0; j0 < S; j0 += kKeyBlock) {
+        const int64_t j1 = std::min(S, j0 + kKeyBlock);
+        for (int64_t r = 0; r < R; ++r) {
+          float* s = prefix.data() + r * S;
+          int64_t j = j0;
+          for (; j + kKeys <= j1; j += kKeys) dots<kKeys>(qrow(r), keys + j * D, D, D, s + j);
+          for (; j < j1; ++j) dots<1>(qrow(r), keys + j * D, D, D, s + j);
+          for (j = j0; j < j1; ++j) s[j] = score(s[j], scale, cap, row_mask[j]);
+        }
+      }
+      for (int64_t r = 0; r < R; ++r) {
+        const int64_t m = r % M;
+        float* s = prefix.data() + r * S;
+        float* d = drafts.data() + r * N;
+        for (int64_t i = 0; i < N; ++i) {
+          dots<1>(qrow(r), keys + sp[m * N + i] * D, D, D, d + i);
+          d[i] = score(d[i], scale, cap, dmp[m * N + i]);
+        }
+        // softmax: the max, then e = exp(s - max) (0 where masked) and their sum, lane-wise over
+        // the prefix in slot order, then the path, then the lanes in one fixed tree
+        float top = -std::numeric_limits<float>::infinity();
+        for (int64_t j = 0; j < S; ++j)
+          if (row_mask[j] >= kMasked) top = std::max(top, s[j]);
+        for (int64_t i = 0; i < N; ++i)
+          if (dmp[m * N + i] >= kMasked) top = std::max(top, d[i]);
+        Vec sums = vzero();
+        exponentiate(s, row_mask, S, top, sums);
+        exponentiate(d, dmp + m * N, N, top, sums);
+        const float sum = hsum(sums);
+        total[r] = sum;
+      }
+      // output: a block of values, then every row's e * v over it, in key order
+      std::fill(acc.begin(), acc.end(), 0.f);
+      for (int64_t j0 = 0; j0 < S; j0 += kKeyBlock) {
+        const int64_t count = std::min(S, j0 + kKeyBlock) - j0;
+        for (int64_t r = 0; r < R; ++r)
+          add(acc.data() + r * D, prefix.data() + r * S + j0, values + j0 * D, D, count, D);
+      }
+      for (int64_t r = 0; r < R; ++r) {
+        const int64_t m = r % M;
+        for (int64_t i = 0; i < N; ++i)  // the path's slots, root first (one key at a time: any slots)
+          add(acc.data() + r * D, drafts.data() + r * N + i, values + sp[m * N + i] * D, D, 1, D);
+        float* o = op + ((b * H + kvh * G + r / M) * M + m) * D;
+        for (int64_t x = 0; x < D; ++x) o[x] = acc[r * D + x] / total[r];
+      }
+    }
+  });
+  return out;
+}
+
+std::string attention_isa() { return kIsa; }
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(spec_zoo, m) {
+  m.def("rowwise_attention(Tensor query, Tensor key, Tensor value, Tensor mask, Tensor draft_slots, "
+        "Tensor draft_mask, float scaling, float softcap) -> Tensor");
+  m.def("attention_isa() -> str", &attention_isa);
+}
+
+TORCH_LIBRARY_IMPL(spec_zoo, CPU, m) { m.impl("rowwise_attention", &rowwise_attention); }
