@@ -40,7 +40,8 @@ class CompiledHead:
     weights: modules the graph reads besides the head (the target's rotary embedding), so the
              on-disk cache tells heads apart by every weight they compile in.
     key:     the config key named in errors and in the eager fallback's warning.
-    attention: ``kernel`` (spec-zoo's C++ attention, float32) or ``inductor``, as the target's ``model.attention``.
+    attention: ``kernel`` (spec-zoo's C++ attention, float32) or ``inductor``; the EAGLE drafter passes its
+               compiled target's ``model.attention``.
     """
 
     runtime = "compiled"
@@ -150,6 +151,7 @@ class CompiledHead:
                                torch.full((2, 3 * block), length, dtype=torch.long), torch.zeros(2, 3 * block),
                                torch.zeros(3, dtype=torch.long))
         tag = fingerprint(torch.nn.ModuleList([self.head, *self.weights]))
+
         def under(fn):
             return rowwise_run(fn, self.configs, self.settings, attention=self.attention)
 

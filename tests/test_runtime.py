@@ -193,6 +193,16 @@ def test_seeded_sampling_with_a_compiled_eagle_head_is_reproducible(compiled, co
     assert texts[0] == texts[1] != texts[2]
 
 
+def test_a_compiled_eagle_head_runs_the_targets_attention(compiled, model):
+    """The head's graph takes the compiled target's model.attention (a user without a compiler
+    sets inductor once); an eager target leaves it the default. Nothing is compiled here."""
+    inductor = CompiledTarget(model, max_cache_len=96, buckets=BUCKETS, key_block=16, attention="inductor")
+    for target, attention in ((inductor, "inductor"), (compiled, "kernel"), (Target(model), "kernel")):
+        drafter = EagleDrafter(eagle_head(model), runtime="compiled")
+        drafter.attach(target)
+        assert drafter.compiled.attention == attention
+
+
 def test_a_compiled_eagle_head_is_refused_where_it_cannot_run(model):
     with pytest.raises(ConfigError, match="drafter.runtime='turbo' is not a runtime"):
         EagleDrafter(runtime="turbo")

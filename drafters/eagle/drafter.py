@@ -26,6 +26,7 @@ from pathlib import Path
 import torch
 from transformers import DynamicCache
 
+from spec_zoo.attention_kernel import DEFAULT_ATTENTION
 from spec_zoo.chain import ChainDrafter
 from spec_zoo.compiled_head import CompiledHead
 from spec_zoo.costs import file_costs
@@ -116,7 +117,8 @@ class EagleDrafter(ChainDrafter):
             return source
         weights = () if isinstance(self.head, PublishedHead) else (self.stack.inner.rotary_emb,)
         return CompiledHead(self.head, self._rotary, (self.stack.inner.embed_tokens.embedding_dim, self._width),
-                            weights, max_cache_len=target.max_length or 2048)
+                            weights, max_cache_len=target.max_length or 2048,
+                            attention=getattr(target, "attention", DEFAULT_ATTENTION))  # the target's model.attention
 
     def compiled_parts(self) -> list[CompiledHead]:
         """The head's compiled graph when it runs compiled: what `spec-zoo warmup` compiles."""
