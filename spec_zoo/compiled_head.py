@@ -42,6 +42,8 @@ class CompiledHead:
     key:     the config key named in errors and in the eager fallback's warning.
     attention: ``kernel`` (spec-zoo's C++ attention, float32) or ``inductor``; the EAGLE drafter passes its
                compiled target's ``model.attention``.
+    cache_layers: static cache layers (one per decoder layer the head runs: 1 for EAGLE's, E + 1 for an
+               early-exit draft, `spec_zoo.drafters.early_exit.compiled`).
     """
 
     runtime = "compiled"
@@ -49,17 +51,19 @@ class CompiledHead:
     def __init__(self, head, rotary, widths: tuple[int, int], weights: tuple[torch.nn.Module, ...] = (),
                  max_cache_len: int = 2048, key_block: int = KEY_BLOCK, freezing: bool = True,
                  gemm_backends: str = "CPP", fallback: bool = True, key: str = "drafter",
-                 attention: str = DEFAULT_ATTENTION):
+                 attention: str = DEFAULT_ATTENTION, cache_layers: int = 1):
         self.head, self.rotary, self.widths, self.weights, self.key = head, rotary, widths, weights, key
         if attention == "kernel":
             load_attention()  # built now, once per machine (the target's runtime usually built it already)
         self.attention = attention
         self.max_cache_len, self.key_block, self.fallback = max_cache_len, key_block, fallback
         self.settings = inductor_settings(freezing, gemm_backends)
-        layer = next(m for m in head.modules() if hasattr(m, "k_proj"))  # the layer's attention
-        self.configs = [layer.config]  # where the row-wise attention is set while the graph runs
+        attentions = [m for m in head.modules() if hasattr(m, "k_proj")]  # the layers' attention
+        # where the row-wise attention is set while the graph runs (a copied layer has its own config)
+        self.configs = list({id(m.config): m.config for m in attentions}.values())
+        layer = attentions[0]
         self.dtype = layer.k_proj.weight.dtype
-        self.cache = Cache(layers=[StaticLayer(max_cache_len=self.cache_slots)])
+        self.cache = Cache(layers=[StaticLayer(max_cache_len=self.cache_slots) for _ in range(cache_layers)])
         self.cache.early_initialization(1, layer.config.num_key_value_heads, layer.head_dim, self.dtype,
                                         layer.k_proj.weight.device)  # allocated before compiling
         self._compiled = None

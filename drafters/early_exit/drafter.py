@@ -15,6 +15,10 @@ With ``tree`` a policy of `spec_zoo.trees` shapes the draft: each level is one f
 the shallow layers (and the adapter) over the frontier nodes, with a tree mask over the
 draft's own shallow cache, so trees need ``reuse_kv=false`` (the target's cache holds
 chains only, and the target scores a tree from layer 0 anyway).
+
+With ``runtime=compiled`` the draft is one compiled graph on its own static cache
+(`spec_zoo.drafters.early_exit.compiled`) and the target verifies with all its layers
+(``reuse_kv=false``): beside the compiled target that is faster than an eager resume.
 """
 
 from __future__ import annotations
@@ -28,10 +32,13 @@ from spec_zoo.chain import ChainDrafter
 from spec_zoo.costs import file_costs
 from spec_zoo.draft import ROOT, Draft
 from spec_zoo.draft_length import DraftLength
+from spec_zoo.attention_kernel import DEFAULT_ATTENTION
 from spec_zoo.drafters.early_exit.adapter import ExitAdapter, check_exit_layer, load_adapter
+from spec_zoo.drafters.early_exit.compiled import CompiledExit, ExitDraft
 from spec_zoo.errors import ConfigError
 from spec_zoo.interfaces import DecodeState
 from spec_zoo.layers import causal_mask
+from spec_zoo.models import RUNTIMES, check_runtime
 from spec_zoo.sampling import check_sample_mode, drafts_sampled, to_full_vocab
 from spec_zoo.target import Target, follow, shared_prefix
 from spec_zoo.trees import TreeLevels, build_tree_policy
@@ -63,10 +70,13 @@ class EarlyExitDrafter(ChainDrafter):
                 rejection sampling stays exact), argmax at 0; True/False force it.
     reuse_kv:   verify from layer E with the draft's shallow KV and states (see above).
     adapter:    None (untrained exit), an adapter directory (`spec-zoo-train early_exit`),
-                "shipped" (the one trained for SmolLM2-135M at this exit layer), or an
-                `ExitAdapter`; it must be trained for this target and exit layer.
+                "shipped" (the one trained for SmolLM2-135M at this exit layer), an
+                `ExitAdapter`, or a `CompiledExit` (a compiled draft, with or without an
+                adapter, whose graph is shared); it must be trained for this target and exit layer.
     tree:       a tree policy (`spec_zoo.trees`: ``dynamic``, ``{policy: topk, width: 2}``, ...;
                 needs ``reuse_kv=false``); None drafts a chain.
+    runtime:    the draft's runtime: ``eager``, or ``compiled`` (one graph on a static cache, compiled
+                on first use; needs ``reuse_kv=false``, see the module doc).
     """
 
     name = "early_exit"
@@ -85,8 +95,17 @@ class EarlyExitDrafter(ChainDrafter):
         token_cost: float | None = None,
         learn_cost: bool = True,
         tree: str | dict | None = None,
+        runtime: str = "eager",
     ):
         check_sample_mode(sample)
+        if isinstance(adapter, CompiledExit):
+            runtime = "compiled"
+        if runtime not in RUNTIMES:
+            raise ConfigError(f"drafter.runtime={runtime!r} is not a runtime; use one of: {', '.join(RUNTIMES)}.")
+        if runtime == "compiled" and reuse_kv:
+            raise ConfigError("drafter.runtime=compiled drafts in its own static cache and the target verifies with "
+                              "all its layers: set drafter.reuse_kv=false (batch invariance makes that the same "
+                              "tokens; docs/early_exit.md).")
         self.tree = build_tree_policy(tree)
         if self.tree is not None and reuse_kv:
             raise ConfigError("drafter.tree needs drafter.reuse_kv=false: a tree is drafted in the draft's own "
@@ -96,7 +115,8 @@ class EarlyExitDrafter(ChainDrafter):
         if int(exit_layer) < 1:
             raise ConfigError(f"drafter.exit_layer={exit_layer}; the exit must be a layer index >= 1.")
         self.exit_layer, self.stop_below, self.sample_mode = int(exit_layer), stop_below, sample
-        self.reuse_kv, self.adapter_source = bool(reuse_kv), adapter
+        self.reuse_kv, self.adapter_source, self.runtime = bool(reuse_kv), adapter, runtime
+        self.compiled: CompiledExit | None = None  # set by attach when runtime=compiled
         self.length = DraftLength(num_draft, adaptive, max_draft, 0.5 if token_cost is None else token_cost, learn_cost)
         self._default_cost = token_cost is None
         self.target: Target | None = None
@@ -106,7 +126,12 @@ class EarlyExitDrafter(ChainDrafter):
         self.stack = target.stack  # refuses a family its layer-by-layer forward would get wrong
         check_exit_layer(self.exit_layer, self.stack.num_layers)
         source = self.adapter_source
-        if isinstance(source, ExitAdapter):
+        if isinstance(source, CompiledExit):  # a compiled draft handed in: its graph is shared
+            if source.head.exit_layer != self.exit_layer:
+                raise ConfigError(f"the compiled draft exits at layer {source.head.exit_layer}, not "
+                                  f"drafter.exit_layer={self.exit_layer}.")
+            self.adapter = source.head.adapter
+        elif isinstance(source, ExitAdapter):
             if source.exit_layer != self.exit_layer:
                 raise ConfigError(f"the adapter was trained for exit layer {source.exit_layer}, not "
                                   f"drafter.exit_layer={self.exit_layer}.")
@@ -118,11 +143,25 @@ class EarlyExitDrafter(ChainDrafter):
             self.adapter = load_adapter(path, target.model, self.exit_layer)
         if self._default_cost:
             self.length.prior_cost = min(0.9, self.exit_layer / self.stack.num_layers + 0.1)
+        if isinstance(source, CompiledExit):
+            self.compiled = source
+        elif self.runtime == "compiled":
+            check_runtime("compiled", str(target.dtype).removeprefix("torch."), str(target.device), "drafter")
+            self.compiled = CompiledExit(ExitDraft(target.model, self.exit_layer, self.adapter),
+                                         max_cache_len=target.max_length or 2048,
+                                         attention=getattr(target, "attention", DEFAULT_ATTENTION))
         file_costs(self, f"-{self.exit_layer}")
         self.target = target
 
+    def compiled_parts(self) -> list[CompiledExit]:
+        """The draft's compiled graph when it runs compiled: what `spec-zoo warmup` compiles."""
+        return [self.compiled] if self.compiled is not None else []
+
     def begin(self, state: DecodeState) -> None:
-        self._shallow = DynamicCache()  # layers 0..E-1 when not reusing the target's cache
+        if self.compiled is not None:
+            self.compiled.reset()
+        # layers 0..E-1 when not reusing the target's cache (the compiled draft's cache holds the adapter's too)
+        self._shallow = self.compiled.cache if self.compiled is not None else DynamicCache()
         self._adapted = DynamicCache()  # the adapter's own layer
         self._fed: list[int] = []  # tokens whose shallow (and adapter) KV is cached, in order
         self.length.reset()
@@ -141,6 +180,12 @@ class EarlyExitDrafter(ChainDrafter):
         assert self.target is not None  # attached (propose checks)
         past, m = len(self._fed), len(new)
         device = self.target.device
+        if self.compiled is not None:
+            embeds = self.stack.embed(torch.tensor([new], device=device))
+            if m > 1:  # a prompt's worth: one eager forward (see CompiledExit.prefill)
+                self.compiled.prefill(embeds[:, :-1])
+            self._fed += new
+            return self._full(self.compiled.causal(embeds[:, -1:], embeds[:, -1:], [-1])[1][0])
         positions = torch.arange(past, past + m, device=device)[None]
         states = self._run(new, positions)
         self._fed += new
@@ -164,8 +209,14 @@ class EarlyExitDrafter(ChainDrafter):
     def _exit_logits(self, states: torch.Tensor) -> torch.Tensor:
         if self.adapter is None:
             return self.stack.logits(states)
+        return self._full(self.adapter.logits(states))
+
+    def _full(self, logits: torch.Tensor) -> torch.Tensor:
+        """The exit head's logits over the target's vocabulary (the adapter's cover its draft vocabulary)."""
+        if self.adapter is None:
+            return logits
         assert self.target is not None  # attached (propose checks)
-        return to_full_vocab(self.adapter.logits(states), self.adapter.vocab_ids, self.target.vocab_size)
+        return to_full_vocab(logits, self.adapter.vocab_ids, self.target.vocab_size)
 
     def _tree_expand(self, root: torch.Tensor):
         """``expand`` for a tree policy: each level one shallow forward of the frontier nodes
@@ -176,6 +227,11 @@ class EarlyExitDrafter(ChainDrafter):
             if nodes == [ROOT]:
                 return root[None]
             assert self.target is not None  # attached (propose checks)
+            if self.compiled is not None:
+                embeds = self.stack.embed(tree.tokens[nodes][None].to(self.target.device))
+                slots, paths = levels.place(tree, nodes)
+                return self._full(self.compiled.rows(embeds, embeds, slots, paths, visible=len(self._fed),
+                                                     pick=list(range(len(nodes))))[1])
             positions, mask = levels.feed(tree, nodes, self.target.dtype, self.target.device)
             return self._exit_logits(self._run(tree.tokens[nodes].tolist(), positions, mask))
 
