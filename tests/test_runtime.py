@@ -21,6 +21,8 @@ from spec_zoo.costs import CostTable, measure
 from spec_zoo.draft import Draft
 from spec_zoo.draft_length import DraftLength
 from spec_zoo.drafters.eagle.drafter import EagleDrafter
+from spec_zoo.drafters.early_exit.compiled import CompiledExit, ExitDraft
+from spec_zoo.drafters.early_exit.drafter import EarlyExitDrafter
 from spec_zoo.drafters.ngram import NgramDrafter
 from spec_zoo.drafters.small_model import SmallModelDrafter
 from spec_zoo.errors import ConfigError
@@ -33,7 +35,7 @@ from spec_zoo.testing import PROMPT, SETTINGS, goodness_of_fit, hf_greedy, sampl
 from spec_zoo.testing import exact_distribution as exact
 from spec_zoo.verifiers.greedy import GreedyVerifier
 from spec_zoo.verifiers.rejection import RejectionVerifier
-from tests.drafts import drafter_lineup, eagle_head, noisy_copy
+from tests.drafts import drafter_lineup, eagle_head, exit_adapter, noisy_copy
 from tests.tiny import one_thread  # noqa: F401 (autouse fixture)
 
 BUCKETS = (2, 4)
@@ -191,6 +193,58 @@ def test_seeded_sampling_with_a_compiled_eagle_head_is_reproducible(compiled, co
         decoder = SpeculativeDecoder(compiled, drafter, RejectionVerifier(), SETTINGS["t1"])
         texts.append(decoder.generate(PROMPT, max_new_tokens=16, eos_token_ids=[], seed=seed).ids)
     assert texts[0] == texts[1] != texts[2]
+
+
+@pytest.fixture(scope="module", params=["untrained exit", "exit adapter"])
+def compiled_exit(model, request):
+    """One compiled early-exit draft (layers 0..E-1 and the exit head, `drafters/early_exit/compiled.py`)
+    for the module's drafters; a compile failure fails here instead of falling back."""
+    adapter = exit_adapter(model) if request.param == "exit adapter" else None
+    draft = CompiledExit(ExitDraft(model, 1, adapter), max_cache_len=96, fallback=False)
+    draft.warm_up()
+    return draft
+
+
+@pytest.mark.parametrize("tree", [None, {"policy": "topk", "width": 2, "depth": 3}, "dynamic"])
+@pytest.mark.parametrize("verifier", [GreedyVerifier, RejectionVerifier])
+def test_greedy_identity_with_a_compiled_early_exit_draft(compiled, compiled_exit, model, tree, verifier):
+    """Early exit's draft on its own compiled graph (``drafter.runtime=compiled``), chain or tree,
+    beside the compiled target verifying with all its layers: the output is plain decoding's,
+    and the draft proposes what it proposes eagerly (the same accepted of the same drafted)."""
+    plain = SpeculativeDecoder(compiled).generate(PROMPT, max_new_tokens=24, eos_token_ids=[]).ids
+    runs = []
+    for source in (compiled_exit, compiled_exit.head.adapter):
+        drafter = EarlyExitDrafter(1, num_draft=3, adaptive=False, sample=False, adapter=source, reuse_kv=False,
+                                   tree=tree)
+        runs.append(SpeculativeDecoder(compiled, drafter, verifier(), SamplingParams()).generate(
+            PROMPT, max_new_tokens=24, eos_token_ids=[]))
+    out, eager = runs
+    assert drafter.compiled is None and drafter.runtime == "eager"
+    assert out.ids == plain == hf_greedy(model, PROMPT, 24)
+    assert 0 < out.stats.accepted <= out.stats.drafted
+    assert (out.stats.accepted, out.stats.drafted) == (eager.stats.accepted, eager.stats.drafted)
+
+
+def test_seeded_sampling_with_a_compiled_early_exit_draft_is_reproducible(compiled, compiled_exit):
+    """Sampled drafts from the compiled early-exit graph, rejection sampling: a seed gives one text."""
+    texts = []
+    for seed in (3, 3, 4):
+        drafter = EarlyExitDrafter(1, num_draft=3, adapter=compiled_exit, reuse_kv=False,
+                                   tree="dynamic" if seed == 4 else None)
+        decoder = SpeculativeDecoder(compiled, drafter, RejectionVerifier(), SETTINGS["t1"])
+        texts.append(decoder.generate(PROMPT, max_new_tokens=16, eos_token_ids=[], seed=seed).ids)
+    assert texts[0] == texts[1] != texts[2]
+
+
+def test_a_compiled_early_exit_draft_is_refused_where_it_cannot_run(model):
+    """KV reuse cannot go with a draft in its own static cache; a bad runtime is named. Nothing compiles."""
+    with pytest.raises(ConfigError, match="set drafter.reuse_kv=false"):
+        EarlyExitDrafter(1, runtime="compiled")
+    with pytest.raises(ConfigError, match="drafter.runtime='turbo' is not a runtime"):
+        EarlyExitDrafter(1, runtime="turbo", reuse_kv=False)
+    wide = copy.deepcopy(model).double()
+    with pytest.raises(ConfigError, match="drafter.runtime=compiled computes in float32 or bfloat16, not float64"):
+        EarlyExitDrafter(1, runtime="compiled", reuse_kv=False).attach(Target(wide))
 
 
 def test_a_compiled_eagle_head_runs_the_targets_attention(compiled, model):

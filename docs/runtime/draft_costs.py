@@ -28,6 +28,8 @@ drafters = {
     "eagle (compiled head)": EagleDrafter(num_draft=4, runtime="compiled", **fixed),
     "medusa (eager heads)": MedusaDrafter(num_draft=3),
     "early_exit E=8 adapter (eager layers)": EarlyExitDrafter(8, num_draft=3, adapter="shipped", **fixed),
+    "early_exit E=8 adapter (compiled draft)": EarlyExitDrafter(8, num_draft=3, adapter="shipped", reuse_kv=False,
+                                                                runtime="compiled", **fixed),
     "distilled, eager draft": DistilledDrafter(num_draft=4, runtime="eager", **fixed),
     "distilled, compiled draft": DistilledDrafter(num_draft=4, runtime="compiled", **fixed),
 }

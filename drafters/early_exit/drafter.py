@@ -28,11 +28,11 @@ from pathlib import Path
 import torch
 from transformers import DynamicCache
 
+from spec_zoo.attention_kernel import DEFAULT_ATTENTION
 from spec_zoo.chain import ChainDrafter
 from spec_zoo.costs import file_costs
 from spec_zoo.draft import ROOT, Draft
 from spec_zoo.draft_length import DraftLength
-from spec_zoo.attention_kernel import DEFAULT_ATTENTION
 from spec_zoo.drafters.early_exit.adapter import ExitAdapter, check_exit_layer, load_adapter
 from spec_zoo.drafters.early_exit.compiled import CompiledExit, ExitDraft
 from spec_zoo.errors import ConfigError
