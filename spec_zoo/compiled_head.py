@@ -58,14 +58,14 @@ class CompiledHead:
         self.attention = attention
         self.max_cache_len, self.key_block, self.fallback = max_cache_len, key_block, fallback
         self.settings = inductor_settings(freezing, gemm_backends)
-        attentions = [m for m in head.modules() if hasattr(m, "k_proj")]  # the layers' attention
+        attentions = [m for m in head.modules() if hasattr(m, "layer_idx") and hasattr(m, "head_dim")]  # attention
         # where the row-wise attention is set while the graph runs (a copied layer has its own config)
         self.configs = list({id(m.config): m.config for m in attentions}.values())
         layer = attentions[0]
-        self.dtype = layer.k_proj.weight.dtype
+        self.dtype = next(layer.parameters()).dtype
         self.cache = Cache(layers=[StaticLayer(max_cache_len=self.cache_slots) for _ in range(cache_layers)])
         self.cache.early_initialization(1, layer.config.num_key_value_heads, layer.head_dim, self.dtype,
-                                        layer.k_proj.weight.device)  # allocated before compiling
+                                        next(layer.parameters()).device)  # allocated before compiling
         self._compiled = None
         self.compile_s: float | None = None
         self.compile_cached = False
