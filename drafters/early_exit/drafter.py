@@ -30,6 +30,7 @@ from transformers import DynamicCache
 
 from spec_zoo.attention_kernel import DEFAULT_ATTENTION
 from spec_zoo.chain import ChainDrafter
+from spec_zoo.compiled_head import CHUNK
 from spec_zoo.costs import file_costs
 from spec_zoo.draft import ROOT, Draft
 from spec_zoo.draft_length import DraftLength
@@ -182,10 +183,11 @@ class EarlyExitDrafter(ChainDrafter):
         device = self.target.device
         if self.compiled is not None:
             embeds = self.stack.embed(torch.tensor([new], device=device))
-            if m > 1:  # a prompt's worth: one eager forward (see CompiledExit.prefill)
+            if m > CHUNK:  # a prompt's worth: one eager forward (see CompiledExit.prefill)
                 self.compiled.prefill(embeds[:, :-1])
-            self._fed += new
-            return self._full(self.compiled.causal(embeds[:, -1:], embeds[:, -1:], [-1])[1][0])
+                embeds = embeds[:, -1:]
+            self._fed += new  # the tokens since the last draft: one call of the graph, about the price of one row
+            return self._full(self.compiled.causal(embeds, embeds, [-1])[1][0])
         positions = torch.arange(past, past + m, device=device)[None]
         states = self._run(new, positions)
         self._fed += new
