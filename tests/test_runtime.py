@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import copy
 import warnings
+from unittest import mock
 
 import pytest
 import torch
 
 from spec_zoo import SamplingParams, SpeculativeDecoder, Target
 from spec_zoo.compile_cache import cached_compile, fingerprint
-from spec_zoo.compiled_head import CompiledHead
+from spec_zoo.compiled_head import CHUNK, CompiledHead
 from spec_zoo.costs import CostTable, measure
 from spec_zoo.draft import Draft
 from spec_zoo.draft_length import DraftLength
@@ -223,6 +224,19 @@ def test_greedy_identity_with_a_compiled_early_exit_draft(compiled, compiled_exi
     assert out.ids == plain == hf_greedy(model, PROMPT, 24)
     assert 0 < out.stats.accepted <= out.stats.drafted
     assert (out.stats.accepted, out.stats.drafted) == (eager.stats.accepted, eager.stats.drafted)
+
+
+def test_a_compiled_early_exit_draft_prefills_a_long_prompt_eagerly(compiled, compiled_exit, model):
+    """A prompt longer than the graph's chunk goes to the draft in one eager forward
+    (`CompiledExit.prefill`); the output is still plain decoding's."""
+    prompt = [(5 * i + 1) % model.config.vocab_size for i in range(CHUNK + 6)]
+    plain = SpeculativeDecoder(compiled).generate(prompt, max_new_tokens=12, eos_token_ids=[]).ids
+    drafter = EarlyExitDrafter(1, num_draft=3, adaptive=False, sample=False, adapter=compiled_exit, reuse_kv=False)
+    with mock.patch.object(CompiledExit, "prefill", autospec=True, side_effect=CompiledExit.prefill) as prefill:
+        out = SpeculativeDecoder(compiled, drafter, GreedyVerifier(), SamplingParams()).generate(
+            prompt, max_new_tokens=12, eos_token_ids=[])
+    assert out.ids == plain and out.stats.drafted > 0
+    assert prefill.call_count == 1 and prefill.call_args.args[1].shape[1] == len(prompt) - 1
 
 
 def test_seeded_sampling_with_a_compiled_early_exit_draft_is_reproducible(compiled, compiled_exit):
