@@ -182,8 +182,10 @@ def file_costs(drafter, variant: str = "") -> None:
 def measure_draft(decoder, prompt: list[int], max_new_tokens: int = 48) -> tuple[float, int]:
     """(seconds spent drafting, levels drafted) in one greedy decode of ``prompt`` by ``decoder``:
     a drafter's cost per drafted level is their ratio (a chain's level is one token, a tree's
-    one level of nodes; steps that drafted nothing still count their catching up)."""
-    steps = decoder.generate(prompt, max_new_tokens=max_new_tokens, eos_token_ids=[]).stats.steps
+    one level of nodes; steps that drafted nothing still count their catching up). The first
+    step is left out: its drafting includes reading the prompt (a draft model's prefill), a
+    cost per prompt, not per level, which swamped drafters that draft rarely."""
+    steps = decoder.generate(prompt, max_new_tokens=max_new_tokens, eos_token_ids=[]).stats.steps[1:]
     return sum(s.draft_s for s in steps), sum(s.depth for s in steps)
 
 
