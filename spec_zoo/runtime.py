@@ -209,11 +209,7 @@ class CompiledTarget(Target):
         return logits, torch.cat(states) if hidden else None
 
     def layer_mask(self, past: int, q: int) -> torch.Tensor:
-        """Over every slot of the static cache: the positions past the sequence are hidden."""
-        mask = torch.full((1, 1, q, self.cache_slots), torch.finfo(self.dtype).min, dtype=self.dtype)
-        rows = causal_mask(past, q, self.dtype, "cpu")  # None for one row, which sees every past slot
-        mask[..., : past + q] = 0.0 if rows is None else rows
-        return mask.to(self.device)
+        return slot_mask(past, q, self.cache_slots, self.dtype, self.device)
 
     def _prefill(self, tokens: list[int], past: int) -> torch.Tensor:
         stack, q = self.stack, len(tokens)
@@ -364,6 +360,15 @@ def no_output_capture():
         yield
     finally:
         collector.compiling, collector.global_var = saved
+
+
+def slot_mask(past: int, q: int, slots: int, dtype: torch.dtype, device) -> torch.Tensor:
+    """Additive [1, 1, q, slots] mask over every slot of a static cache for q positions fed
+    eagerly after ``past``: causal over the sequence, the slots past it hidden."""
+    mask = torch.full((1, 1, q, slots), torch.finfo(dtype).min, dtype=dtype)
+    rows = causal_mask(past, q, dtype, "cpu")  # None for one row, which sees every past slot
+    mask[..., : past + q] = 0.0 if rows is None else rows
+    return mask.to(device)
 
 
 def crop_all(cache, length: int) -> None:

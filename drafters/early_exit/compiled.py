@@ -21,7 +21,7 @@ import torch
 from spec_zoo.compiled_head import CompiledHead
 from spec_zoo.errors import ConfigError
 from spec_zoo.layers import DecoderStack
-from spec_zoo.runtime import crop_all
+from spec_zoo.runtime import crop_all, slot_mask
 
 
 class ExitDraft(torch.nn.Module):
@@ -80,8 +80,6 @@ class CompiledExit(CompiledHead):
         if past + q > self.max_cache_len:
             raise ConfigError(f"the early-exit draft's static cache holds {self.max_cache_len} positions and the "
                               f"sequence needs {past + q}: raise model.max_cache_len, or set {self.key}.runtime=eager.")
-        mask = torch.full((1, 1, q, self.cache_slots), torch.finfo(self.dtype).min, dtype=self.dtype)
-        mask[0, 0, :, : past + q].masked_fill_(torch.ones(q, past + q, dtype=torch.bool).tril(past), 0.0)
         positions = torch.arange(past, past + q, device=embeds.device)[None]
-        self.head(embeds, positions, self.cache, mask.to(embeds.device))
+        self.head(embeds, positions, self.cache, slot_mask(past, q, self.cache_slots, self.dtype, embeds.device))
         crop_all(self.cache, past + q)

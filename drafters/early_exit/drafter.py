@@ -131,7 +131,7 @@ class EarlyExitDrafter(ChainDrafter):
             if source.head.exit_layer != self.exit_layer:
                 raise ConfigError(f"the compiled draft exits at layer {source.head.exit_layer}, not "
                                   f"drafter.exit_layer={self.exit_layer}.")
-            self.adapter = source.head.adapter
+            self.adapter, self.compiled = source.head.adapter, source
         elif isinstance(source, ExitAdapter):
             if source.exit_layer != self.exit_layer:
                 raise ConfigError(f"the adapter was trained for exit layer {source.exit_layer}, not "
@@ -144,9 +144,7 @@ class EarlyExitDrafter(ChainDrafter):
             self.adapter = load_adapter(path, target.model, self.exit_layer)
         if self._default_cost:
             self.length.prior_cost = min(0.9, self.exit_layer / self.stack.num_layers + 0.1)
-        if isinstance(source, CompiledExit):
-            self.compiled = source
-        elif self.runtime == "compiled":
+        if self.runtime == "compiled" and not isinstance(source, CompiledExit):
             check_runtime("compiled", str(target.dtype).removeprefix("torch."), str(target.device), "drafter")
             self.compiled = CompiledExit(ExitDraft(target.model, self.exit_layer, self.adapter),
                                          max_cache_len=target.max_length or 2048,
@@ -179,15 +177,15 @@ class EarlyExitDrafter(ChainDrafter):
         """Run ``new`` tokens through layers 0..E-1 (and the adapter); return the exit logits
         after the last one (or None)."""
         assert self.target is not None  # attached (propose checks)
-        past, m = len(self._fed), len(new)
         device = self.target.device
         if self.compiled is not None:
             embeds = self.stack.embed(torch.tensor([new], device=device))
-            if m > CHUNK:  # a prompt's worth: one eager forward (see CompiledExit.prefill)
+            if len(new) > CHUNK:  # a prompt's worth: one eager forward (see CompiledExit.prefill)
                 self.compiled.prefill(embeds[:, :-1])
                 embeds = embeds[:, -1:]
             self._fed += new  # the tokens since the last draft: one call of the graph, about the price of one row
             return self._full(self.compiled.causal(embeds, embeds, [-1])[1][0])
+        past, m = len(self._fed), len(new)
         positions = torch.arange(past, past + m, device=device)[None]
         states = self._run(new, positions)
         self._fed += new
