@@ -12,6 +12,13 @@ nodes and none below ``min_token_prob``; the candidate with the highest score (s
 nodes' probabilities) over match lengths and sources wins. Deterministic (``probs=None``),
 siblings distinct: lossless with every exact verifier.
 
+Where scoring more rows costs more (a CPU: the run's cost table), the winner is cut to the
+size that pays (``price``): its best-first prefix of k nodes (always a tree) maximising
+expected tokens per unit of time, (1 + c * sum of the k probabilities) / (t(k + 1) / t(1)),
+c calibrating the counts' probabilities by what was accepted so far (one occurrence says
+"probability 1"; the target agrees far less often). The paper's budget alone drafts up to
+``alpha * p`` nodes whatever they cost.
+
 The cache is bounded (oldest requests evicted first, by count and by tokens) and can be
 persisted to a JSON file. A request's output is filed under the source the benchmark names
 (`DecodeState.request_id`); while a sequence of source s runs, everything s produced before is
@@ -34,9 +41,15 @@ import torch
 
 from spec_zoo.draft import ROOT, Draft
 from spec_zoo.errors import ConfigError
-from spec_zoo.interfaces import DecodeState, Drafter
+from spec_zoo.interfaces import DecodeState, Drafter, Verdict
+from spec_zoo.stats import StepStats
 
 Occurrence = tuple[list[int], int]  # (a token sequence, index of the last matched token in it)
+Tree = tuple[list[int], list[int], list[float]]  # best-first tokens, parents, each node's estimated probability
+CALIBRATION_PRIOR = 4.0  # predicted tokens' worth of belief in the counts before any verdict (calibration 1)
+CALIBRATION_DECAY = 0.99  # weight of past drafts per new one (memory of ~100 drafts)
+IDLE_DECAY = 0.9  # per step that drafted nothing: the evidence fades toward the prior, so a low calibration
+                  # that stopped drafting recovers and tries again (no verdict would ever raise it)
 
 
 class SuffixCache:
@@ -163,12 +176,12 @@ def match_length(context: list[int], seq: list[int], pos: int, longest: int) -> 
     return n
 
 
-def grow_tree(continuations: list[list[int]], budget: int, min_prob: float,
-              branching: bool) -> tuple[list[int], list[int], float]:
+def grow_tree(continuations: list[list[int]], budget: int, min_prob: float, branching: bool) -> Tree:
     """The best-first frequency tree over ``continuations`` (what followed each matched
     occurrence): nodes in order of estimated probability, at most ``budget`` of them, none
     below ``min_prob``; without ``branching``, one chain of most frequent children.
-    Returns (tokens, parents, score = sum of the nodes' probabilities)."""
+    Returns (tokens, parents, probabilities); every prefix of it is a tree too, and its
+    score is the sum of the probabilities (the expected accepted length, if they were right)."""
     children: list[dict[int, int]] = [{}]  # trie: node -> token -> child node
     counts = [len(continuations)]
     for continuation in continuations:
@@ -183,7 +196,7 @@ def grow_tree(continuations: list[list[int]], budget: int, min_prob: float,
             node = child
     tokens: list[int] = []
     parents: list[int] = []
-    score = 0.0
+    probs: list[float] = []
     heap = [(-counts[c] / counts[0], c, t, ROOT) for t, c in children[0].items()]
     heapq.heapify(heap)
     while heap and len(tokens) < budget:
@@ -193,12 +206,25 @@ def grow_tree(continuations: list[list[int]], budget: int, min_prob: float,
         at = len(tokens)
         tokens.append(token)
         parents.append(parent)
-        score -= neg_prob
+        probs.append(-neg_prob)
         if not branching:
             heap = []
         for t, c in children[node].items():
             heapq.heappush(heap, (neg_prob * counts[c] / counts[node], c, t, at))
-    return tokens, parents, score
+    return tokens, parents, probs
+
+
+def priced_size(probs: list[float], relative_cost, calibration: float) -> int:
+    """How many leading nodes of a best-first tree to draft: the k maximising expected
+    tokens per step time, (1 + calibration * sum(probs[:k])) / relative_cost(k + 1), where
+    ``relative_cost(m)`` is t(m) / t(1). 0 when no draft pays for its rows."""
+    best_k, best_rate, gain = 0, 1.0, 1.0
+    for k, p in enumerate(probs, 1):
+        gain += calibration * p
+        rate = gain / relative_cost(k + 1)
+        if rate > best_rate:
+            best_k, best_rate = k, rate
+    return best_k
 
 
 class SuffixDrafter(Drafter):
@@ -208,7 +234,8 @@ class SuffixDrafter(Drafter):
     a match of p tokens drafts at most ``alpha * p + offset`` nodes (``max_spec`` at most);
     ``min_token_prob``: nodes less likely than this are not drafted; ``tree``: False drafts
     one chain. ``max_occurrences``: occurrences read per lookup (the most recent), which
-    bounds a step's work. ``max_requests`` / ``max_tokens``: the cache's bounds;
+    bounds a step's work. ``price``: cut each tree to the size that pays by the run's cost
+    table (no table: the budget alone). ``max_requests`` / ``max_tokens``: the cache's bounds;
     ``cache_path``: a JSON file the cache is loaded from and saved to after each request.
     """
 
@@ -226,6 +253,7 @@ class SuffixDrafter(Drafter):
         max_requests: int = 1000,
         max_tokens: int = 200_000,
         cache_path: str | None = None,
+        price: bool = True,
     ):
         for key, value, low in (("max_match", max_match, 1), ("max_spec", max_spec, 1),
                                 ("max_occurrences", max_occurrences, 1), ("max_requests", max_requests, 0),
@@ -244,6 +272,9 @@ class SuffixDrafter(Drafter):
         self._request: tuple[list[int], int, Hashable, Hashable] | None = None  # tokens, prompt_len, source, key
         self._own = _SequenceIndex()
         self._hidden: Hashable | None = None
+        self.price = price
+        self._drafted_prob = 0.0  # the last draft's predicted accepted length (sum of its probabilities)
+        self._predicted = self._accepted = 0.0  # decayed sums over earlier drafts: what the counts said, what was
 
     @property  # computes the attribute Drafter declares (ComposedDrafter sets it per instance)
     def drafts_trees(self) -> bool:  # type: ignore[override]
@@ -275,20 +306,37 @@ class SuffixDrafter(Drafter):
         context = state.tokens
         self._own.extend(context)
         limit = min(self.max_spec, state.max_depth)
-        best: tuple[list[int], list[int], float] = ([], [], 0.0)
+        best: Tree = ([], [], [])
         for found in (self._own.occurrences(context, self.max_occurrences),
                       self.cache.occurrences(context[-1], self._hidden, self.max_occurrences)):
             candidate = self._speculate(context, found, limit)
-            if candidate[2] > best[2]:
+            if sum(candidate[2]) > sum(best[2]):
                 best = candidate
-        tokens, parents, _ = best
+        tokens, parents, probs = best
+        if self.price and state.cost_table is not None and tokens:
+            keep = priced_size(probs, state.cost_table.relative, self.calibration)
+            tokens, parents, probs = tokens[:keep], parents[:keep], probs[:keep]
+        self._drafted_prob = sum(probs)
         return Draft(torch.tensor(tokens, dtype=torch.long), parents) if tokens else Draft.empty()
 
-    def _speculate(self, context: list[int], found: list[Occurrence], limit: int) -> tuple[list[int], list[int], float]:
+    @property
+    def calibration(self) -> float:
+        """Accepted tokens per token the counts predicted, over recent drafts (1 before any)."""
+        return (self._accepted + CALIBRATION_PRIOR) / (self._predicted + CALIBRATION_PRIOR)
+
+    def on_commit(self, draft: Draft, verdict: Verdict, step: StepStats) -> None:
+        if self._drafted_prob > 0:  # what was accepted, not the clock: seeded runs stay reproducible
+            self._predicted = CALIBRATION_DECAY * self._predicted + self._drafted_prob
+            self._accepted = CALIBRATION_DECAY * self._accepted + len(verdict.path)
+        else:
+            self._predicted, self._accepted = IDLE_DECAY * self._predicted, IDLE_DECAY * self._accepted
+        self._drafted_prob = 0.0
+
+    def _speculate(self, context: list[int], found: list[Occurrence], limit: int) -> Tree:
         """The best-scoring tree over the match lengths of ``found`` (longer matches first)."""
         matched = sorted(((match_length(context, seq, pos, self.max_match), seq, pos) for seq, pos in found),
                          key=lambda m: -m[0])
-        best: tuple[list[int], list[int], float] = ([], [], 0.0)
+        best: Tree = ([], [], [])
         for i, (length, _, _) in enumerate(matched):
             if i + 1 < len(matched) and matched[i + 1][0] == length:
                 continue  # the occurrences matching at least `length` tokens are matched[: i + 1]
@@ -297,6 +345,6 @@ class SuffixDrafter(Drafter):
                 continue
             continuations = [seq[pos + 1: pos + 1 + limit] for _, seq, pos in matched[: i + 1]]
             candidate = grow_tree(continuations, budget, self.min_token_prob, self.branching)
-            if candidate[2] > best[2]:
+            if sum(candidate[2]) > sum(best[2]):
                 best = candidate
         return best

@@ -6,13 +6,15 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 
 from spec_zoo.bench.dataset import Question
 from spec_zoo.bench.methods import SpecZooMethod
 from spec_zoo.bench.runner import run_benchmark, run_context
+from spec_zoo.costs import CostTable
 from spec_zoo.decoder import SpeculativeDecoder
 from spec_zoo.drafters.none import NoDrafter
-from spec_zoo.drafters.suffix import SuffixCache, SuffixDrafter, grow_tree
+from spec_zoo.drafters.suffix import SuffixCache, SuffixDrafter, grow_tree, priced_size
 from spec_zoo.errors import ConfigError
 from spec_zoo.target import Target
 from spec_zoo.testing import CERTIFY_SETTINGS, assert_greedy_identity, assert_lossless, repetitive_prompt, tiny_llama
@@ -47,9 +49,9 @@ def test_a_suffix_chain_is_lossless_under_block_verification():
 def test_frequency_tree_is_best_first_within_budget_and_threshold():
     # after the match: 1 2 3 (x2), 1 2 4, 5 -> P(1)=3/4, P(1 2)=3/4, P(1 2 3)=1/2, P(1 2 4)=1/4, P(5)=1/4
     continuations = [[1, 2, 3], [1, 2, 3], [1, 2, 4], [5]]
-    tokens, parents, score = grow_tree(continuations, budget=10, min_prob=0.2, branching=True)
+    tokens, parents, probs = grow_tree(continuations, budget=10, min_prob=0.2, branching=True)
     assert tokens == [1, 2, 3, 4, 5] and parents == [-1, 0, 1, 1, -1]
-    assert score == pytest.approx(0.75 + 0.75 + 0.5 + 0.25 + 0.25)
+    assert probs == pytest.approx([0.75, 0.75, 0.5, 0.25, 0.25])
     assert grow_tree(continuations, budget=3, min_prob=0.0, branching=True)[0] == [1, 2, 3]
     assert grow_tree(continuations, budget=10, min_prob=0.3, branching=True)[0] == [1, 2, 3]
     assert grow_tree(continuations, budget=10, min_prob=0.0, branching=False)[:2] == ([1, 2, 3], [-1, 0, 1])
@@ -61,6 +63,40 @@ def test_budget_grows_with_the_match_length():
     # the context ends in "8 9" (a 2-token match) or "7 8 9" (3): alpha * p nodes
     assert len(drafter._speculate([5, 8, 9], [(seq, 2)], limit=16)[0]) == 2
     assert len(drafter._speculate([7, 8, 9], [(seq, 2)], limit=16)[0]) == 3
+
+
+STEEP = CostTable([1.0 + 0.6 * m for m in range(16)], "tiny", "eager", "float64", 1, "test")  # t(M) = 1 + 0.6 (M - 1)
+
+
+def test_a_priced_tree_keeps_the_prefix_that_pays():
+    probs = [1.0, 0.9, 0.2, 0.1]
+    assert priced_size(probs, lambda m: 1.0, calibration=1.0) == 4  # free rows: draft everything
+    # steep: 1 node 2.0/1.6, 2 nodes 2.9/2.2 (best), 3 nodes 3.1/2.8
+    assert priced_size(probs, STEEP.relative, calibration=1.0) == 2
+    assert priced_size(probs, STEEP.relative, calibration=0.5) == 0  # the counts are rarely right: no draft pays
+
+
+class _Priced(SuffixDrafter):
+    """A suffix drafter that sees the steep table, as in a run whose decoder carries one."""
+
+    def propose(self, state):
+        state.cost_table = STEEP
+        return super().propose(state)
+
+
+def test_priced_drafts_stay_lossless_and_are_cut_by_their_price():
+    assert_greedy_identity(lambda model: _Priced(), seeds=(0, 1))
+    model = tiny_llama(1, sharpness=1.0)  # a flatter target: the counts are often wrong, as on real text
+    prompt = torch.randint(0, model.config.vocab_size, (24,), generator=torch.Generator().manual_seed(1)).tolist()
+    drafted = {}
+    for name, drafter in (("priced", _Priced()), ("budget", _Priced(price=False))):
+        out = _decoder(model, drafter).generate(prompt, max_new_tokens=60, eos_token_ids=[])
+        drafted[name] = [s.drafted for s in out.stats.steps]
+        assert drafter.calibration < 1.0 or name == "budget"  # it learned that the counts overstate
+    assert sum(drafted["priced"]) < sum(drafted["budget"])
+    assert max(drafted["priced"]) >= 2  # it still drafts where the counts pay
+    cert = assert_lossless(lambda model: _Priced(), sampling=CERTIFY_SETTINGS["t1"])
+    assert cert.tau > 1.0
 
 
 def _decoder(model, drafter):
@@ -150,3 +186,23 @@ def test_cache_persists_as_json_and_refuses_other_files(tmp_path):
 def test_bad_settings_are_config_errors(kwargs):
     with pytest.raises(ConfigError, match="drafter\\."):
         SuffixDrafter(**kwargs)
+
+
+def test_the_replay_oracle_reproduces_a_recorded_greedy_answer():
+    """docs/suffix/replay.py prices drafters on recorded answers: its stand-in target must
+    make the decoder commit exactly the recorded tokens, drafts accepted where they match."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "docs" / "suffix" / "replay.py"
+    spec = importlib.util.spec_from_file_location("replay", path)
+    replay = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(replay)
+
+    oracle = replay.Oracle(16)
+    prompt, answer = [1, 2, 3, 4, 1, 2, 3], [4, 1, 2, 5, 6, 1, 2, 3, 4, 1]
+    oracle.full = prompt + answer
+    out = SpeculativeDecoder(oracle, SuffixDrafter()).generate(prompt, max_new_tokens=len(answer), eos_token_ids=[])
+    assert out.ids == answer
+    assert out.stats.target_forwards < len(answer)  # the repeats were drafted and accepted
+    assert replay.drafter("suffix:price=false,alpha=2.0").alpha == 2.0
