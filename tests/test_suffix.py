@@ -85,7 +85,7 @@ class _Priced(SuffixDrafter):
 
 
 def test_priced_drafts_stay_lossless_and_are_cut_by_their_price():
-    assert_greedy_identity(lambda model: _Priced(), seeds=(0, 1))
+    assert_greedy_identity(lambda model: _Priced(), seeds=(0,))
     model = tiny_llama(1, sharpness=1.0)  # a flatter target: the counts are often wrong, as on real text
     prompt = torch.randint(0, model.config.vocab_size, (24,), generator=torch.Generator().manual_seed(1)).tolist()
     drafted = {}
