@@ -78,6 +78,7 @@ def main() -> None:
     ap.add_argument("--costs", type=Path, required=True, help="the cost table to price steps with")
     ap.add_argument("--drafters", nargs="+", default=["ngram", "suffix", "suffix:price=false"])
     ap.add_argument("--repeat", type=int, default=0, help="which repeat's answers to replay")
+    ap.add_argument("--dataset", default="spec_bench", help="the shipped dataset the run used (e.g. repetitive)")
     args = ap.parse_args()
 
     table = CostTable.load(args.costs)
@@ -88,7 +89,7 @@ def main() -> None:
         r = json.loads(line)
         if r["method"] == "ar" and r["repeat"] == args.repeat:
             answers[(r["question_id"], r["turn"])] = list(r["output_ids"])
-    questions = [q for q in load_questions("spec_bench", None, None) if (q.question_id, 1) in answers]
+    questions = [q for q in load_questions(args.dataset, None, None) if (q.question_id, 1) in answers]
     decoders = {spec: SpeculativeDecoder(oracle, drafter(spec), cost_table=table) for spec in args.drafters}
     encode = prompt_encoder(next(iter(decoders.values())))
     seconds = {spec: {} for spec in ["ar", *args.drafters]}
