@@ -1,17 +1,49 @@
-"""Paired bootstrap CI of method A's pooled speed over method B's, over prompts (question, turn), repeats pooled."""
-import json, random, sys, collections
-path, pairs = sys.argv[1], [p.split("/") for p in sys.argv[2:]]
-rs = [json.loads(l) for l in open(path)]
-by = collections.defaultdict(lambda: collections.defaultdict(lambda: [0, 0.0]))
-for r in rs:
-    k = (r["question_id"], r["turn"])
-    by[r["method"]][k][0] += r["new_tokens"]; by[r["method"]][k][1] += r["wall_s"]
-rng = random.Random(0)
-for a, b in pairs:
-    keys = sorted(set(by[a]) & set(by[b]))
-    def ratio(ks):
-        ta = sum(by[a][k][0] for k in ks); sa = sum(by[a][k][1] for k in ks)
-        tb = sum(by[b][k][0] for k in ks); sb = sum(by[b][k][1] for k in ks)
-        return (ta / sa) / (tb / sb)
-    boots = sorted(ratio([rng.choice(keys) for _ in keys]) for _ in range(2000))
-    print(f"{a} / {b}: {ratio(keys):.3f}x [{boots[50]:.3f}, {boots[1949]:.3f}] over {len(keys)} prompts")
+"""Method A's pooled speed over method B's in one bench run, with a 95 % paired bootstrap CI over
+prompts (question, turn; repeats pooled within a prompt), for ratios the report does not print
+(e.g. `ngram_compiled` over `ar_compiled`).
+
+    python docs/lineups/ratio_ci.py RESULTS.jsonl A/B [A/B ...]
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import sys
+from collections import defaultdict
+
+Prompt = tuple[object, int]
+
+
+def totals(path: str) -> dict[str, dict[Prompt, list[float]]]:
+    """Per method and prompt: [new tokens, seconds], summed over repeats."""
+    by: dict[str, dict[Prompt, list[float]]] = defaultdict(lambda: defaultdict(lambda: [0.0, 0.0]))
+    with open(path) as f:
+        for line in f:
+            r = json.loads(line)
+            cell = by[r["method"]][(r["question_id"], r["turn"])]
+            cell[0] += r["new_tokens"]
+            cell[1] += r["wall_s"]
+    return by
+
+
+def speed(cells: dict[Prompt, list[float]], prompts: list[Prompt]) -> float:
+    return sum(cells[p][0] for p in prompts) / sum(cells[p][1] for p in prompts)
+
+
+def main() -> None:
+    by = totals(sys.argv[1])
+    rng = random.Random(0)
+    for pair in sys.argv[2:]:
+        a, b = pair.split("/")
+        prompts = sorted(set(by[a]) & set(by[b]), key=str)
+
+        def ratio(sample: list[Prompt], a: str = a, b: str = b) -> float:
+            return speed(by[a], sample) / speed(by[b], sample)
+
+        boots = sorted(ratio([rng.choice(prompts) for _ in prompts]) for _ in range(2000))
+        print(f"{a} / {b}: {ratio(prompts):.3f}x [{boots[50]:.3f}, {boots[1949]:.3f}] over {len(prompts)} prompts")
+
+
+if __name__ == "__main__":
+    main()
