@@ -214,6 +214,11 @@ def grow_tree(continuations: list[list[int]], budget: int, min_prob: float, bran
     return tokens, parents, probs
 
 
+def score(tree: Tree) -> float:
+    """A tree's expected accepted length by its counts: the sum of its nodes' probabilities."""
+    return sum(tree[2])
+
+
 def priced_size(probs: list[float], relative_cost, calibration: float) -> int:
     """How many leading nodes of a best-first tree to draft: the k maximising expected
     tokens per step time, (1 + calibration * sum(probs[:k])) / relative_cost(k + 1), where
@@ -306,13 +311,9 @@ class SuffixDrafter(Drafter):
         context = state.tokens
         self._own.extend(context)
         limit = min(self.max_spec, state.max_depth)
-        best: Tree = ([], [], [])
-        for found in (self._own.occurrences(context, self.max_occurrences),
-                      self.cache.occurrences(context[-1], self._hidden, self.max_occurrences)):
-            candidate = self._speculate(context, found, limit)
-            if sum(candidate[2]) > sum(best[2]):
-                best = candidate
-        tokens, parents, probs = best
+        tokens, parents, probs = max((self._speculate(context, found, limit) for found in (
+            self._own.occurrences(context, self.max_occurrences),
+            self.cache.occurrences(context[-1], self._hidden, self.max_occurrences))), key=score)
         if self.price and state.cost_table is not None and tokens:
             keep = priced_size(probs, state.cost_table.relative, self.calibration)
             tokens, parents, probs = tokens[:keep], parents[:keep], probs[:keep]
@@ -344,7 +345,5 @@ class SuffixDrafter(Drafter):
             if budget < 1:
                 continue
             continuations = [seq[pos + 1: pos + 1 + limit] for _, seq, pos in matched[: i + 1]]
-            candidate = grow_tree(continuations, budget, self.min_token_prob, self.branching)
-            if sum(candidate[2]) > sum(best[2]):
-                best = candidate
+            best = max(best, grow_tree(continuations, budget, self.min_token_prob, self.branching), key=score)
         return best

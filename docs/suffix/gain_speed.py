@@ -33,20 +33,18 @@ def main() -> None:
     def pooled(method: str, qids) -> float:
         return sum(speed[method][q][0] for q in qids) / sum(speed[method][q][1] for q in qids)
 
+    buckets = [[q for q in extraction if lo <= seen[q] <= hi] for lo, hi in BUCKETS]
+    pooled_ratio = [pooled("suffix_compiled", qids) / pooled("ngram_compiled", qids) for qids in buckets]
     print("| earlier requests seen | requests | suffix tokens/s | ngram tokens/s | suffix / ngram |")
     print("|---|---|---|---|---|")
-    for lo, hi in BUCKETS:
-        qids = [q for q in extraction if lo <= seen[q] <= hi]
+    for (lo, hi), qids, ratio in zip(BUCKETS, buckets, pooled_ratio, strict=True):
         s, n = pooled("suffix_compiled", qids), pooled("ngram_compiled", qids)
-        print(f"| {lo}-{hi} | {len(qids)} | {s:.1f} | {n:.1f} | {s / n:.2f}x |")
-    xs = [seen[q] for q in extraction]
-    ratio = [pooled("suffix_compiled", [q]) / pooled("ngram_compiled", [q]) for q in extraction]
+        print(f"| {lo}-{hi} | {len(qids)} | {s:.1f} | {n:.1f} | {ratio:.2f}x |")
     plt.figure(figsize=(6, 3.5))
-    plt.plot(xs, ratio, "o", alpha=0.6, label="one request")
-    plt.plot([(lo + hi) / 2 for lo, hi in BUCKETS],
-             [pooled("suffix_compiled", [q for q in extraction if lo <= seen[q] <= hi])
-              / pooled("ngram_compiled", [q for q in extraction if lo <= seen[q] <= hi]) for lo, hi in BUCKETS],
-             "-s", label="bucket, pooled")
+    plt.plot([seen[q] for q in extraction],
+             [pooled("suffix_compiled", [q]) / pooled("ngram_compiled", [q]) for q in extraction],
+             "o", alpha=0.6, label="one request")
+    plt.plot([(lo + hi) / 2 for lo, hi in BUCKETS], pooled_ratio, "-s", label="bucket, pooled")
     plt.axhline(1.0, color="grey", lw=0.8)
     plt.xlabel("earlier extraction requests in the suffix cache")
     plt.ylabel("suffix / ngram tokens/s")

@@ -93,7 +93,6 @@ def main() -> None:
     decoders = {spec: SpeculativeDecoder(oracle, drafter(spec), cost_table=table) for spec in args.drafters}
     encode = prompt_encoder(next(iter(decoders.values())))
     seconds = {spec: {} for spec in ["ar", *args.drafters]}
-    tokens_by_cat: dict[str, int] = {}
     for q in questions:
         for turn in range(1, len(q.turns) + 1):
             if (q.question_id, turn) not in answers:
@@ -101,7 +100,6 @@ def main() -> None:
             truth = answers[(q.question_id, turn)]
             prompt = encode(q.turns[:turn], [answers[(q.question_id, t)] for t in range(1, turn)])
             oracle.full = prompt + truth
-            tokens_by_cat[q.category] = tokens_by_cat.get(q.category, 0) + len(truth)
             plain = sum(table.at(len(prompt) + i).seconds[0] for i in range(1, len(truth)))
             seconds["ar"][q.category] = seconds["ar"].get(q.category, 0.0) + plain
             for spec, decoder in decoders.items():
@@ -113,7 +111,7 @@ def main() -> None:
                     cost += at.seconds[0] * at.relative(step.drafted + 1)
                     context += step.committed
                 seconds[spec][q.category] = seconds[spec].get(q.category, 0.0) + cost
-    cats = list(tokens_by_cat)
+    cats = list(seconds["ar"])  # in the order the run met them
     print("| method | " + " | ".join(cats) + " | overall |")
     print("|---|" + "---|" * (len(cats) + 1))
     for spec, by_cat in seconds.items():
