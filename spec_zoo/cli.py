@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import replace
 from typing import cast
 
 import hydra
@@ -113,8 +114,9 @@ def runtime_command(command: str, overrides: list[str]) -> None:
     whether inductor's on-disk cache served it (`spec_zoo.compile_cache`: later processes
     then start in seconds). ``spec-zoo costs``: measure the scoring-cost table t(M) of the
     target on this machine (M = 1..32, after 100, 500 and 1,500 cached tokens; with
-    ``drafter=...`` also that drafter's cost per drafted level, kept beside the others measured
-    before), save it where the adaptive draft length finds it, and plot it (PNG next to the JSON)."""
+    ``drafter=...`` that drafter's cost per drafted level in steps t(1), kept beside the others
+    measured before: added to the stored table, whose t(M) is measured only when there is none
+    yet), save it where the adaptive draft length finds it, and plot it (PNG next to the JSON)."""
     from spec_zoo.api import build_decoder, compose_config, load_checked_target
     from spec_zoo.costs import cached_table, measure, measure_draft, plot_table, table_path
 
@@ -139,14 +141,24 @@ def runtime_command(command: str, overrides: list[str]) -> None:
     if drafter.name != "none" and key is None:
         raise ConfigError(f"spec-zoo costs drafter={drafter.name}: it has no draft length to price; measure its "
                           "members one by one (drafter=eagle, drafter=ngram, ...).")
-    table, before = measure(target), cached_table(target)
+    before = cached_table(target)
+    # a drafter's cost joins the stored table; t(M) is measured when there is none or no drafter
+    table = before if before is not None and key is not None else measure(target)
     table.drafts = dict(before.drafts) if before else {}  # other drafters' measured costs stay
     if key is not None:
         for part in getattr(drafter, "compiled_parts", list)():  # compiling is not drafting
             part.warm_up()
+        # t(1) now, at the table's context: the draft's cost is in steps of this moment's machine
+        step = measure(target, max_tokens=1, contexts=[table.past], progress=False).seconds[0]
         prompt = [(7 * i) % target.vocab_size for i in range(table.past)]
+        if decoder.cost_table is not None:  # draft as if unmeasured: a stored dear cost would stop the drafting
+            decoder.cost_table = replace(decoder.cost_table, drafts={k: v for k, v in table.drafts.items() if k != key})
         seconds, levels = map(sum, zip(*(measure_draft(decoder, prompt) for _ in range(3))))
-        table.drafts[key] = seconds / max(levels, 1) / table.seconds[0]
+        if levels == 0:
+            raise ConfigError(f"spec-zoo costs drafter={drafter.name}: it drafted nothing in three decodes of the "
+                              "measuring prompt, so there is no cost per drafted level to store; give it a fixed "
+                              "length (drafter.adaptive=false) and measure again.")
+        table.drafts[key] = seconds / levels / step
     path = table.save(table_path(target))
     print(f"t(M) of {table.model} on {table.runtime}/{table.dtype}, {table.threads} thread(s):")
     for past, seconds in table.curves().items():

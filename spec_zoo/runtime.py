@@ -21,9 +21,12 @@ gpt-fast's recipe (static cache + ``torch.compile``) on the model's own modules.
   depends neither on M nor on the tree around it. In float32 it runs as one C++ kernel
   (`spec_zoo.attention_kernel`, ``model.attention=kernel``, the default), which reads each key
   once for all rows; inductor's loops for the formula read it once per row.
-- Committed tokens before the last one (the prompt) are prefilled eagerly into the same
-  cache: one long forward that runs once per prompt and would cost a compile per length.
-  Plain and speculative decoding prefill alike, so they still match bit for bit.
+- Committed tokens before the last one: a few (up to ``CATCH_UP``: a draft model catching up
+  on the tokens accepted since its last draft) go through the same graph as a chain, so a
+  draft model pays a compiled call, not an eager forward, each time its whole draft was
+  accepted; more (the prompt) are prefilled eagerly into the same cache, one long forward
+  that runs once per prompt. Plain and speculative decoding read a prompt alike, so they
+  still match bit for bit.
 
 Families: any model `spec_zoo.layers.DecoderStack` serves (refused otherwise, before any
 work). Attention soft-capping (Gemma 2) is applied as the model's own attention does; the
@@ -61,6 +64,7 @@ from spec_zoo.target import Target
 
 KEY_BLOCK = 64  # attention spans a multiple of this many cache slots (a multiple of every SIMD width)
 DRAFT_BLOCK = 16  # draft paths are gathered in blocks of this many slots (float32 lanes of AVX-512, 2x AVX2's)
+CATCH_UP = 16  # committed tokens scored by the compiled graph, as a chain, before the last one; more: eagerly
 DEFAULT_BUCKETS = (2,)  # a single row runs as 2: the row count is a dynamic dimension, which cannot be 1
 
 
@@ -201,7 +205,10 @@ class CompiledTarget(Target):
                 f"{self.max_cache_len}; raise model.max_cache_len (memory grows with it) or shorten the prompt."
             )
         states = []
-        if m > 1:  # the prompt (or any run of committed tokens): one eager forward into the static cache
+        if 1 < m <= CATCH_UP + 1:  # a few committed tokens (a draft model catching up): the graph, as a chain
+            states.append(self._compiled_rows(new[:-1], Draft.chain(new[1:-1]), past)[1])
+            past, new = past + m - 1, new[-1:]
+        elif m > 1:  # the prompt: one eager forward into the static cache (eager GEMMs suit many rows)
             states.append(self._prefill(new[:-1], past))
             past, new = past + m - 1, new[-1:]
         logits, tail = self._compiled_rows(new + draft.tokens.tolist(), draft, past)

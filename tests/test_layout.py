@@ -46,7 +46,7 @@ CORE_LAYERS = [
      "compile_cache"),
     ("target", "interfaces", "draft_head"),
     ("draft_length", "runtime", "registry"),
-    ("chain", "trees", "staged", "models", "schema", "compiled_head"),
+    ("chain", "trees", "staged", "models", "schema", "compiled_head", "compiled_module"),
     ("decoder",),
     ("api", ""),
 ]

@@ -24,6 +24,7 @@ from spec_zoo.draft_length import DraftLength
 from spec_zoo.drafters.eagle.drafter import EagleDrafter
 from spec_zoo.drafters.early_exit.compiled import CompiledExit, ExitDraft
 from spec_zoo.drafters.early_exit.drafter import EarlyExitDrafter
+from spec_zoo.drafters.medusa.drafter import MedusaDrafter
 from spec_zoo.drafters.ngram import NgramDrafter
 from spec_zoo.drafters.small_model import SmallModelDrafter
 from spec_zoo.errors import ConfigError
@@ -34,9 +35,10 @@ from spec_zoo.runtime import DRAFT_BLOCK, CompiledTarget
 from spec_zoo.sampling import SamplingParams
 from spec_zoo.testing import PROMPT, SETTINGS, goodness_of_fit, hf_greedy, sample_counts, sampling_model
 from spec_zoo.testing import exact_distribution as exact
+from spec_zoo.trees import Static
 from spec_zoo.verifiers.greedy import GreedyVerifier
 from spec_zoo.verifiers.rejection import RejectionVerifier
-from tests.drafts import drafter_lineup, eagle_head, exit_adapter, noisy_copy
+from tests.drafts import MEDUSA_TREE, drafter_lineup, eagle_head, exit_adapter, medusa_heads, noisy_copy
 from tests.tiny import one_thread  # noqa: F401 (autouse fixture)
 
 BUCKETS = (2, 4)
@@ -271,6 +273,31 @@ def test_a_compiled_eagle_head_runs_the_targets_attention(compiled, model):
         assert drafter.compiled.attention == attention
 
 
+@pytest.mark.parametrize("tree", [None, "static"])
+def test_greedy_identity_with_compiled_medusa_heads(compiled, model, tree):
+    """Medusa's heads as one compiled graph (``drafter.runtime=compiled``), chain or static tree,
+    beside the compiled target: greedy and rejection verification give plain decoding's output,
+    and the compiled heads draft what the eager heads draft (the same accepted of the same
+    drafted); sampling from them with a seed gives one text."""
+    plain = SpeculativeDecoder(compiled).generate(PROMPT, max_new_tokens=24, eos_token_ids=[]).ids
+    heads, shape = medusa_heads(model), Static(MEDUSA_TREE) if tree else None
+    drafter = MedusaDrafter(heads, runtime="compiled", tree=shape)
+    runs = {}
+    for name, each in (("compiled", drafter), ("eager", MedusaDrafter(heads, tree=shape))):
+        for verifier in (GreedyVerifier, RejectionVerifier):
+            runs[name, verifier] = SpeculativeDecoder(compiled, each, verifier(), SamplingParams()).generate(
+                PROMPT, max_new_tokens=24, eos_token_ids=[])
+    assert drafter.compiled is not None and drafter.compiled.compile_s is not None
+    for verifier in (GreedyVerifier, RejectionVerifier):
+        out, eager = runs["compiled", verifier], runs["eager", verifier]
+        assert out.ids == plain == hf_greedy(model, PROMPT, 24)
+        assert 0 < out.stats.accepted < out.stats.drafted  # the heads both help and are corrected
+        assert (out.stats.accepted, out.stats.drafted) == (eager.stats.accepted, eager.stats.drafted)
+    texts = [SpeculativeDecoder(compiled, drafter, RejectionVerifier(), SETTINGS["t1"]).generate(
+        PROMPT, max_new_tokens=16, eos_token_ids=[], seed=seed).ids for seed in (3, 3, 4)]
+    assert texts[0] == texts[1] != texts[2]
+
+
 def test_a_compiled_eagle_head_is_refused_where_it_cannot_run(model):
     with pytest.raises(ConfigError, match="drafter.runtime='turbo' is not a runtime"):
         EagleDrafter(runtime="turbo")
@@ -278,6 +305,10 @@ def test_a_compiled_eagle_head_is_refused_where_it_cannot_run(model):
     drafter = EagleDrafter(eagle_head(wide), runtime="compiled")
     with pytest.raises(ConfigError, match="drafter.runtime=compiled computes in float32 or bfloat16, not float64"):
         drafter.attach(Target(wide))
+    with pytest.raises(ConfigError, match="drafter.runtime=compiled computes in float32 or bfloat16, not float64"):
+        MedusaDrafter(medusa_heads(wide), runtime="compiled").attach(Target(wide))
+    with pytest.raises(ConfigError, match="drafter.runtime='turbo' is not a runtime"):
+        MedusaDrafter(runtime="turbo")
 
 
 def test_sampling_follows_the_target_on_the_compiled_runtime(compiled, model):
@@ -456,7 +487,7 @@ def test_spec_zoo_costs_measures_saves_and_plots_the_table(tmp_path, monkeypatch
     """`spec-zoo costs` on a local model: the table lands where targets look it up, with a PNG."""
     from spec_zoo.api import build_decoder, compose_config
     from spec_zoo.cli import runtime_command
-    from spec_zoo.costs import cached_table
+    from spec_zoo.costs import cached_table, table_path
     from spec_zoo.testing import tiny_llama
 
     monkeypatch.setenv("SPEC_ZOO_CACHE", str(tmp_path / "cache"))
@@ -474,7 +505,14 @@ def test_spec_zoo_costs_measures_saves_and_plots_the_table(tmp_path, monkeypatch
         runtime_command("warmup", ["model=local", f"model.path={tmp_path / 'm'}"])
     runtime_command("costs", ["model=local", f"model.path={tmp_path / 'm'}", "drafter=ngram"])  # + its draft cost
     assert "drafting, per drafted level, in target steps t(1): ngram: " in capsys.readouterr().out
-    assert set(cached_table(target).drafts) == {"ngram"} and cached_table(target).drafts["ngram"] > 0
+    after = cached_table(target)
+    assert after is not None and set(after.drafts) == {"ngram"} and after.drafts["ngram"] > 0
+    assert after.seconds == table.seconds and after.contexts == table.contexts  # t(M) kept, not measured again
+    after.drafts["ngram"] = 50.0  # a stored cost that would stop the drafting: measuring drafts as if unmeasured
+    after.save(table_path(target))
+    runtime_command("costs", ["model=local", f"model.path={tmp_path / 'm'}", "drafter=ngram"])
+    remeasured = cached_table(target)
+    assert remeasured is not None and 0 < remeasured.drafts["ngram"] < 50.0
 
 
 def test_spec_zoo_warmup_compiles_target_and_draft_and_says_what_the_cache_served(tmp_path, capsys):

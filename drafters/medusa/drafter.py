@@ -15,6 +15,9 @@ K small head products and no decoder layer (`spec_zoo.drafters.medusa.heads`).
   picks when greedy (q one-hot), draws without replacement from q_d when sampling: both
   exact under rejection.
 
+With ``runtime=compiled`` the heads and the scatter into the target's vocabulary are one
+compiled graph (`spec_zoo.compiled_module`), compiled once per process beside the target's.
+
 The first step of a sequence drafts nothing: the target has not read the prompt yet.
 Apart from a tree policy that learns (``auto``), the drafter keeps no state between steps, so
 it may sit in a cascade or a merge.
@@ -28,12 +31,14 @@ from pathlib import Path
 import torch
 
 from spec_zoo.chain import ChainDrafter
+from spec_zoo.compiled_module import CompiledModule
 from spec_zoo.costs import file_costs
 from spec_zoo.draft import ROOT, Draft
 from spec_zoo.drafters.medusa.formats import FORMATS, load_published_medusa
 from spec_zoo.drafters.medusa.heads import MedusaHeads, load_medusa
 from spec_zoo.errors import ConfigError
 from spec_zoo.interfaces import DecodeState
+from spec_zoo.models import RUNTIMES, check_runtime
 from spec_zoo.sampling import check_sample_mode, drafts_sampled, to_full_vocab
 from spec_zoo.staged import level_length
 from spec_zoo.target import Target
@@ -54,6 +59,8 @@ class MedusaDrafter(ChainDrafter):
     tree:       None = a chain; else a tree policy (`spec_zoo.trees`: an option of conf/tree/
                 such as ``auto``, or ``{policy: static, choices: [[0], [1], [0, 0]]}``), at most
                 one level per head.
+    runtime:    the heads' runtime: ``eager``, or ``compiled`` (one compiled graph,
+                `spec_zoo.compiled_module`; compiles on first use).
     """
 
     name = "medusa"
@@ -61,8 +68,10 @@ class MedusaDrafter(ChainDrafter):
 
     def __init__(self, heads=None, num_draft: int | None = None, adaptive: bool = False,
                  sample: str | bool = "auto", tree: str | dict | None = None, token_cost: float = 0.05,
-                 learn_cost: bool = True, format: str = "auto"):
+                 learn_cost: bool = True, format: str = "auto", runtime: str = "eager"):
         check_sample_mode(sample)
+        if runtime not in RUNTIMES:
+            raise ConfigError(f"drafter.runtime={runtime!r} is not a runtime; use one of: {', '.join(RUNTIMES)}.")
         if format not in FORMATS:
             raise ConfigError(f"drafter.format={format!r}; use one of {', '.join(FORMATS)}.")
         if heads is None and format == "medusa":
@@ -74,13 +83,30 @@ class MedusaDrafter(ChainDrafter):
             raise ConfigError(f"drafter.num_draft={num_draft}; use a positive length or null (one per head).")
         self.heads_source, self.format, self.sample_mode, self.tree = heads, format, sample, build_tree_policy(tree)
         self.num_draft, self.adaptive, self.token_cost, self.learn_cost = num_draft, adaptive, token_cost, learn_cost
+        self.runtime = runtime
+        self.compiled: CompiledModule | None = None
         self.target: Target | None = None
 
     def attach(self, target: Target) -> None:
         self.heads = self._load(self.heads_source, target)
         self.length = level_length(self, self.heads.num_heads, "the Medusa heads have", "head")
+        self.vocab_size = target.vocab_size
+        dtype = next(self.heads.parameters()).dtype
+        if self.runtime == "compiled":
+            check_runtime("compiled", str(dtype).removeprefix("torch."), str(target.device), "drafter")
+            width = int(target.model.lm_head.weight.shape[1])
+            self.compiled = CompiledModule(self.heads, self._logits, torch.zeros(width, dtype=dtype),
+                                           "the Medusa heads")
         file_costs(self)
         self.target = target
+
+    def _logits(self, state: torch.Tensor) -> torch.Tensor:
+        """Every head's logits over the target's vocabulary [K, V] for one state [H]."""
+        return to_full_vocab(self.heads(state), self.heads.vocab_ids, self.vocab_size)
+
+    def compiled_parts(self) -> list[CompiledModule]:
+        """The heads' compiled graph when they run compiled: what `spec-zoo warmup` compiles."""
+        return [self.compiled] if self.compiled is not None else []
 
     def _load(self, source, target: Target):
         if isinstance(source, torch.nn.Module):
@@ -102,8 +128,8 @@ class MedusaDrafter(ChainDrafter):
             raise RuntimeError("MedusaDrafter.attach(target) must be called before drafting")
         if state.target_hidden is None:  # the target has not read the prompt yet
             return Draft.empty()
-        logits = to_full_vocab(self.heads(state.target_hidden[-1].to(next(self.heads.parameters()).dtype)),
-                               self.heads.vocab_ids, self.target.vocab_size)  # [K, V]
+        last = state.target_hidden[-1].to(next(self.heads.parameters()).dtype)
+        logits = (self.compiled or self._logits)(last)  # [K, V]
         if self.tree is not None:  # head d proposes the children of every node of depth d - 1
             def expand(tree: Draft, nodes: list[int]) -> torch.Tensor:
                 return logits[[0 if n == ROOT else tree.depths[n] + 1 for n in nodes]]
