@@ -205,11 +205,10 @@ class CompiledTarget(Target):
                 f"{self.max_cache_len}; raise model.max_cache_len (memory grows with it) or shorten the prompt."
             )
         states = []
-        if 1 < m <= CATCH_UP + 1:  # a few committed tokens (a draft model catching up): the graph, as a chain
-            states.append(self._compiled_rows(new[:-1], Draft.chain(new[1:-1]), past)[1])
-            past, new = past + m - 1, new[-1:]
-        elif m > 1:  # the prompt: one eager forward into the static cache (eager GEMMs suit many rows)
-            states.append(self._prefill(new[:-1], past))
+        if m > 1:  # committed tokens before the last: a few (a draft model catching up) through the graph as a
+            # chain, the prompt in one eager forward into the static cache (eager GEMMs suit many rows)
+            states.append(self._compiled_rows(new[:-1], Draft.chain(new[1:-1]), past)[1] if m - 1 <= CATCH_UP
+                          else self._prefill(new[:-1], past))
             past, new = past + m - 1, new[-1:]
         logits, tail = self._compiled_rows(new + draft.tokens.tolist(), draft, past)
         states.append(tail)

@@ -90,12 +90,11 @@ class MedusaDrafter(ChainDrafter):
     def attach(self, target: Target) -> None:
         self.heads = self._load(self.heads_source, target)
         self.length = level_length(self, self.heads.num_heads, "the Medusa heads have", "head")
-        self.vocab_size = target.vocab_size
-        dtype = next(self.heads.parameters()).dtype
+        self.vocab_size, self.dtype = target.vocab_size, next(self.heads.parameters()).dtype
         if self.runtime == "compiled":
-            check_runtime("compiled", str(dtype).removeprefix("torch."), str(target.device), "drafter")
+            check_runtime("compiled", str(self.dtype).removeprefix("torch."), str(target.device), "drafter")
             width = int(target.model.lm_head.weight.shape[1])
-            self.compiled = CompiledModule(self.heads, self._logits, torch.zeros(width, dtype=dtype),
+            self.compiled = CompiledModule(self.heads, self._logits, torch.zeros(width, dtype=self.dtype),
                                            "the Medusa heads")
         file_costs(self)
         self.target = target
@@ -128,8 +127,7 @@ class MedusaDrafter(ChainDrafter):
             raise RuntimeError("MedusaDrafter.attach(target) must be called before drafting")
         if state.target_hidden is None:  # the target has not read the prompt yet
             return Draft.empty()
-        last = state.target_hidden[-1].to(next(self.heads.parameters()).dtype)
-        logits = (self.compiled or self._logits)(last)  # [K, V]
+        logits = (self.compiled or self._logits)(state.target_hidden[-1].to(self.dtype))  # [K, V]
         if self.tree is not None:  # head d proposes the children of every node of depth d - 1
             def expand(tree: Draft, nodes: list[int]) -> torch.Tensor:
                 return logits[[0 if n == ROOT else tree.depths[n] + 1 for n in nodes]]
