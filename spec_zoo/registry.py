@@ -139,17 +139,21 @@ def compose_option(group: str, name: str):
     how bench methods and composed drafters read the options they name. Composed once per
     option and search path (a bench resolves hundreds; each compose costs ~0.3 s); a copy
     is returned, so callers may change it."""
-    if name not in option_names(group):
+    if name not in shipped_options(group) and name not in option_names(group):  # plugins: scanned only when needed
         raise ConfigError(f"{group}={name!r} is unknown; available: {', '.join(option_names(group))}.")
     return copy.deepcopy(_composed_option(group, name, _search_path()))
 
 
 def _search_path() -> tuple[str, ...]:
-    """Where Hydra looks for configs now: a running @hydra.main app's search path, else the shipped dir."""
+    """Where Hydra looks for configs now: a running @hydra.main app's search path, else the shipped dir.
+    Hydra's own sources are left out and file sources named by their dir, so composing inside
+    ``initialize_config_dir(CONF_DIR)`` and outside any app share one cache entry."""
     from hydra.core.global_hydra import GlobalHydra
 
     if GlobalHydra.instance().is_initialized():
-        return tuple(source.full_path() for source in GlobalHydra.instance().config_loader().get_sources())
+        return tuple(source.path if source.scheme() == "file" else source.full_path()
+                     for source in GlobalHydra.instance().config_loader().get_sources()
+                     if source.provider not in ("hydra", "schema"))
     return (CONF_DIR,)
 
 

@@ -12,8 +12,10 @@ verifier and setting at least once) and checks the generated table.
 
 from __future__ import annotations
 
+import atexit
 import copy
 import functools
+import shutil
 import sys
 import tempfile
 import time
@@ -77,8 +79,9 @@ def parts() -> dict:
         w = student.lm.lm_head.weight
         w.add_(0.5 * w.std() * torch.randn(w.shape, generator=torch.Generator().manual_seed(5), dtype=w.dtype))
     record = {"target": describe_target(model, "tiny"), "init": {"kind": "target", "layers": 1, "copy_layers": None}}
-    distilled = save_artefact(student, Path(tempfile.mkdtemp(prefix="spec-zoo-certify-")) / "distilled", record,
-                              dtype="float64")
+    scratch = Path(tempfile.mkdtemp(prefix="spec-zoo-certify-"))
+    atexit.register(shutil.rmtree, scratch, ignore_errors=True)  # the process's copy, gone when it exits
+    distilled = save_artefact(student, scratch / "distilled", record, dtype="float64")
     return {"draft": noisy_copy(model, 1.0), "eagle": eagle_head(model), "exit": exit_adapter(model),
             "medusa": medusa_heads(model), "hydra": staged_heads(HydraHeads, model, 2),
             "mlp_speculator": staged_heads(MLPSpeculator, model, 2), "distilled": distilled,

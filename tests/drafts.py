@@ -3,8 +3,10 @@ with drafts that are always, sometimes and never accepted."""
 
 from __future__ import annotations
 
+import atexit
 import copy
 import functools
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -90,6 +92,7 @@ def parallel_draft(model, k: int = 3, seed: int = 5, dtype: str = "float64") -> 
     from spec_zoo.drafters.parallel.model import save_parallel, weights_digest
 
     root = Path(tempfile.mkdtemp(prefix="spec-zoo-parallel-"))
+    atexit.register(shutil.rmtree, root, ignore_errors=True)  # the worker's copy, gone when it exits
     vocab = model.lm_head.weight.shape[0]
     student = student_from_target(model, 1, None, torch.tensor([0, *range(2, vocab)]))
     target = describe_target(model, "tiny")

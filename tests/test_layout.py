@@ -209,6 +209,20 @@ def test_every_experiment_preset_and_method_composes(tmp_path, monkeypatch):
     assert len(specs) == len(option_names("method")) and not notes
 
 
+def test_an_option_is_composed_once_inside_and_outside_a_hydra_app():
+    """A bench resolves hundreds of options (~0.4 s a compose): composing one inside the shipped
+    config dir's Hydra context and outside any app must share one cache entry."""
+    from hydra import initialize_config_dir
+
+    from spec_zoo.registry import CONF_DIR, _composed_option, compose_option
+
+    _composed_option.cache_clear()
+    outside = compose_option("drafter", "ngram")
+    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+        inside = compose_option("drafter", "ngram")
+    assert inside == outside and _composed_option.cache_info().misses == 1
+
+
 OPTION_PROMPT = "Write a Python function that reverses a list."
 
 
