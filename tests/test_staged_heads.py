@@ -174,6 +174,20 @@ def test_training_lowers_loss_and_raises_acceptance(trained):
     assert sorted(p.name for p in path.iterdir()) == sorted([heads_cls.RECORD, heads_cls.WEIGHTS])
 
 
+def test_distribution_labels_train_on_the_targets_top_k(trained):
+    """labels=distributions (Hydra++'s teacher distillation) trains on another loss than the
+    written tokens' cross-entropy, from the same start, and lowers it."""
+    method, model, path, tmp = trained
+    section = METHODS[method][3]
+    cfg = _cfg(method, tmp / "soft", f"{section}.labels=distributions", "train.steps=10")
+    soft = json.loads((train_module(cfg, METHODS[method][2].from_config(cfg), Target(model))
+                       / METHODS[method][0].RECORD).read_text())
+    hard = json.loads((path / METHODS[method][0].RECORD).read_text())
+    assert soft["config"][section]["labels"] == "distributions"
+    assert soft["heldout_before"]["loss"] != pytest.approx(hard["heldout_before"]["loss"], rel=1e-3)
+    assert soft["heldout_after"]["loss"] < soft["heldout_before"]["loss"]
+
+
 @pytest.mark.parametrize("tree", [None, {"policy": "topk", "width": 2, "depth": 3}])
 def test_trained_heads_load_back_and_draft_losslessly(trained, tree):
     method, model, path, _ = trained
@@ -204,7 +218,8 @@ def test_bad_training_config_fails_before_any_model_load(tmp_path, monkeypatch):
     for method, (_, _, recipe, section, size) in METHODS.items():
         for override, message in [(f"{section}.{size}=0", f"{section}.{size}=0"),
                                   (f"{section}.decay=0", f"{section}.decay=0"),
-                                  (f"{section}.vocab_size=-2", f"{section}.vocab_size=-2")]:
+                                  (f"{section}.vocab_size=-2", f"{section}.vocab_size=-2"),
+                                  (f"{section}.labels=soft", f"{section}.labels='soft'")]:
             cfg = _cfg(method, tmp_path / method, override)
             with pytest.raises(ConfigError, match=message):
                 train_module(cfg, recipe.from_config(cfg))

@@ -32,11 +32,9 @@ from spec_zoo.train.batches import AheadMetrics, draft_index, draft_vocab, right
 from spec_zoo.train.data import TeacherData
 from spec_zoo.train.heads import HeadRecipe, HeadStudent
 from spec_zoo.train.loop import train_module
-from spec_zoo.train.losses import divergence
+from spec_zoo.train.losses import LABELS, divergence
 from spec_zoo.train.methods import register
 from spec_zoo.train.recipe import Recipe, Student
-
-LABELS = ("tokens", "distributions")
 
 
 class MedusaStudent(HeadStudent):

@@ -19,6 +19,7 @@ from __future__ import annotations
 import torch
 
 LOSSES = ("fkl", "rkl", "tvd")
+LABELS = ("tokens", "distributions")  # what a head trains on: the written token, or `divergence` on the top-k
 _EPS = 1e-8
 
 

@@ -4,8 +4,11 @@ frozen target: what ``spec-zoo-train mlp_speculator`` and ``spec-zoo-train hydra
 The target's last-layer states come from the teacher-data store (computed once per shard,
 as for Medusa). Stages are teacher-forced on the tokens the target wrote: the state h_j at
 position j (whose own next token, the target's, is x_{j+1}) starts stage 0, stage i reads
-x_{j+1+i} and is trained with cross-entropy on x_{j+2+i}, weight ``decay ** i`` (Medusa-1's
-per-head decay), stages past a sequence's end left out. Under greedy decoding a chain's stage i
+x_{j+1+i} and is trained on x_{j+2+i}, weight ``decay ** i`` (Medusa-1's per-head decay),
+stages past a sequence's end left out. ``labels: tokens``: cross-entropy on the written token;
+``labels: distributions``: the loss of ``loss`` against the target's top-k distribution there
+(Hydra++'s teacher distillation: a stage reads the true prefix, so that distribution is the one
+it is asked for). Under greedy decoding a chain's stage i
 reads exactly these tokens whenever stages 0..i-1 were right, so the held-out ``tau_chain``
 (1 + the leading stages that are right) is a greedy chain's expected tokens per step.
 """
@@ -23,7 +26,7 @@ from spec_zoo.errors import ConfigError
 from spec_zoo.train.batches import AheadMetrics, draft_index, draft_vocab, right_at, teacher_positions
 from spec_zoo.train.data import TeacherData
 from spec_zoo.train.heads import HeadRecipe, HeadStudent
-from spec_zoo.train.losses import divergence
+from spec_zoo.train.losses import LABELS, divergence
 from spec_zoo.train.recipe import Recipe, Student
 
 
@@ -46,12 +49,13 @@ class StagedRecipe(HeadRecipe):
     head_class: ClassVar[type[StagedHead]]
     size_key: ClassVar[str]
 
-    def __init__(self, decay: float = 0.8):
-        self.decay = decay
+    def __init__(self, decay: float = 0.8, labels: str = "tokens"):
+        self.decay, self.labels = decay, labels
 
     @classmethod
     def from_config(cls, cfg: DictConfig) -> Recipe:
-        return cls(float(cfg[cls.section].decay))
+        s = cfg[cls.section]
+        return cls(float(s.decay), str(s.get("labels", "tokens")))
 
     def check(self, cfg: DictConfig) -> None:
         super().check(cfg)
@@ -61,6 +65,8 @@ class StagedRecipe(HeadRecipe):
         if not 0.0 < float(s.decay) <= 1.0:
             raise ConfigError(f"{self.section}.decay={s.decay}; stage i weighs decay^i in the loss, use a value "
                               "in (0, 1].")
+        if s.get("labels", "tokens") not in LABELS:
+            raise ConfigError(f"{self.section}.labels={s.labels!r}; allowed values: {', '.join(LABELS)}.")
 
     def make(self, cfg: DictConfig, target: Any, train: TeacherData) -> StagedStudent:
         s = cfg[self.section]
@@ -75,7 +81,7 @@ class StagedRecipe(HeadRecipe):
     def batch_metrics(self, student: Student, data: TeacherData, rows: torch.Tensor, full_vocab: int, kind: str,
                       with_agreement: bool = False) -> dict[str, torch.Tensor]:
         """Per-position values (see the module docstring): ``loss`` = sum over stages of
-        decay^i x stage i's cross-entropy; with agreement, per stage greedy agreement
+        decay^i x stage i's loss; with agreement, per stage greedy agreement
         (``stage<i>_greedy``) and 1 - TV (``stage<i>_sampled``), and ``tau_chain``."""
         assert isinstance(student, StagedStudent)
         head: StagedHead = student.lm
@@ -92,7 +98,10 @@ class StagedRecipe(HeadRecipe):
             state = head.advance(i, state, written[(torch.arange(N, device=device) + i).clamp(max=N - 1)])
             src, dst = metrics.rows(i + 1)  # rows whose stage i has a token to guess, its teacher row
             logits = head.logits(i, state[src])
-            stage_loss = divergence(logits, labels[dst, None], torch.zeros(len(dst), 1, device=device), "fkl")
+            if self.labels == "tokens":  # cross-entropy: fkl against a one-hot teacher
+                stage_loss = divergence(logits, labels[dst, None], torch.zeros(len(dst), 1, device=device), "fkl")
+            else:
+                stage_loss = divergence(logits, t_index[dst], t_logp[dst], kind)
             metrics.add(i, src, self.decay ** i * stage_loss, logits, student.vocab_ids, t_ids, t_index, t_logp, dst)
         return metrics.result()
 
