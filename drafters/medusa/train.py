@@ -32,7 +32,7 @@ from spec_zoo.train.batches import AheadMetrics, draft_index, draft_vocab, right
 from spec_zoo.train.data import TeacherData
 from spec_zoo.train.heads import HeadRecipe, HeadStudent
 from spec_zoo.train.loop import train_module
-from spec_zoo.train.losses import LABELS, divergence
+from spec_zoo.train.losses import check_labels, label_loss
 from spec_zoo.train.methods import register
 from spec_zoo.train.recipe import Recipe, Student
 
@@ -67,8 +67,7 @@ class MedusaRecipe(HeadRecipe):
         h = cfg.heads
         if int(h.num_heads) < 1:
             raise ConfigError(f"heads.num_heads={h.num_heads}; Medusa needs at least one head (e.g. 4).")
-        if h.labels not in LABELS:
-            raise ConfigError(f"heads.labels={h.labels!r}; allowed values: {', '.join(LABELS)}.")
+        check_labels("heads.labels", h.labels)
         if not 0.0 < float(h.decay) <= 1.0:
             raise ConfigError(f"heads.decay={h.decay}; the weight of head i is decay^i, use a value in (0, 1].")
         if str(cfg.get("device", "cpu")) != "cpu":
@@ -94,10 +93,7 @@ class MedusaRecipe(HeadRecipe):
         for i in range(K):
             src, dst = metrics.rows(i + 1)  # states whose head i has a token to guess, its teacher row
             logits = student.lm.head_logits(states[src], i)
-            if self.labels == "tokens":  # cross-entropy: fkl against a one-hot teacher
-                head_loss = divergence(logits, written[dst, None], torch.zeros(len(dst), 1), "fkl")
-            else:
-                head_loss = divergence(logits, t_index[dst], t_logp[dst], kind)
+            head_loss = label_loss(self.labels, logits, written[dst], t_index[dst], t_logp[dst], kind)
             metrics.add(i, src, self.decay ** i * head_loss, logits, student.vocab_ids, t_ids, t_index, t_logp, dst)
         return metrics.result()
 

@@ -18,9 +18,28 @@ from __future__ import annotations
 
 import torch
 
+from spec_zoo.errors import ConfigError
+
 LOSSES = ("fkl", "rkl", "tvd")
 LABELS = ("tokens", "distributions")  # what a head trains on: the written token, or `divergence` on the top-k
 _EPS = 1e-8
+
+
+def check_labels(key: str, value) -> None:
+    """Refuse a ``labels`` setting (config key ``key``) that is not one of `LABELS`."""
+    if value not in LABELS:
+        raise ConfigError(f"{key}={value!r}; allowed values: {', '.join(LABELS)}.")
+
+
+def label_loss(labels: str, logits: torch.Tensor, written: torch.Tensor, t_index: torch.Tensor,
+               t_logp: torch.Tensor, kind: str) -> torch.Tensor:
+    """Per-position loss [N] of a head guessing a position ahead (Medusa, Hydra, MLP speculator):
+    ``tokens``: cross-entropy on the token the target wrote there (``written`` [N], positions in
+    the draft vocabulary), i.e. fkl against a one-hot teacher; ``distributions``: ``kind``
+    against the target's top-k distribution there (``t_index``, ``t_logp`` as for `divergence`)."""
+    if labels == "tokens":
+        return divergence(logits, written[:, None], torch.zeros(len(written), 1, device=logits.device), "fkl")
+    return divergence(logits, t_index, t_logp, kind)
 
 
 def divergence(student_logits: torch.Tensor, t_index: torch.Tensor, t_logp: torch.Tensor, kind: str) -> torch.Tensor:

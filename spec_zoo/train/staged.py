@@ -26,7 +26,7 @@ from spec_zoo.errors import ConfigError
 from spec_zoo.train.batches import AheadMetrics, draft_index, draft_vocab, right_at, teacher_positions
 from spec_zoo.train.data import TeacherData
 from spec_zoo.train.heads import HeadRecipe, HeadStudent
-from spec_zoo.train.losses import LABELS, divergence
+from spec_zoo.train.losses import check_labels, label_loss
 from spec_zoo.train.recipe import Recipe, Student
 
 
@@ -55,7 +55,7 @@ class StagedRecipe(HeadRecipe):
     @classmethod
     def from_config(cls, cfg: DictConfig) -> Recipe:
         s = cfg[cls.section]
-        return cls(float(s.decay), str(s.get("labels", "tokens")))
+        return cls(float(s.decay), str(s.labels))
 
     def check(self, cfg: DictConfig) -> None:
         super().check(cfg)
@@ -65,8 +65,7 @@ class StagedRecipe(HeadRecipe):
         if not 0.0 < float(s.decay) <= 1.0:
             raise ConfigError(f"{self.section}.decay={s.decay}; stage i weighs decay^i in the loss, use a value "
                               "in (0, 1].")
-        if s.get("labels", "tokens") not in LABELS:
-            raise ConfigError(f"{self.section}.labels={s.labels!r}; allowed values: {', '.join(LABELS)}.")
+        check_labels(f"{self.section}.labels", s.labels)
 
     def make(self, cfg: DictConfig, target: Any, train: TeacherData) -> StagedStudent:
         s = cfg[self.section]
@@ -98,10 +97,7 @@ class StagedRecipe(HeadRecipe):
             state = head.advance(i, state, written[(torch.arange(N, device=device) + i).clamp(max=N - 1)])
             src, dst = metrics.rows(i + 1)  # rows whose stage i has a token to guess, its teacher row
             logits = head.logits(i, state[src])
-            if self.labels == "tokens":  # cross-entropy: fkl against a one-hot teacher
-                stage_loss = divergence(logits, labels[dst, None], torch.zeros(len(dst), 1, device=device), "fkl")
-            else:
-                stage_loss = divergence(logits, t_index[dst], t_logp[dst], kind)
+            stage_loss = label_loss(self.labels, logits, labels[dst], t_index[dst], t_logp[dst], kind)
             metrics.add(i, src, self.decay ** i * stage_loss, logits, student.vocab_ids, t_ids, t_index, t_logp, dst)
         return metrics.result()
 
