@@ -7,6 +7,7 @@ in test_greedy_identity.py and test_sampling_exact.py (tests/drafts.py line-up).
 
 from __future__ import annotations
 
+import copy
 import json
 
 import pytest
@@ -16,9 +17,11 @@ import spec_zoo.drafters.eagle.drafter as eagle_module
 from spec_zoo import SamplingParams, SpeculativeDecoder, Target
 from spec_zoo.api import generate
 from spec_zoo.drafters.eagle.drafter import EagleDrafter
+from spec_zoo.drafters.eagle.formats import Eagle3Head, load_published
 from spec_zoo.drafters.eagle.head import EagleHead, load_eagle
-from spec_zoo.drafters.eagle.train import train_eagle
+from spec_zoo.drafters.eagle.train import train_eagle, train_eagle3
 from spec_zoo.errors import ConfigError
+from spec_zoo.layers import causal_mask
 from spec_zoo.testing import assert_lossless, certify_model
 from tests.drafts import eagle_head
 from tests.heads import check_corrupt_files_fail, teacher, train_cfg
@@ -185,6 +188,91 @@ def test_config_builds_the_eagle_drafter(trained):
     out = generate(PROMPT, drafter="eagle", model=Target(model), max_new_tokens=12, head=str(path), num_draft=2,
                    adaptive=False)
     assert out.ids == hf_greedy(model, PROMPT, 12, eos=1)[: len(out.ids)] and out.stats.drafted > 0
+
+
+# -- EAGLE-3 heads trained here (spec-zoo-train eagle3) ------------------------------------
+
+
+def _cfg3(tmp_path, *overrides):
+    return train_cfg("train_eagle3", tmp_path, "head.vocab_size=48", *overrides)
+
+
+@pytest.fixture(scope="module")
+def trained3(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("eagle3")
+    model = teacher()
+    return model, train_eagle3(_cfg3(tmp, "head.ttt_steps=2"), target=Target(model)), tmp
+
+
+def test_eagle3_head_starts_as_the_targets_layer_continuing_its_state():
+    """fc passes the last fused layer's state through and the layer is that target layer, so
+    the untrained head's output at position j is the target's state after that layer."""
+    model = teacher()
+    head = Eagle3Head.from_target(model, (0, 1, 2), 2).eval()
+    ids = torch.tensor([PROMPT])
+    with torch.no_grad():
+        states = model.model(input_ids=ids, output_hidden_states=True).hidden_states
+        fused = torch.cat([states[i] for i in (0, 1, 2)], -1)
+        T = ids.shape[1]
+        out = head(head.inputs(model.model.embed_tokens(ids), fused), head.rotary(fused, torch.arange(T)[None]),
+                   None, causal_mask(0, T, fused.dtype, fused.device))
+        after = model.model.layers[2](states[2], attention_mask=causal_mask(0, T, fused.dtype, fused.device),
+                                      position_embeddings=model.model.rotary_emb(states[2], torch.arange(T)[None]))
+    assert torch.allclose(out, after[0] if isinstance(after, tuple) else after, atol=1e-5)
+
+
+def test_eagle3_training_lowers_loss_and_writes_a_speculators_head(trained3):
+    _, path, _ = trained3
+    record = json.loads((path / "eagle3_training.json").read_text())
+    before, after = record["heldout_before"], record["heldout_after"]
+    assert after["loss"] < before["loss"] and after["alpha_sampled"] > before["alpha_sampled"]
+    assert "alpha_depth2" in after and record["steps"] == 40
+    assert sorted(p.name for p in path.iterdir()) == ["config.json", "eagle3_training.json", "model.safetensors"]
+    config = json.loads((path / "config.json").read_text())
+    assert config["speculators_model_type"] == "eagle3" and config["draft_vocab_size"] == 48
+    assert config["eagle_aux_hidden_state_layer_ids"] == [2, 1, 0]  # EAGLE-3's default for 3 layers
+
+
+def test_trained_eagle3_head_drafts_losslessly_and_exports_to_the_same_drafts(trained3, tmp_path):
+    """The artefact is a published head: drafter=eagle reads it (greedy identical to the
+    target, drafts accepted), and the original EAGLE-3 layout exported from it drafts the same."""
+    from spec_zoo.train.export import export
+
+    model, path, _ = trained3
+    cfg = train_cfg("train_export", tmp_path, f"export.source={path}", "export.format=eagle3",
+                    f"export.out={tmp_path / 'eagle3'}", "export.dtype=float32")
+    other = export(cfg, target=Target(model))
+    runs = {}
+    for head in (path, other):
+        out = SpeculativeDecoder(Target(model), EagleDrafter(str(head), num_draft=3, adaptive=False)).generate(
+            PROMPT, max_new_tokens=30, eos_token_ids=[])
+        runs[head] = out
+        assert out.ids == hf_greedy(model, PROMPT, 30) and out.stats.accepted > 0
+    assert runs[path].stats.accepted == runs[other].stats.accepted
+
+
+def test_trained_eagle3_head_samples_exactly(trained3):
+    model, path, _ = trained3
+    model = copy.deepcopy(model).double()  # float64: the law is compared to 1e-9
+    head = load_published(path, model, "auto")
+    cert = assert_lossless(lambda m: EagleDrafter(head, num_draft=2, adaptive=False, sample=True), model=model,
+                           sampling=SamplingParams(temperature=1.0, top_k=4))  # top-k: an enumerable law
+    assert cert.tau > 1
+
+
+def test_eagle3_bad_config_fails_before_any_model_load(tmp_path, monkeypatch):
+    import spec_zoo.train.loop as distill
+
+    monkeypatch.setattr(distill, "load_teacher_target", lambda cfg: pytest.fail("loaded a model"))
+    for override, message in [("head.regress=0.1", "no feature regression"), ("head.mlp=false", "head.mlp=false"),
+                              ("output.layout=medusa", "output.layout")]:
+        with pytest.raises(ConfigError, match=message):
+            train_eagle3(_cfg3(tmp_path, override))
+
+
+def test_eagle3_layers_outside_the_target_are_refused(tmp_path):
+    with pytest.raises(ConfigError, match=r"head.target_layers=\[0, 7\]; the target has layers 0..2"):
+        train_eagle3(_cfg3(tmp_path, "head.target_layers=[0,7]"), target=Target(teacher()))
 
 
 # -- the head shipped for SmolLM2-135M -----------------------------------------------------

@@ -29,6 +29,7 @@ always the target's (as in the reference code), so a stored ``embed_tokens.weigh
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import cast
 
@@ -40,6 +41,7 @@ from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRMS
 
 from spec_zoo.artefacts import write_artefact
 from spec_zoo.errors import ConfigError
+from spec_zoo.layers import DecoderStack
 
 #: the ``format=`` values of `EagleDrafter` (``spec_zoo``: its own artefact, `spec_zoo.drafters.eagle.head`)
 FORMATS = ("auto", "spec_zoo", "eagle", "eagle3", "speculators")
@@ -121,6 +123,51 @@ class Eagle3Head(PublishedHead):
         self.lm_head = torch.nn.Linear(H, draft_vocab, bias=False)
         self.register_buffer("d2t", torch.zeros(draft_vocab, dtype=torch.long))
         self.register_buffer("t2d", torch.zeros(target_vocab, dtype=torch.bool))
+
+    @classmethod
+    def from_target(cls, target_model, target_layers: tuple[int, ...], init_layer: int,
+                    vocab_ids: torch.Tensor | None = None) -> Eagle3Head:
+        """A head to train for ``target_model`` (`spec-zoo-train eagle3`), starting as the
+        target's layer ``init_layer`` continuing its state: ``fc`` passes the last fused layer's
+        state through, the layer's feature half of q/k/v, its o_proj, MLP and norms are the
+        target layer's (the embedding half starts at zero, so the drafted token enters as
+        training finds it useful), ``norm`` and ``lm_head`` the target's (rows ``vocab_ids``,
+        sorted: EAGLE-3's ``t2d`` mask orders the draft vocabulary by target id)."""
+        stack = DecoderStack(target_model)
+        src = stack.inner.layers[init_layer]
+        attn = getattr(src, "self_attn", src)
+        if not all(hasattr(attn, p) for p in ("q_proj", "k_proj", "v_proj", "o_proj")) or not all(
+                hasattr(src, p) for p in ("input_layernorm", "post_attention_layernorm", "mlp")):
+            raise ConfigError(f"{type(src).__name__} is not a Llama-shaped block (input_layernorm, self_attn with "
+                              "q/k/v/o_proj, post_attention_layernorm, mlp), which an EAGLE-3 head is built from; "
+                              "use drafter=eagle (spec-zoo-train eagle) for this family.")
+        fields = {k: v for k, v in target_model.config.to_dict().items() if k not in ("layer_types",)}
+        config = _llama_config({**fields, "num_hidden_layers": 1}, "head", target_model)
+        V = int(target_model.lm_head.weight.shape[0])
+        ids = None if vocab_ids is None else torch.as_tensor(vocab_ids, dtype=torch.long).sort().values
+        head = cls(config, target_layers, config.hidden_size, V if ids is None else ids.numel(), V)
+        H, weight = config.hidden_size, target_model.lm_head.weight.detach()
+        with torch.no_grad():
+            for name in ("q_proj", "k_proj", "v_proj"):
+                mine, theirs = getattr(head.layer.self_attn, name), getattr(attn, name)
+                mine.weight.copy_(torch.cat([torch.zeros_like(theirs.weight), theirs.weight], 1))
+                if mine.bias is not None:
+                    mine.bias.copy_(theirs.bias)
+            for part in ("post_attention_layernorm", "mlp"):
+                getattr(head.layer, part).load_state_dict(getattr(src, part).state_dict())
+            head.layer.self_attn.o_proj.load_state_dict(attn.o_proj.state_dict())
+            for norm in (head.layer.input_layernorm, head.layer.hidden_norm):
+                norm.weight.copy_(src.input_layernorm.weight)
+            head.norm.weight.copy_(stack.inner.norm.weight)
+            head.fc.weight.zero_()
+            head.fc.weight[:, -H:].copy_(torch.eye(H))
+            head.lm_head.weight.copy_(weight if ids is None else weight[ids.to(weight.device)])
+            if ids is None:
+                head.t2d.fill_(True)
+            else:
+                head.d2t.copy_(ids - torch.arange(ids.numel()))
+                head.t2d[ids] = True
+        return head.to(device=weight.device, dtype=weight.dtype)
 
     @property
     def vocab_ids(self) -> torch.Tensor | None:
@@ -217,11 +264,16 @@ def _llama_config(layer: dict, key: str, target_model) -> LlamaConfig:
     return config
 
 
+def default_layers(num_layers: int) -> tuple[int, ...]:
+    """The layers an EAGLE-3 head reads by default (the reference's): low, middle, high."""
+    return (2, num_layers // 2, num_layers - 3)
+
+
 def _target_layers(config: dict, layers: int, key: str, num_layers: int) -> tuple[int, ...]:
     ids = config.get("eagle_aux_hidden_state_layer_ids") or (config.get("eagle_config") or {}).get(
         "eagle_aux_hidden_state_layer_ids")
-    if ids is None:  # the reference's default: low, middle, high
-        ids = [2, num_layers // 2, num_layers - 3]
+    if ids is None:
+        ids = default_layers(num_layers)
     ids = [int(i) for i in ids]
     if len(ids) != layers or not all(0 <= i < num_layers for i in ids):
         raise ConfigError(f"{key}: the head reads the target's layers {ids} (eagle_aux_hidden_state_layer_ids) but "
@@ -310,7 +362,14 @@ def _check_vocab_map(head: Eagle3Head, target_vocab: int, key: str, path: Path) 
 def save_eagle3(head: Eagle3Head, out_dir, layout: str, verifier: str | None = None,
                 dtype: torch.dtype = torch.float16) -> Path:
     """Write an EAGLE-3 head in ``layout`` (``eagle3``: the original keys and a Llama config;
-    ``speculators``: vLLM's config and keys), atomically."""
+    ``speculators``: vLLM's config and keys), atomically, into a new or empty directory."""
+    config, write = eagle3_files(head, layout, verifier, dtype)
+    return write_artefact(out_dir, "config.json", config, write, key="export.out", fmt=f"{layout} layout")
+
+
+def eagle3_files(head: Eagle3Head, layout: str, verifier: str | None = None,
+                 dtype: torch.dtype = torch.float16) -> tuple[dict, Callable[[Path], None]]:
+    """The ``config.json`` of ``head`` in ``layout``, and what writes its weights into a directory."""
     prefix = LAYER_PREFIX[layout]
     tensors = {(prefix + k[len("layer."):]) if k.startswith("layer.") else k:
                (v.to(dtype) if v.is_floating_point() else v).detach().cpu().contiguous()
@@ -337,5 +396,4 @@ def save_eagle3(head: Eagle3Head, out_dir, layout: str, verifier: str | None = N
             "transformer_layer_config": layer,
             **common,
         }
-    return write_artefact(out_dir, "config.json", config, lambda tmp: save_file(tensors, str(tmp / WEIGHTS)),
-                          key="export.out", fmt=f"{layout} layout")
+    return config, lambda tmp: save_file(tensors, str(tmp / WEIGHTS))

@@ -21,6 +21,18 @@ from spec_zoo.errors import ConfigError
 FORMATS = ("medusa", "eagle3", "speculators")
 
 
+def verifier_path(cfg: DictConfig) -> str:
+    """What an exported head names as its verifier: a directory the engines (and `speculators`,
+    which reads its config) can load. For an embedded target that is its converted safetensors
+    copy (the de-quantized GGUF the head was trained on, not the hub's weights)."""
+    from spec_zoo.models import EMBEDDED, embedded_model_dir
+
+    if cfg.target.path:
+        return str(cfg.target.path)
+    name = str(cfg.target.name)
+    return str(embedded_model_dir(name)) if name in EMBEDDED else name
+
+
 def export(cfg: DictConfig, target=None) -> Path:
     """Write ``cfg.export.source`` in layout ``cfg.export.format`` to ``cfg.export.out``."""
     from spec_zoo.drafters.eagle.formats import load_published, save_eagle3, sniff
@@ -53,4 +65,4 @@ def export(cfg: DictConfig, target=None) -> Path:
         heads = load_medusa(source or SHIPPED, model)
         return save_medusa(heads, e.out, int(model.lm_head.weight.shape[0]), cfg.target.name, dtype)
     head = load_published(source, model, found, key="export.source")
-    return save_eagle3(head, e.out, fmt, verifier=cfg.target.path or cfg.target.name, dtype=dtype)
+    return save_eagle3(head, e.out, fmt, verifier=verifier_path(cfg), dtype=dtype)

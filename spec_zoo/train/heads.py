@@ -34,6 +34,15 @@ class HeadStudent(torch.nn.Module):
     def states_name(self) -> str:
         return "final"
 
+    @property
+    def states_width(self) -> int:
+        """The width of `target_states` (the target's hidden size, unless the head fuses several layers)."""
+        return int(self.lm.head.shape[1])
+
+    def _like(self) -> torch.Tensor:
+        """A tensor of the head's device and dtype."""
+        return next(self.lm.parameters())
+
     def __init__(self, target_model: torch.nn.Module, head: VocabHead):
         super().__init__()
         self.lm = head
@@ -53,7 +62,7 @@ class HeadStudent(torch.nn.Module):
         """Take `target_states` of ``data``'s sequences from the store instead of computing them."""
         lengths = (data.prompt_len + data.gen_len).tolist()
         for i, n in enumerate(lengths):
-            self._cache[tuple(data.ids[i, :n].tolist())] = states[i].to(self.lm.head.device, self.lm.head.dtype)
+            self._cache[tuple(data.ids[i, :n].tolist())] = states[i].to(self._like())
 
     @torch.no_grad()
     def cached_states(self, ids: torch.Tensor, lengths: list[int]) -> torch.Tensor:
@@ -65,7 +74,7 @@ class HeadStudent(torch.nn.Module):
             out = self.target_states(ids[missing, :T])
             for row, b in enumerate(missing):
                 self._cache[key[b]] = out[row, : lengths[b]].clone()
-        states = torch.zeros(ids.shape[0], ids.shape[1], self.lm.head.shape[1], dtype=self.lm.head.dtype,
+        states = torch.zeros(ids.shape[0], ids.shape[1], self.states_width, dtype=self._like().dtype,
                              device=ids.device)
         for b, n in enumerate(lengths):
             states[b, :n] = self._cache[key[b]]
