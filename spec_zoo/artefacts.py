@@ -100,6 +100,7 @@ def write_artefact(out_dir, record_name: str, record: dict, write_files: Callabl
     try:
         write_files(tmp)
         (tmp / record_name).write_text(json.dumps(record, indent=1))
+        _usual_modes(tmp)
         if out_dir.exists():  # the previous artefact, checked above: moved aside, then deleted
             os.replace(out_dir, old)
         os.replace(tmp, out_dir)
@@ -107,6 +108,17 @@ def write_artefact(out_dir, record_name: str, record: dict, write_files: Callabl
         shutil.rmtree(tmp, ignore_errors=True)
         shutil.rmtree(old, ignore_errors=True)
     return out_dir
+
+
+def _usual_modes(tmp: Path) -> None:
+    """Give the directory and its files the modes of any new file under the user's umask:
+    `tempfile.mkdtemp` makes the directory private (0700) and safetensors writes 0600, so
+    an artefact would otherwise be unreadable to the other users of a shared model dir."""
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(tmp, 0o777 & ~umask)
+    for f in tmp.iterdir():
+        os.chmod(f, 0o666 & ~umask)
 
 
 def read_record(file: Path, fmt: str, version: int, what: str, fix: str) -> dict:

@@ -148,6 +148,24 @@ def test_write_artefact_replaces_a_previous_artefact_of_its_kind_only(tmp_path, 
         write(tmp_path, overwrite=True)
 
 
+def test_a_written_artefact_is_readable_under_the_users_umask(tmp_path):
+    """Not the private modes of its temp dir (0700) and of safetensors' files (0600)."""
+    import os
+    import stat
+
+    def private(tmp):
+        (tmp / "w.safetensors").write_bytes(b"x")
+        os.chmod(tmp / "w.safetensors", 0o600)
+
+    old = os.umask(0o022)
+    try:
+        out = write_artefact(tmp_path / "a", "eagle.json", {"format": "spec-zoo-eagle-head"}, private)
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(out.stat().st_mode) == 0o755
+    assert {stat.S_IMODE(f.stat().st_mode) for f in out.iterdir()} == {0o644}
+
+
 def test_an_interrupted_write_keeps_the_previous_artefact(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     out = tmp_path / "a"
