@@ -145,9 +145,14 @@ def _save_atomically(out_dir: Path, model, tokenizer=None, record: dict | None =
     return write_artefact(out_dir, MODEL_RECORD, record, write_files, key, overwrite)
 
 
+def converted_dir(name: str = "smollm2-135m") -> Path:
+    """Where the safetensors copy of an embedded model lives (made by `embedded_model_dir`)."""
+    return cache_root() / EMBEDDED[name][2]
+
+
 def embedded_model_dir(name: str = "smollm2-135m") -> Path:
     """The safetensors copy of an embedded model, converting the GGUF on first use."""
-    out = cache_root() / EMBEDDED[name][2]
+    out = converted_dir(name)
     if _is_cached(name):
         return out
     with one_writer(out.parent / f".{out.name}.lock"):  # one maker at a time; the others wait

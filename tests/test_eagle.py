@@ -231,6 +231,9 @@ def test_eagle3_training_lowers_loss_and_writes_a_speculators_head(trained3):
     config = json.loads((path / "config.json").read_text())
     assert config["speculators_model_type"] == "eagle3" and config["draft_vocab_size"] == 48
     assert config["eagle_aux_hidden_state_layer_ids"] == [2, 1, 0]  # EAGLE-3's default for 3 layers
+    from spec_zoo.models import converted_dir  # the verifier: a model dir engines can load, not a name
+
+    assert config["speculators_config"]["verifier"]["name_or_path"] == str(converted_dir("smollm2-135m"))
 
 
 def test_trained_eagle3_head_drafts_losslessly_and_exports_to_the_same_drafts(trained3, tmp_path):

@@ -24,13 +24,14 @@ FORMATS = ("medusa", "eagle3", "speculators")
 def verifier_path(cfg: DictConfig) -> str:
     """What an exported head names as its verifier: a directory the engines (and `speculators`,
     which reads its config) can load. For an embedded target that is its converted safetensors
-    copy (the de-quantized GGUF the head was trained on, not the hub's weights)."""
-    from spec_zoo.models import EMBEDDED, embedded_model_dir
+    copy (the de-quantized GGUF the head was trained on, not the hub's weights), made by the
+    first spec-zoo run that loads it."""
+    from spec_zoo.models import EMBEDDED, converted_dir
 
     if cfg.target.path:
         return str(cfg.target.path)
     name = str(cfg.target.name)
-    return str(embedded_model_dir(name)) if name in EMBEDDED else name
+    return str(converted_dir(name)) if name in EMBEDDED else name
 
 
 def export(cfg: DictConfig, target=None) -> Path:
