@@ -165,13 +165,18 @@ def test_the_generated_table_is_complete_and_lossless():
 
 @pytest.mark.parametrize("cell", CI_CELLS, ids="-".join)
 def test_certification_table_cell(cell):
-    """Certified now, and equal to the generated table's row (the docs are current)."""
+    """Certified now, and equal to the generated table's row (the docs are current). A lossless
+    cell's TV is float64 rounding (~1e-16), whose digits depend on the CPU's kernels (AVX2 and
+    AVX-512 differ), so only its bound is compared; a lossy cell's TV is a real distance."""
     result = certify_table.run(certify_table.Cell(*cell))
     status, tv, tau, decodes = _table_rows()[cell]
     assert result.status == status
     if result.status != "refused":
-        assert (f"{result.tv:.1e}", f"{result.tau:.4f}", str(result.branches)) == (tv, tau, decodes)
-        assert result.tv <= MAX_TV or result.status == "lossy"
+        assert (f"{result.tau:.4f}", str(result.branches)) == (tau, decodes)
+        if result.status == "lossy":
+            assert f"{result.tv:.1e}" == tv
+        else:
+            assert result.tv <= MAX_TV and float(tv) <= MAX_TV
 
 
 # -- broken rules, each caught ------------------------------------------------------------

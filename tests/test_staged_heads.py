@@ -88,10 +88,17 @@ def test_each_node_is_its_stage_on_its_own_path(method):
 @pytest.mark.parametrize("method", list(METHODS))
 @pytest.mark.parametrize("setting", list(CERTIFY_SETTINGS))
 def test_sampled_chains_and_trees_are_certified_exact_with_rejection(method, setting):
+    """Each certificate asserts exactness; random heads whose drafts the target never accepts
+    (tau 1: possible under top-k/top-p, and which seed does it depends on the CPU's rounding at
+    the nucleus's edge) would prove it only on rejecting paths, so the next seed is tried."""
     heads_cls, drafter_cls = METHODS[method][:2]
     for shape in ({"num_draft": 2}, {"tree": Static(TREE)}):
-        cert = assert_lossless(lambda m, kw=shape: drafter_cls(staged_heads(heads_cls, m, 2), **kw),
-                               sampling=CERTIFY_SETTINGS[setting])
+        for seed in (5, 6, 7):
+            cert = assert_lossless(lambda m, kw=shape, seed=seed: drafter_cls(staged_heads(heads_cls, m, 2, seed),
+                                                                                **kw),
+                                   sampling=CERTIFY_SETTINGS[setting])
+            if cert.tau > 1.0:
+                break
         assert cert.tau > 1.0
 
 
