@@ -3,7 +3,7 @@
 # vocabularies (the most frequent tokens of the teacher data's answers, FR-Spec style), trained on
 # the same data and steps (the teacher-data store and settings of ../eagle3_equal_steps/run.sh:
 # 160 prompts, 300 steps of 8 sequences, one thread each, two side by side), then Spec-Bench
-# (5 per category, 128 greedy tokens, 2 repeats) on the compiled runtime, each head on the
+# (5 per category, 128 greedy tokens, one repeat) on the compiled runtime, each head on the
 # compiled draft path with the default adaptive chain, against ar_compiled: coverage, acceptance,
 # the draft's seconds per drafted token and speed. The 8k head is ../eagle3_equal_steps' eagle1-ttt1.
 # Usage: [DATA=DIR] sh docs/eagle/vocab_equal_steps/run.sh OUT   (OUT: the scratch dir of
@@ -20,6 +20,6 @@ M="ar_compiled: null"
 for v in 8k:eagle1-ttt1 16k:eagle1-v16k 32k:eagle1-v32k full:eagle1-vfull; do
   M="$M, eagle_v${v%%:*}_compiled: {drafter: eagle, runtime: compiled, params: {head: $OUT/${v#*:}, runtime: compiled}}"
 done
-OMP_NUM_THREADS=2 spec-zoo-bench "methods={$M}" dataset.per_category=5 generation.max_new_tokens=128 repeats=2 \
+OMP_NUM_THREADS=2 spec-zoo-bench "methods={$M}" dataset.per_category=5 generation.max_new_tokens=128 \
   traces=true out="$OUT/vocab-bench"
 python docs/eagle/vocab_equal_steps/coverage.py "$OUT/vocab-bench" $OUT/eagle1-ttt1 $OUT/eagle1-v16k $OUT/eagle1-v32k $OUT/eagle1-vfull
