@@ -47,5 +47,6 @@ def test_an_artefact_is_read_by_the_recipe_that_wrote_it(tmp_path):
         folder.mkdir()
         (folder / cls.artefact[0]).write_text("{}")
         assert recipe_of_artefact(folder) is cls
-    with pytest.raises(ConfigError, match="report.artefacts: .* holds none of distill.json, eagle.json, eagle3_training.json, adapter.json"):
+    with pytest.raises(ConfigError, match="report.artefacts: .* holds none of distill.json, eagle.json, "
+                                          "eagle3_training.json, adapter.json"):
         recipe_of_artefact(tmp_path)

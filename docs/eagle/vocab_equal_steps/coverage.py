@@ -36,7 +36,8 @@ for line in (run / "traces.jsonl").open():
         if drafted:
             reached[r["method"]][0] += 1
             reached[r["method"]][1] += committed >= 2
-print("| method | coverage | " + " | ".join(f"coverage {c}" for c in cats) + " | tau | pos 1 | draft s per drafted token | tokens/s |")
+columns = ["coverage", *(f"coverage {c}" for c in cats), "tau", "pos 1", "draft s per drafted token", "tokens/s"]
+print("| method | " + " | ".join(columns) + " |")
 print("|---" * (6 + len(cats)) + "|")
 for method, head in zip(methods, heads):
     ids, rows = vocab(head), [r for r in records if r["method"] == method]
