@@ -48,6 +48,7 @@ import warnings
 from contextlib import contextmanager, nullcontext
 
 import torch
+from torch._dynamo import config as dynamo_config
 from torch._inductor import config as inductor_config
 from transformers import AttentionInterface
 from transformers.cache_utils import Cache, StaticLayer
@@ -325,11 +326,20 @@ def rowwise_run(fn, configs, settings: dict, linears=None, attention: str = "ind
     return run
 
 
+RECOMPILE_LIMIT = 256  # graphs of one compiled function per process (one per model, shape family or head)
+
+
 def compile_graph(fn, under, inputs, tag: str, what: str, key: str, fallback: bool):
     """(graph, seconds, whether the on-disk cache served it): ``fn`` compiled (whole, one graph)
     and run once on ``inputs``, both ``under`` its settings (`rowwise_run`), through the FX graph
     cache keyed by ``tag`` (`spec_zoo.compile_cache`). A compiler failure falls back to ``fn``
     run eagerly with a warning naming ``key``'s runtime, or is raised without ``fallback``."""
+    # every compiled target, head or module compiles the same Python function for its own weights,
+    # and dynamo counts all those graphs against that one code object (8 by default): a process
+    # that compiles more (a line-up of compiled heads, the test suite) would hit the limit and,
+    # with fullgraph, fail over to eager decoding
+    dynamo_config.recompile_limit = max(dynamo_config.recompile_limit, RECOMPILE_LIMIT)
+    dynamo_config.accumulated_recompile_limit = max(dynamo_config.accumulated_recompile_limit, 4 * RECOMPILE_LIMIT)
     graph = under(torch.compile(fn, fullgraph=True))
     print(f"spec-zoo: compiling {what} (minutes on a small CPU, faster when cached) ...", file=sys.stderr, flush=True)
     start, cached = time.perf_counter(), False
