@@ -575,7 +575,7 @@ def test_compiles_after_the_model_was_asked_for_its_hidden_states(model):
     assert out.ids == hf_greedy(model, PROMPT, 6)
 
 
-def test_more_graphs_of_one_function_than_dynamos_default_still_compile(monkeypatch):
+def test_more_graphs_of_one_function_than_dynamos_default_still_compile():
     """A line-up of compiled heads (or this test suite) compiles one Python function once per
     model; past dynamo's default of 8 graphs per code object (models of other depths here), a
     fullgraph compile would fail."""
@@ -583,16 +583,15 @@ def test_more_graphs_of_one_function_than_dynamos_default_still_compile(monkeypa
 
     from spec_zoo.runtime import compile_graph
 
-    monkeypatch.setattr(dynamo_config, "recompile_limit", 8)  # torch's default, whatever ran before
-
     def graph_of(module):
         def fn(x):
             return module(x)
         return fn
 
     x = torch.randn(2, 4)
-    for i in range(10):
-        module = torch.nn.Sequential(*[torch.nn.Linear(4, 4) for _ in range(i + 1)]).requires_grad_(False)
-        graph, _, _ = compile_graph(graph_of(module), lambda f: f, (x,), f"recompile-test-{i}", "a test graph",
-                                    "model", fallback=False)
-        assert torch.allclose(graph(x), module(x))
+    with dynamo_config.patch(recompile_limit=8):  # torch's default, whatever ran before; restored after
+        for i in range(10):
+            module = torch.nn.Sequential(*[torch.nn.Linear(4, 4) for _ in range(i + 1)]).requires_grad_(False)
+            graph, _, _ = compile_graph(graph_of(module), lambda f: f, (x,), f"recompile-test-{i}", "a test graph",
+                                        "model", fallback=False)
+            assert torch.allclose(graph(x), module(x))
