@@ -86,8 +86,8 @@ def test_reduced_vocabulary_head_is_exact_when_sampling():
 # -- training end to end, artefact, refusals ----------------------------------------------
 
 
-def _cfg(tmp_path, *overrides):
-    return train_cfg("train_eagle", tmp_path, "head.vocab_size=48", *overrides)
+def _cfg(tmp_path, *overrides, config="train_eagle"):
+    return train_cfg(config, tmp_path, "head.vocab_size=48", *overrides)
 
 
 @pytest.fixture(scope="module")
@@ -193,15 +193,11 @@ def test_config_builds_the_eagle_drafter(trained):
 # -- EAGLE-3 heads trained here (spec-zoo-train eagle3) ------------------------------------
 
 
-def _cfg3(tmp_path, *overrides):
-    return train_cfg("train_eagle3", tmp_path, "head.vocab_size=48", *overrides)
-
-
 @pytest.fixture(scope="module")
 def trained3(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("eagle3")
     model = teacher()
-    return model, train_eagle3(_cfg3(tmp, "head.ttt_steps=2"), target=Target(model)), tmp
+    return model, train_eagle3(_cfg(tmp, "head.ttt_steps=2", config="train_eagle3"), target=Target(model)), tmp
 
 
 def test_eagle3_head_starts_as_the_targets_layer_continuing_its_state():
@@ -270,12 +266,12 @@ def test_eagle3_bad_config_fails_before_any_model_load(tmp_path, monkeypatch):
     for override, message in [("head.regress=0.1", "no feature regression"), ("head.mlp=false", "head.mlp=false"),
                               ("output.layout=medusa", "output.layout")]:
         with pytest.raises(ConfigError, match=message):
-            train_eagle3(_cfg3(tmp_path, override))
+            train_eagle3(_cfg(tmp_path, override, config="train_eagle3"))
 
 
 def test_eagle3_layers_outside_the_target_are_refused(tmp_path):
     with pytest.raises(ConfigError, match=r"head.target_layers=\[0, 7\]; the target has layers 0..2"):
-        train_eagle3(_cfg3(tmp_path, "head.target_layers=[0,7]"), target=Target(teacher()))
+        train_eagle3(_cfg(tmp_path, "head.target_layers=[0,7]", config="train_eagle3"), target=Target(teacher()))
 
 
 # -- the head shipped for SmolLM2-135M -----------------------------------------------------

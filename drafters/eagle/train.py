@@ -205,8 +205,7 @@ class Eagle3Recipe(EagleRecipe):
     RECORD, FORMAT = "eagle3_training.json", "spec-zoo-eagle3-training"
     LAYOUTS = ("speculators", "eagle3")
     artefact = RECORD, FORMAT
-    keys = EagleRecipe.keys | Keys(types={"head.target_layers": ((list, tuple), True)},
-                                   choices={"output.layout": LAYOUTS})
+    keys = EagleRecipe.keys | Keys(types={"head.target_layers": ((list, tuple), True)})  # layout: `check`
 
     def check(self, cfg: DictConfig) -> None:
         super().check(cfg)
