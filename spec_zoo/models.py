@@ -115,6 +115,15 @@ def _embedded_gguf(name: str) -> Path:
     return gguf
 
 
+def embedded_gguf_of(model_dir: str | Path) -> Path | None:
+    """The GGUF an embedded model's converted dir was made from, or None for any other dir (a peer
+    engine that reads GGUF runs the very file the bench target was converted from)."""
+    for name in EMBEDDED:
+        if Path(model_dir).expanduser().resolve() == converted_dir(name).resolve():
+            return _embedded_gguf(name)
+    return None
+
+
 def load_gguf(name: str = "smollm2-135m"):
     """(model, tokenizer) read straight from the embedded GGUF, de-quantized to float32 (slow)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer

@@ -83,3 +83,60 @@ def test_a_worker_that_dies_is_one_line_quoting_its_last_words(target, stub_engi
     with pytest.raises(ConfigError, match=r"vllm_ar: the vllm worker exited \(3\): stub: cannot load the model"):
         method.run([3, 4], 4, 0)
     method.close()
+
+
+FAKE_LLAMA_CPP = Path(__file__).with_name("fake_llama_cpp")
+LLAMACPP = {"llamacpp_ar": None, "llamacpp_pld": {"method": "prompt_lookup", "num_pred_tokens": 4}}
+
+
+@pytest.fixture
+def llamacpp_venv(tmp_path, monkeypatch):
+    """llama.cpp's venv made of this python; a GGUF stand-in file for params.model_path."""
+    (tmp_path / "venv" / "bin").mkdir(parents=True)
+    (tmp_path / "venv" / "bin" / "python").symlink_to(sys.executable)
+    monkeypatch.setenv("SPEC_ZOO_LLAMACPP_VENV", str(tmp_path / "venv"))
+    (tmp_path / "model.gguf").write_bytes(b"GGUF")
+    return tmp_path / "model.gguf"
+
+
+def test_llamacpp_worker_counts_forwards_and_drafts_on_the_fake_engine(target, tmp_path, llamacpp_venv, monkeypatch):
+    """The real worker script on a fake llama_cpp with llama-cpp-python's loop: its prompt lookup is
+    paired with its plain decoding, equal output, tau = new tokens / forwards, accepted <= drafted."""
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(FAKE_LLAMA_CPP), os.environ.get("PYTHONPATH", "")]))
+    specs, _ = resolve_methods({"ar": None, **{name: {"engine": "llamacpp", "params": {
+        "model_path": str(llamacpp_venv), "speculative_config": spec}} for name, spec in LLAMACPP.items()}}, [])
+    methods = [build_method(s, target, SamplingParams(), "h-ar", eos_token_ids=EOS) if s.engine == "spec_zoo"
+               else build_peer_method(s, target, f"h-{s.name}", EOS) for s in specs]
+    assert [(m.name, m.plain) for m in methods] == [
+        ("ar", "ar"), ("llamacpp_ar", "ar"), ("llamacpp_pld", "llamacpp_ar")]
+    plain, pld = methods[1].run([5, 9, 5], 12, 0), methods[2].run([5, 9, 5], 12, 0)
+    assert plain.output_ids == pld.output_ids and len(pld.output_ids) == 12
+    assert plain.fields["target_forwards"] == 12 and plain.fields["drafted"] is None
+    # the fake's tokens cycle, so lookup drafts hit: fewer forwards than tokens
+    assert 0 < pld.fields["accepted"] <= pld.fields["drafted"]
+    assert pld.fields["target_forwards"] == 12 - pld.fields["accepted"] < 12
+    assert methods[2].drafter == "prompt_lookup" and methods[2].version == "fake"
+    records = bench(target, methods, tmp_path / "results.jsonl")
+    assert all(r["matches_baseline"] is True for r in records if r["method"] == "llamacpp_pld")
+    for method in methods[1:]:
+        method.close()
+
+
+def test_llamacpp_loads_the_gguf_the_embedded_target_was_converted_from(target, llamacpp_venv):
+    from spec_zoo.models import converted_dir, embedded_gguf_of
+
+    gguf = embedded_gguf_of(converted_dir("smollm2-135m"))
+    assert gguf is not None and gguf.name.endswith(".gguf") and gguf.is_file()
+    assert PEERS["llamacpp"].model({}, str(converted_dir("smollm2-135m")), "llamacpp_ar") == str(gguf)
+    assert PEERS["vllm"].model({}, "some/dir", "vllm_ar") == "some/dir"
+    assert PEERS["llamacpp"].engine_args({"venv": "v", "model_path": "m", "n_batch": 8}) == {"n_batch": 8}
+    with pytest.raises(ConfigError, match=r"llamacpp_ar: llamacpp loads a GGUF file .* set params.model_path"):
+        build_peer_method(resolve_methods(["llamacpp_ar"], [])[0][-1], target, "h", EOS)
+    with pytest.raises(ConfigError, match=r"params.model_path=/nowhere.gguf is not a file"):
+        PEERS["llamacpp"].model({"model_path": "/nowhere.gguf"}, "dir", "llamacpp_ar")
+
+
+def test_a_missing_llamacpp_environment_names_its_make_target(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPEC_ZOO_LLAMACPP_VENV", str(tmp_path / "nowhere"))
+    with pytest.raises(ConfigError, match=r"llamacpp_ar: the llamacpp environment is missing .*`make peer-llamacpp`"):
+        resolve_methods(["llamacpp_ar"], [])

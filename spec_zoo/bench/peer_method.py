@@ -95,9 +95,10 @@ class PeerMethod(Method):
 
 def build_peer_method(spec: MethodSpec, target: Target, config_hash: str,
                       eos_token_ids: Sequence[int] | None = None) -> PeerMethod:
-    """A peer spec's method on the target's own model directory and dtype, with this process's
-    thread count; its worker starts loading now."""
-    method = PeerMethod(spec.name, spec.engine, spec.params, config_hash, str(target.model.name_or_path),
+    """A peer spec's method on the target's own model (its directory, or for a GGUF engine its GGUF)
+    and dtype, with this process's thread count; its worker starts loading now."""
+    model = PEERS[spec.engine].model(spec.params, str(target.model.name_or_path), spec.name)
+    method = PeerMethod(spec.name, spec.engine, spec.params, config_hash, model,
                         str(target.model.dtype).removeprefix("torch."), eos_token_ids, torch.get_num_threads())
     method.plain = spec.plain
     return method

@@ -1,9 +1,10 @@
-"""Peer engines the bench can measure beside spec-zoo (``engine: vllm`` in a method spec): what
+"""Peer engines the bench can measure beside spec-zoo (``engine: vllm|llamacpp`` in a method spec): what
 each needs to run in its own virtual environment (a venv made by a documented command, never
 part of spec-zoo's install, since each pins its own torch), checked before any model loads.
 
 A peer method's ``params`` are the engine's own arguments (for vLLM, keyword arguments of
-``vllm.LLM`` such as ``speculative_config``) plus ``venv``, the environment's directory.
+``vllm.LLM`` such as ``speculative_config``; for llama.cpp, of ``llama_cpp.Llama``) plus ``venv``,
+the environment's directory, and for an engine that reads a GGUF file, ``model_path``.
 `spec_zoo.bench.peer_method` runs the engine's worker script there (docs/peers.md).
 """
 
@@ -29,6 +30,7 @@ class PeerEngine:
     venv: str  # the default venv directory (relative to the working directory); SPEC_ZOO_<NAME>_VENV overrides it
     install: str  # the command that makes that venv
     speculation_key: str  # the engine argument that turns speculation on
+    reads_gguf: bool = False  # the engine loads a GGUF file (params.model_path), not the target's model dir
 
     def python(self, params: Mapping) -> Path:
         venv = params.get("venv") or os.environ.get(f"SPEC_ZOO_{self.name.upper()}_VENV") or self.venv
@@ -38,8 +40,23 @@ class PeerEngine:
         return Path(__file__).parent / self.worker
 
     def engine_args(self, params: Mapping) -> dict:
-        """The engine's own arguments: ``params`` without ``venv``."""
-        return {k: v for k, v in params.items() if k != "venv"}
+        """The engine's own arguments: ``params`` without ``venv`` and ``model_path``."""
+        return {k: v for k, v in params.items() if k not in ("venv", "model_path")}
+
+    def model(self, params: Mapping, target_dir: str, method: str) -> str:
+        """What the worker loads: the bench target's model dir, or for a GGUF engine ``params.model_path``
+        or, for an embedded target (a converted GGUF), the very GGUF it was converted from."""
+        if not self.reads_gguf:
+            return target_dir
+        from spec_zoo.models import embedded_gguf_of
+
+        path = params.get("model_path") or embedded_gguf_of(target_dir)
+        if path is None:
+            raise ConfigError(f"method {method}: {self.name} loads a GGUF file and the target {target_dir} is not "
+                              "one spec-zoo converted from a GGUF; set params.model_path to the target's GGUF.")
+        if not Path(path).expanduser().is_file():
+            raise ConfigError(f"method {method}: params.model_path={path} is not a file; point it at a GGUF.")
+        return str(Path(path).expanduser())
 
     def drafter_label(self, params: Mapping) -> str:
         """What a record names as the drafter: the engine's speculative method, or ``none``."""
@@ -66,4 +83,6 @@ class PeerEngine:
 
 PEERS = {
     "vllm": PeerEngine("vllm", "vllm_worker.py", ".venv-vllm", "make peer-vllm", "speculative_config"),
+    "llamacpp": PeerEngine("llamacpp", "llamacpp_worker.py", ".venv-llamacpp", "make peer-llamacpp",
+                           "speculative_config", reads_gguf=True),
 }

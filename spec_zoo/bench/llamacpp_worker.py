@@ -1,0 +1,101 @@
+"""The llama.cpp side of the peer protocol (`spec_zoo.bench.peers`), through llama-cpp-python:
+run by the python of its own venv (``make peer-llamacpp``), so it imports nothing of spec-zoo.
+
+The protocol is ``vllm_worker.py``'s: a setup line (``model``: a GGUF file, ``engine_args``:
+keyword arguments of ``llama_cpp.Llama`` plus ``speculative_config``), answered ``{"ready",
+"version"}``; then one request per line (``prompt_ids``, ``max_new_tokens``, ``eos``) answered
+``{"output_ids", "wall_s", "drafted", "accepted"}``; a failure is ``{"error": ...}``.
+
+``speculative_config: {method: prompt_lookup, num_pred_tokens, max_ngram_size}`` is llama.cpp's
+prompt-lookup decoder (``LlamaPromptLookupDecoding``). llama-cpp-python keeps no speculative
+counters, so this worker counts them: each ``Llama.eval`` call is one target forward (the prompt's
+included, as a forward of plain decoding makes one token), so accepted = new tokens - forwards;
+drafted sums the draft's proposals.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+
+def _llama(setup: dict, counts: dict):
+    """The engine on the setup's GGUF with its draft (or none), counting forwards and drafted tokens
+    into ``counts``."""
+    from llama_cpp import Llama
+    from llama_cpp.llama_speculative import LlamaDraftModel, LlamaPromptLookupDecoding
+
+    class CountedDraft(LlamaDraftModel):
+        def __init__(self, draft):
+            self.draft = draft
+
+        def __call__(self, input_ids, /, **kwargs):
+            proposal = self.draft(input_ids, **kwargs)
+            counts["drafted"] += len(proposal)
+            return proposal
+
+    args = dict(setup.get("engine_args") or {})
+    speculation = args.pop("speculative_config", None)
+    draft = None
+    if speculation:
+        method = speculation.get("method", "prompt_lookup")
+        if method != "prompt_lookup":
+            raise ValueError(f"speculative_config.method={method!r}; llama-cpp-python offers prompt_lookup")
+        draft = CountedDraft(LlamaPromptLookupDecoding(num_pred_tokens=int(speculation.get("num_pred_tokens", 10)),
+                                                       max_ngram_size=int(speculation.get("max_ngram_size", 2))))
+    threads = int(os.environ.get("OMP_NUM_THREADS", "1"))
+    args = {"n_ctx": 4096, "n_threads": threads, "n_threads_batch": threads, "seed": 0, "verbose": False, **args}
+    llm = Llama(model_path=setup["model"], draft_model=draft, **args)
+    evaluate = llm.eval
+
+    def counting_eval(tokens):
+        counts["forwards"] += 1
+        return evaluate(tokens)
+
+    llm.eval = counting_eval  # generate() calls self.eval: the instance attribute wins
+    return llm
+
+
+def main() -> None:
+    protocol = os.fdopen(os.dup(1), "w", buffering=1)
+    os.dup2(2, 1)  # llama.cpp's C-level prints go to stderr: stdout carries the protocol only
+
+    def answer(obj: dict) -> None:
+        protocol.write(json.dumps(obj) + "\n")
+
+    try:
+        setup = json.loads(sys.stdin.readline())
+        import llama_cpp
+
+        counts = {"forwards": 0, "drafted": 0}
+        llm = _llama(setup, counts)
+    except Exception as err:
+        answer({"error": f"{type(err).__name__}: {err}".splitlines()[0]})
+        return
+    answer({"ready": True, "version": llama_cpp.__version__})
+    for line in sys.stdin:
+        try:
+            request = json.loads(line)
+            eos, budget = set(request.get("eos") or ()), request["max_new_tokens"]
+            counts.update(forwards=0, drafted=0)
+            out: list[int] = []
+            llm.reset()  # no prefix reuse from the previous request (a repeat would be a cache hit)
+            start = time.perf_counter()
+            for token in llm.generate(request["prompt_ids"], top_k=1, top_p=1.0, min_p=0.0, temp=0.0,
+                                      repeat_penalty=1.0, reset=True):
+                out.append(int(token))
+                if len(out) >= budget or token in eos:
+                    break
+            wall = time.perf_counter() - start
+            speculative = llm.draft_model is not None
+            answer({"output_ids": out, "wall_s": wall,
+                    "drafted": counts["drafted"] if speculative else None,
+                    "accepted": len(out) - counts["forwards"] if speculative else None})
+        except Exception as err:
+            answer({"error": f"{type(err).__name__}: {err}".splitlines()[0]})
+
+
+if __name__ == "__main__":
+    main()
