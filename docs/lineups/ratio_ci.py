@@ -1,8 +1,9 @@
 """Method A's pooled speed over method B's in one bench run, with a 95 % paired bootstrap CI over
 prompts (question, turn; repeats pooled within a prompt), for ratios the report does not print
-(e.g. `ngram_compiled` over `ar_compiled`).
+(e.g. `ngram_compiled` over `ar_compiled`), and one method pair's ratio over another's (``A/B:C/D``,
+e.g. our speculation's speedup over our plain decoding against a peer engine's over its own).
 
-    python docs/lineups/ratio_ci.py RESULTS.jsonl A/B [A/B ...]
+    python docs/lineups/ratio_ci.py RESULTS.jsonl A/B [A/B ...] [A/B:C/D ...]
 """
 
 from __future__ import annotations
@@ -34,16 +35,20 @@ def speed(cells: dict[Prompt, list[float]], prompts: list[Prompt]) -> float:
 def main() -> None:
     by = totals(sys.argv[1])
     rng = random.Random(0)
-    for pair in sys.argv[2:]:
-        a, b = pair.split("/")
-        prompts = sorted(set(by[a]) & set(by[b]), key=str)
+    for spec in sys.argv[2:]:
+        pairs = [tuple(pair.split("/")) for pair in spec.split(":")]
+        names = [name for pair in pairs for name in pair]
+        prompts = sorted(set.intersection(*(set(by[name]) for name in names)), key=str)
 
-        def ratio(sample: list[Prompt], a: str = a, b: str = b) -> float:
-            return speed(by[a], sample) / speed(by[b], sample)
+        def ratio(sample: list[Prompt], pairs: list = pairs) -> float:
+            value = speed(by[pairs[0][0]], sample) / speed(by[pairs[0][1]], sample)
+            for a, b in pairs[1:]:
+                value /= speed(by[a], sample) / speed(by[b], sample)
+            return value
 
         boots = sorted(ratio([rng.choice(prompts) for _ in prompts]) for _ in range(2000))
-        print(f"{a} / {b}: {ratio(prompts):.3f}x [{boots[50]:.3f}, {boots[1949]:.3f}] over {len(prompts)} prompts")
-
+        label = " over ".join(f"({a} / {b})" if len(pairs) > 1 else f"{a} / {b}" for a, b in pairs)
+        print(f"{label}: {ratio(prompts):.3f}x [{boots[50]:.3f}, {boots[1949]:.3f}] over {len(prompts)} prompts")
 
 if __name__ == "__main__":
     main()
