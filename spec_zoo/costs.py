@@ -107,7 +107,8 @@ def _what_costs(target) -> tuple[str, str, str]:
     the threads), the weights' values aside."""
     c = target.config
     shape = f"{c.model_type}-{c.num_hidden_layers}x{c.hidden_size}-v{target.vocab_size}"
-    return shape, target.runtime, str(target.dtype).removeprefix("torch.")
+    runtime = target.runtime + ("-skinny" if getattr(target, "gemm", None) == "skinny" else "")  # another curve
+    return shape, runtime, str(target.dtype).removeprefix("torch.")
 
 
 def table_path(target) -> Path:

@@ -84,3 +84,23 @@ def test_no_compiler_is_one_clear_error(monkeypatch):
     monkeypatch.setenv("CXX", "no-such-compiler-here")
     with pytest.raises(ConfigError, match="model.gemm=inductor"):
         skinny_gemm.load.__wrapped__()
+
+
+def test_auto_takes_the_skinny_gemm_on_avx512_and_inductors_elsewhere(monkeypatch):
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX512")
+    assert skinny_gemm.resolve("auto") == "skinny"
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX2")
+    assert skinny_gemm.resolve("auto") == "inductor"
+    assert [skinny_gemm.resolve(g) for g in ("skinny", "inductor")] == ["skinny", "inductor"]
+
+
+def test_a_skinny_target_prices_with_a_cost_table_of_its_own():
+    """The two GEMMs have different t(M) curves: a table measured on one never prices the other."""
+    from types import SimpleNamespace
+
+    from spec_zoo.costs import table_path
+
+    config = SimpleNamespace(model_type="llama", num_hidden_layers=2, hidden_size=8)
+    paths = {gemm: table_path(SimpleNamespace(config=config, vocab_size=10, runtime="compiled", dtype=torch.float32,
+                                              gemm=gemm)).name for gemm in ("skinny", "inductor")}
+    assert "-compiled-skinny-float32-" in paths["skinny"] and "-compiled-float32-" in paths["inductor"]
