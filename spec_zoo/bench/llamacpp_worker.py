@@ -47,6 +47,8 @@ def _llama(setup: dict, counts: dict):
                                                        max_ngram_size=int(speculation.get("max_ngram_size", 2))))
     threads = int(os.environ.get("OMP_NUM_THREADS", "1"))
     args = {"n_ctx": 4096, "n_threads": threads, "n_threads_batch": threads, "seed": 0, "verbose": False, **args}
+    if draft is not None:  # a draft reads every position's logits, but llama-cpp-python 0.3.36 sizes its logits
+        args["logits_all"] = True  # buffer by the argument (n_batch rows): a prompt past 512 tokens overflowed it
     llm = Llama(model_path=setup["model"], draft_model=draft, **args)
     evaluate = llm.eval
 
