@@ -60,7 +60,7 @@ from spec_zoo.compile_cache import cached_compile, fingerprint
 from spec_zoo.draft import Draft
 from spec_zoo.errors import ConfigError
 from spec_zoo.layers import DecoderStack, causal_mask, final_logits
-from spec_zoo.skinny_gemm import DEFAULT_GEMM, GEMMS, SkinnyLinears, resolve
+from spec_zoo.skinny_gemm import DEFAULT_GEMM, GEMMS, SkinnyLinears
 from spec_zoo.target import Target
 
 KEY_BLOCK = 64  # attention spans a multiple of this many cache slots (a multiple of every SIMD width)
@@ -162,7 +162,7 @@ class CompiledTarget(Target):
         self.max_cache_len, self.buckets, self.fallback, self.key_block = max_cache_len, buckets, fallback, key_block
         self.settings = inductor_settings(freezing, gemm_backends)
         # the linear layers on the skinny GEMM (its kernel built now, once per machine), or on inductor's
-        self.gemm = resolve(gemm)
+        self.gemm = gemm
         self.linears = SkinnyLinears() if self.gemm == "skinny" else None
         if attention == "kernel":
             load_attention()  # built now, once per machine: a missing compiler fails before any model work

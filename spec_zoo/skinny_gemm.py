@@ -20,17 +20,10 @@ from torch.overrides import TorchFunctionMode
 
 from spec_zoo.cpp_kernels import build
 
-GEMMS = ("auto", "skinny", "inductor")  # model.gemm: this kernel, inductor's own GEMM (model.gemm_backends), or
-DEFAULT_GEMM = "auto"                    # the one that measured faster on this CPU's instruction set (`resolve`)
-
-
-def resolve(gemm: str) -> str:
-    """``auto``: the skinny GEMM where the CPU has AVX-512 (whole model, 1 thread: t(8)/t(1) 1.34 against
-    inductor's 1.60, t(1) no slower), inductor's where it has AVX2 only (level on one layer, 15 % faster
-    at one row on the whole model); docs/runtime.md. Any other value is kept."""
-    if gemm != "auto":
-        return gemm
-    return "skinny" if torch.backends.cpu.get_cpu_capability() == "AVX512" else "inductor"
+GEMMS = ("skinny", "inductor")  # model.gemm: this kernel, or inductor's own GEMM (model.gemm_backends)
+# inductor's: faster at one row on AVX2 and on AVX-512; the skinny GEMM's flatter curve past 4 rows on AVX-512
+# did not make speculation faster in a Spec-Bench run (docs/runtime.md)
+DEFAULT_GEMM = "inductor"
 
 
 @functools.cache

@@ -86,14 +86,6 @@ def test_no_compiler_is_one_clear_error(monkeypatch):
         skinny_gemm.load.__wrapped__()
 
 
-def test_auto_takes_the_skinny_gemm_on_avx512_and_inductors_elsewhere(monkeypatch):
-    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX512")
-    assert skinny_gemm.resolve("auto") == "skinny"
-    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX2")
-    assert skinny_gemm.resolve("auto") == "inductor"
-    assert [skinny_gemm.resolve(g) for g in ("skinny", "inductor")] == ["skinny", "inductor"]
-
-
 def test_a_skinny_target_prices_with_a_cost_table_of_its_own():
     """The two GEMMs have different t(M) curves: a table measured on one never prices the other."""
     from types import SimpleNamespace
