@@ -4,7 +4,7 @@
 #   make test                              set up, then lint, type-check and run the test suite
 #   make peer-vllm                         vLLM's CPU build in its own venv (.venv-vllm), for the bench's
 #                                          vllm_* methods (docs/peers.md); never part of setup or test
-#   make peer-llamacpp                     llama-cpp-python (builds llama.cpp, ~10 minutes) in .venv-llamacpp,
+#   make peer-llamacpp                     llama-cpp-python (builds llama.cpp, 5-10 minutes) in .venv-llamacpp,
 #                                          for the llamacpp_* methods; never part of setup or test
 # PYTHON picks the interpreter for the venv; VENV where it lives.
 PYTHON ?= python3

@@ -30,12 +30,17 @@ def target():
     return Target(make_tiny_llama())
 
 
+def venv_of_this_python(tmp_path, monkeypatch, engine: str) -> None:
+    """A venv dir whose python is this one, named by SPEC_ZOO_<ENGINE>_VENV."""
+    (tmp_path / "venv" / "bin").mkdir(parents=True)
+    (tmp_path / "venv" / "bin" / "python").symlink_to(sys.executable)
+    monkeypatch.setenv(f"SPEC_ZOO_{engine.upper()}_VENV", str(tmp_path / "venv"))
+
+
 @pytest.fixture
 def stub_engine(tmp_path, monkeypatch):
     """The vllm engine's venv made of this python, its worker replaced by the stub."""
-    (tmp_path / "venv" / "bin").mkdir(parents=True)
-    (tmp_path / "venv" / "bin" / "python").symlink_to(sys.executable)
-    monkeypatch.setenv("SPEC_ZOO_VLLM_VENV", str(tmp_path / "venv"))
+    venv_of_this_python(tmp_path, monkeypatch, "vllm")
     monkeypatch.setitem(PEERS, "vllm", dataclasses.replace(PEERS["vllm"], worker=str(STUB)))
 
 
@@ -92,9 +97,7 @@ LLAMACPP = {"llamacpp_ar": None, "llamacpp_pld": {"method": "prompt_lookup", "nu
 @pytest.fixture
 def llamacpp_venv(tmp_path, monkeypatch):
     """llama.cpp's venv made of this python; a GGUF stand-in file for params.model_path."""
-    (tmp_path / "venv" / "bin").mkdir(parents=True)
-    (tmp_path / "venv" / "bin" / "python").symlink_to(sys.executable)
-    monkeypatch.setenv("SPEC_ZOO_LLAMACPP_VENV", str(tmp_path / "venv"))
+    venv_of_this_python(tmp_path, monkeypatch, "llamacpp")
     (tmp_path / "model.gguf").write_bytes(b"GGUF")
     return tmp_path / "model.gguf"
 

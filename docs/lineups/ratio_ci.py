@@ -50,5 +50,6 @@ def main() -> None:
         label = " over ".join(f"({a} / {b})" if len(pairs) > 1 else f"{a} / {b}" for a, b in pairs)
         print(f"{label}: {ratio(prompts):.3f}x [{boots[50]:.3f}, {boots[1949]:.3f}] over {len(prompts)} prompts")
 
+
 if __name__ == "__main__":
     main()

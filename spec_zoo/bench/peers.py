@@ -50,13 +50,14 @@ class PeerEngine:
             return target_dir
         from spec_zoo.models import embedded_gguf_of
 
-        path = params.get("model_path") or embedded_gguf_of(target_dir)
+        given = params.get("model_path")
+        path = Path(given).expanduser() if given else embedded_gguf_of(target_dir)
         if path is None:
             raise ConfigError(f"method {method}: {self.name} loads a GGUF file and the target {target_dir} is not "
                               "one spec-zoo converted from a GGUF; set params.model_path to the target's GGUF.")
-        if not Path(path).expanduser().is_file():
-            raise ConfigError(f"method {method}: params.model_path={path} is not a file; point it at a GGUF.")
-        return str(Path(path).expanduser())
+        if not path.is_file():
+            raise ConfigError(f"method {method}: params.model_path={given} is not a file; point it at a GGUF.")
+        return str(path)
 
     def drafter_label(self, params: Mapping) -> str:
         """What a record names as the drafter: the engine's speculative method, or ``none``."""
