@@ -195,9 +195,11 @@ def test_every_experiment_preset_and_method_composes(tmp_path, monkeypatch):
 
     (tmp_path / "venv" / "bin").mkdir(parents=True)
     (tmp_path / "venv" / "bin" / "python").touch()
-    monkeypatch.setenv("SPEC_ZOO_VLLM_VENV", str(tmp_path / "venv"))
-
+    from spec_zoo.bench.peers import PEERS
     from spec_zoo.bench.specs import resolve_methods
+
+    for engine in PEERS:  # every engine's, so the test never leans on a venv this checkout happens to have
+        monkeypatch.setenv(f"SPEC_ZOO_{engine.upper()}_VENV", str(tmp_path / "venv"))
     from spec_zoo.registry import CONF_DIR, option_names
 
     with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
