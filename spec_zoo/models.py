@@ -12,6 +12,7 @@ import copy
 import importlib.util
 import re
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 
 import torch
@@ -49,9 +50,12 @@ def check_model_config(cfg, key: str = "model") -> None:
     dtype, device = cfg.get("dtype", "float32"), cfg.get("device", "cpu")
     if dtype not in DTYPES:
         raise ConfigError(f"{key}.dtype={dtype!r} is not supported; use one of: {', '.join(DTYPES)}.")
-    if device not in DEVICES:
+    if cfg.get("device_map") is not None:  # it replaces device
+        check_device_map(cfg.get("device_map"), cfg.get("runtime", "eager"), key)
+        device = "cpu"  # so check_runtime checks the dtype alone (a device map on compiled was refused above)
+    elif device not in DEVICES:
         raise ConfigError(f"{key}.device={device!r} is not supported; use one of: {', '.join(DEVICES)}.")
-    if device == "cuda" and not torch.cuda.is_available():
+    elif device == "cuda" and not torch.cuda.is_available():
         raise ConfigError(f"{key}.device=cuda but CUDA is not available here; use {key}.device=cpu or auto.")
     check_runtime(cfg.get("runtime", "eager"), dtype, device, key)
     if path is not None:
@@ -94,6 +98,35 @@ def check_runtime(runtime: str, dtype: str, device: str, key: str = "model") -> 
     if dtype == "bfloat16" and not cpu_has_bf16():
         raise ConfigError(f"{key}.dtype=bfloat16 on {key}.runtime=compiled needs a CPU with AVX-512 BF16 or AMX, "
                           f"which this one lacks; use {key}.dtype=float32.")
+
+
+DEVICE_MAP_STRATEGIES = ("auto", "balanced", "balanced_low_0", "sequential")  # accelerate's placement strategies
+
+
+def check_device_map(device_map, runtime: str = "eager", key: str = "model") -> None:
+    """A ``device_map`` transformers can place the weights by (a strategy, one device, or module → device),
+    on devices this machine has, on the eager runtime: or a clear error before any load."""
+    if device_map is None:
+        return
+    if runtime == "compiled":
+        raise ConfigError(f"{key}.device_map: placing the weights by a device map needs the eager runtime (the "
+                          f"compiled one is one CPU graph); drop {key}.device_map, or set {key}.runtime=eager.")
+    if isinstance(device_map, str):
+        devices = [] if device_map in DEVICE_MAP_STRATEGIES else [device_map]
+    elif isinstance(device_map, Mapping):
+        devices = [str(d) for d in device_map.values()]
+    else:
+        strategies = ", ".join(DEVICE_MAP_STRATEGIES)
+        raise ConfigError(f"{key}.device_map: {device_map!r} is neither a strategy ({strategies}), a device "
+                          "(cpu, cuda:0) nor a mapping of module names to devices.")
+    for device in devices:
+        kind = "cuda" if device.isdigit() else device.split(":")[0]
+        if kind not in ("cpu", "cuda", "disk"):
+            raise ConfigError(f"{key}.device_map: {device!r} is not a device; use cpu, cuda, cuda:N, "
+                              f"a GPU index, disk, or one of {', '.join(DEVICE_MAP_STRATEGIES)}.")
+        if kind == "cuda" and not torch.cuda.is_available():
+            raise ConfigError(f"{key}.device_map: it puts weights on {device}, but CUDA is not available here; "
+                              f"use cpu, or drop {key}.device_map.")
 
 
 def _is_cached(name: str) -> bool:
@@ -178,18 +211,24 @@ def embedded_model_dir(name: str = "smollm2-135m") -> Path:
 
 
 def load_causal_lm(
-    path, dtype: str = "float32", device: str = "cpu", trust_remote_code: bool = False, key: str = "model"
+    path, dtype: str = "float32", device: str = "cpu", trust_remote_code: bool = False, key: str = "model",
+    device_map=None,
 ):
     """(model, tokenizer) from a local Hugging Face model dir; tokenizer is None when the
     dir has none (a draft model may share the target's). ``key`` names the config section
-    in error messages."""
+    in error messages. ``device_map``, when given, is transformers' own (accelerate places the
+    weights, e.g. over several GPUs) and replaces ``device``."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    check_model_config({"name": None, "path": str(path), "dtype": dtype, "device": device}, key)
+    check_model_config({"name": None, "path": str(path), "dtype": dtype, "device": device, "device_map": device_map},
+                       key)
     path = Path(path).expanduser()
+    placement = {"device_map": _plain(device_map)} if device_map is not None else {}
     model = AutoModelForCausalLM.from_pretrained(
-        path, dtype=DTYPES[dtype], use_safetensors=True, trust_remote_code=trust_remote_code
-    ).to(resolve_device(device))
+        path, dtype=DTYPES[dtype], use_safetensors=True, trust_remote_code=trust_remote_code, **placement
+    )
+    if device_map is None:
+        model = model.to(resolve_device(device))
     has_tokenizer = any((path / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model"))
     tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code) if has_tokenizer else None
     return model.eval(), tokenizer
@@ -202,13 +241,24 @@ def load_target(
     device: str = "cpu",
     trust_remote_code: bool = False,
     runtime: str = "eager",
+    device_map=None,
     **compiled,
 ) -> Target:
     """The target model: ``path`` when given, else the embedded model ``name``, on
-    ``runtime`` (``compiled`` takes the `CompiledTarget` settings: max_cache_len, buckets, ...)."""
-    check_model_config({"name": name, "path": path, "dtype": dtype, "device": device, "runtime": runtime})
+    ``runtime`` (``compiled`` takes the `CompiledTarget` settings: max_cache_len, buckets, ...);
+    ``device_map`` (eager only) is transformers' placement of the weights, replacing ``device``."""
+    check_model_config({"name": name, "path": path, "dtype": dtype, "device": device, "runtime": runtime,
+                        "device_map": device_map})
     model_dir = path if path is not None else embedded_model_dir(name)
-    return on_runtime(runtime, *load_causal_lm(model_dir, dtype, device, trust_remote_code), **compiled)
+    loaded = load_causal_lm(model_dir, dtype, device, trust_remote_code, device_map=device_map)
+    return on_runtime(runtime, *loaded, **compiled)
+
+
+def _plain(value):
+    """A Hydra/OmegaConf container as the plain dict transformers expects (anything else as is)."""
+    from omegaconf import DictConfig, OmegaConf
+
+    return OmegaConf.to_container(value) if isinstance(value, DictConfig) else value
 
 
 def on_runtime(runtime: str, model, tokenizer=None, **compiled) -> Target:

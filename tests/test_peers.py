@@ -135,8 +135,8 @@ def test_llamacpp_loads_the_gguf_the_embedded_target_was_converted_from(target, 
     assert PEERS["llamacpp"].engine_args({"venv": "v", "model_path": "m", "n_batch": 8}) == {"n_batch": 8}
     with pytest.raises(ConfigError, match=r"llamacpp_ar: llamacpp loads a GGUF file .* set params.model_path"):
         build_peer_method(resolve_methods(["llamacpp_ar"], [])[0][-1], target, "h", EOS)
-    with pytest.raises(ConfigError, match=r"params.model_path=/nowhere.gguf is not a file"):
-        PEERS["llamacpp"].model({"model_path": "/nowhere.gguf"}, "dir", "llamacpp_ar")
+    with pytest.raises(ConfigError, match=r"params.model_path=/nowhere.gguf is not a file"):  # while resolving
+        resolve_methods({"llamacpp_ar": {"engine": "llamacpp", "params": {"model_path": "/nowhere.gguf"}}}, [])
 
 
 def test_a_missing_llamacpp_environment_names_its_make_target(tmp_path, monkeypatch):

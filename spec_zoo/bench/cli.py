@@ -76,6 +76,9 @@ def bench(cfg: DictConfig) -> Summary:
     check_model_config(cfg.model)
     for spec in specs:
         check_runtime(spec.runtime or cfg.model.runtime, cfg.model.dtype, cfg.model.device, f"methods.{spec.name}")
+        if cfg.model.get("device_map") is not None and (spec.runtime or cfg.model.runtime) == "compiled":
+            raise ConfigError(f"model.device_map: method {spec.name} runs on the compiled runtime (one CPU graph), "
+                              "which cannot run a target placed by a device map; drop that method or model.device_map.")
     out = output_dir(cfg)
     results_path = out / "results.jsonl"
     with ExitStack() as held:
@@ -94,7 +97,10 @@ def _run(cfg: DictConfig, specs, questions, sampling: SamplingParams, notes: lis
 
     data, gen = cfg.dataset, cfg.generation
     existing = check_schema(read_records(results_path), str(results_path))  # before any model loads
-    run_settings = {"model": OmegaConf.to_container(cfg.model), "generation": OmegaConf.to_container(gen),
+    model = cast(dict, OmegaConf.to_container(cfg.model))
+    if model.get("device_map") is None:  # unset: the records of runs made before the key existed still resume
+        model.pop("device_map", None)
+    run_settings = {"model": model, "generation": OmegaConf.to_container(gen),
                     "dataset": {"name": data.name, "path": data.path}, "seed": cfg.seed}
     hashes = [s.config_hash(run_settings) for s in specs]
     for note in notes:

@@ -1,10 +1,8 @@
-"""The llama.cpp side of the peer protocol (`spec_zoo.bench.peers`), through llama-cpp-python:
+"""llama.cpp's worker for the peer protocol (`spec_zoo.bench.peers`), through llama-cpp-python:
 run by the python of its own venv (``make peer-llamacpp``), so it imports nothing of spec-zoo.
 
-The protocol is ``vllm_worker.py``'s: a setup line (``model``: a GGUF file, ``engine_args``:
-keyword arguments of ``llama_cpp.Llama`` plus ``speculative_config``), answered ``{"ready",
-"version"}``; then one request per line (``prompt_ids``, ``max_new_tokens``, ``eos``) answered
-``{"output_ids", "wall_s", "drafted", "accepted"}``; a failure is ``{"error": ...}``.
+The protocol is ``peer_protocol.py``'s (next to it); the setup's ``model`` is a GGUF file,
+``engine_args`` keyword arguments of ``llama_cpp.Llama`` plus ``speculative_config``.
 
 ``speculative_config: {method: prompt_lookup, num_pred_tokens, max_ngram_size}`` is llama.cpp's
 prompt-lookup decoder (``LlamaPromptLookupDecoding``). llama-cpp-python keeps no speculative
@@ -15,9 +13,7 @@ drafted sums the draft's proposals.
 
 from __future__ import annotations
 
-import json
 import os
-import sys
 import time
 
 
@@ -60,44 +56,34 @@ def _llama(setup: dict, counts: dict):
     return llm
 
 
-def main() -> None:
-    protocol = os.fdopen(os.dup(1), "w", buffering=1)
-    os.dup2(2, 1)  # llama.cpp's C-level prints go to stderr: stdout carries the protocol only
+def start(setup: dict):
+    """llama.cpp on the setup's GGUF, and the function answering one request with it."""
+    import llama_cpp
 
-    def answer(obj: dict) -> None:
-        protocol.write(json.dumps(obj) + "\n")
+    counts = {"forwards": 0, "drafted": 0}
+    llm = _llama(setup, counts)
 
-    try:
-        setup = json.loads(sys.stdin.readline())
-        import llama_cpp
+    def generate(request: dict) -> dict:
+        eos, budget = set(request.get("eos") or ()), request["max_new_tokens"]
+        counts.update(forwards=0, drafted=0)
+        out: list[int] = []
+        llm.reset()  # no prefix reuse from the previous request (a repeat would be a cache hit)
+        begin = time.perf_counter()
+        for token in llm.generate(request["prompt_ids"], top_k=1, top_p=1.0, min_p=0.0, temp=0.0,
+                                  repeat_penalty=1.0, reset=True):
+            out.append(int(token))
+            if len(out) >= budget or token in eos:
+                break
+        wall = time.perf_counter() - begin
+        speculative = llm.draft_model is not None
+        return {"output_ids": out, "wall_s": wall,
+                "drafted": counts["drafted"] if speculative else None,
+                "accepted": len(out) - counts["forwards"] if speculative else None}
 
-        counts = {"forwards": 0, "drafted": 0}
-        llm = _llama(setup, counts)
-    except Exception as err:
-        answer({"error": f"{type(err).__name__}: {err}".splitlines()[0]})
-        return
-    answer({"ready": True, "version": llama_cpp.__version__})
-    for line in sys.stdin:
-        try:
-            request = json.loads(line)
-            eos, budget = set(request.get("eos") or ()), request["max_new_tokens"]
-            counts.update(forwards=0, drafted=0)
-            out: list[int] = []
-            llm.reset()  # no prefix reuse from the previous request (a repeat would be a cache hit)
-            start = time.perf_counter()
-            for token in llm.generate(request["prompt_ids"], top_k=1, top_p=1.0, min_p=0.0, temp=0.0,
-                                      repeat_penalty=1.0, reset=True):
-                out.append(int(token))
-                if len(out) >= budget or token in eos:
-                    break
-            wall = time.perf_counter() - start
-            speculative = llm.draft_model is not None
-            answer({"output_ids": out, "wall_s": wall,
-                    "drafted": counts["drafted"] if speculative else None,
-                    "accepted": len(out) - counts["forwards"] if speculative else None})
-        except Exception as err:
-            answer({"error": f"{type(err).__name__}: {err}".splitlines()[0]})
+    return llama_cpp.__version__, generate
 
 
 if __name__ == "__main__":
-    main()
+    from peer_protocol import serve  # next to this script
+
+    serve(start)

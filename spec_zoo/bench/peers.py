@@ -55,8 +55,6 @@ class PeerEngine:
         if path is None:
             raise ConfigError(f"method {method}: {self.name} loads a GGUF file and the target {target_dir} is not "
                               "one spec-zoo converted from a GGUF; set params.model_path to the target's GGUF.")
-        if not path.is_file():
-            raise ConfigError(f"method {method}: params.model_path={given} is not a file; point it at a GGUF.")
         return str(path)
 
     def drafter_label(self, params: Mapping) -> str:
@@ -65,11 +63,15 @@ class PeerEngine:
         return str(speculation.get("method", "speculative")) if isinstance(speculation, Mapping) else "none"
 
     def check(self, params: Mapping, method: str) -> None:
-        """The venv is there, or one line naming the command that makes it."""
+        """The venv (and a GGUF engine's ``model_path``, when given) is there, or one line saying how to fix it;
+        called while methods resolve, before any model loads."""
         python = self.python(params)
         if not python.is_file():
             raise ConfigError(f"method {method}: the {self.name} environment is missing ({python} not found); make it "
                               f"with `{self.install}` (docs/peers.md), or point params.venv at one.")
+        given = params.get("model_path")
+        if self.reads_gguf and given and not Path(given).expanduser().is_file():
+            raise ConfigError(f"method {method}: params.model_path={given} is not a file; point it at a GGUF.")
 
     def environment(self, params: Mapping, threads: int) -> dict:
         """The worker's environment: ``threads`` compute threads, and what the engine needs preloaded."""
