@@ -97,6 +97,27 @@ def test_workloads_hold_conversations_long_documents_and_no_benchmark_question(t
         workload_prompts(target, _cfg(tmp_path, "report.max_prompt_tokens=100"), trained)
 
 
+def test_a_workload_takes_the_form_real_requests_take(tmp_path):
+    """``strip`` removes a source's instruction (prompts it does not match are left out), ``form`` puts
+    the rest in a request's own form; a bad regex or a form without {prompt} is refused in one line."""
+    tok = ChatTokenizer()
+    cfg = _cfg(tmp_path, "+report.workloads.long.strip='^doc word '",
+               "+report.workloads.long.form='Summarize: {prompt}'")
+    w = workload_prompts(_target(), cfg, exclude=frozenset())
+    docs = [json.loads(line)["prompt"] for line in (tmp_path / "prompts.jsonl").read_text().splitlines()
+            if json.loads(line)["source"] == "doc-y"]
+    expected = {tuple(tok.apply_chat_template([{"role": "user", "content": "Summarize: " + d[len("doc word "):]}]))
+                for d in docs}
+    long = [tuple(p) for p, c in zip(w.prompts, w.categories) if c == 1]
+    assert len(long) == 4 and set(long) <= expected
+    with pytest.raises(ConfigError, match="report.workloads.long: no held-out prompt"):
+        workload_prompts(_target(), _cfg(tmp_path, "+report.workloads.long.strip='^nothing like it'"), frozenset())
+    with pytest.raises(ConfigError, match=r"report.workloads.long.form: .* has no \{prompt\}"):
+        workload_prompts(_target(), _cfg(tmp_path, "+report.workloads.long.form='Summarize:'"), frozenset())
+    with pytest.raises(ConfigError, match="report.workloads.long.strip: .* is not a regular expression"):
+        workload_prompts(_target(), _cfg(tmp_path, "+report.workloads.long.strip='(unclosed'"), frozenset())
+
+
 def test_chains_split_by_depth_bucket_add_up_to_all_of_them():
     matches = torch.tensor([[True, True], [False, True], [True, False], [True, False], [True, True]])
     local, gen = torch.arange(5), torch.full((5,), 5)

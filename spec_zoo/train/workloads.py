@@ -7,6 +7,11 @@ each drawn from the far end of the prompts file and never a training prompt.
   follow-up of ``report.follow_ups`` is asked, and the report scores the answer to it.
 * **Long documents** (``min_tokens``): only prompts at least that long (summaries, a passage
   and a question), up to ``report.max_prompt_tokens``.
+* **The request's own form** (``strip``, ``form``): the collection's sources carry their dataset's
+  instruction ("Combine facts and answer this: ...", "In 2 or 3 sentences, what are the main
+  points ...?"), which the target answers differently from a plain request; ``strip`` (a regex)
+  removes it and ``form`` (with ``{prompt}``) puts the rest in the form real requests take
+  (``Summarize: {prompt}``, a bare question). A prompt the regex does not match is left out.
 * **Never the benchmark's questions**: a prompt or follow-up that shares a run of
   ``report.bench_ngram`` words with any turn of ``report.bench_questions`` is dropped (the
   count is kept), on lower-cased alphanumeric words.
@@ -86,6 +91,7 @@ def workload_prompts(target, cfg, exclude: frozenset) -> Workloads:
         prefixes = [str(s) for s in spec["sources"]]
         pool = [rec["prompt"] for rec in records if any(str(rec.get("source", "")).startswith(p) for p in prefixes)
                 and rec["prompt"] not in exclude]
+        pool = _in_form(pool, spec.get("strip"), spec.get("form"), name)
         order = torch.randperm(len(pool), generator=torch.Generator().manual_seed(int(d.seed) * 1000 + c)).tolist()
         low, high = int(spec.get("min_tokens", 0)), int(r.max_prompt_tokens)
         texts: list[str] = []
@@ -108,6 +114,23 @@ def workload_prompts(target, cfg, exclude: frozenset) -> Workloads:
         out.names.append(str(name))
         out.dropped[str(name)] = dropped
     return out
+
+
+def _in_form(prompts: list[str], strip: str | None, form: str | None, name: str) -> list[str]:
+    """``prompts`` with the ``strip`` regex removed (those it does not match left out), put in ``form``."""
+    if strip:
+        try:
+            pattern = re.compile(strip, re.DOTALL)
+        except re.error as err:
+            raise ConfigError(f"report.workloads.{name}.strip: {strip!r} is not a regular expression "
+                              f"({err}).") from None
+        prompts = [pattern.sub("", p, count=1).strip() for p in prompts if pattern.search(p)]
+    if form:
+        if "{prompt}" not in form:
+            raise ConfigError(f"report.workloads.{name}.form: {form!r} has no {{prompt}}; "
+                              "e.g. 'Summarize: {prompt}'.")
+        prompts = [form.replace("{prompt}", p) for p in prompts]
+    return list(dict.fromkeys(prompts))  # a source that asks of one document in several forms: it once
 
 
 def _second_turns(target, texts: list[str], follow_ups: list[str], d, limit: int) -> list[list[int]]:
