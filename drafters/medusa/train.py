@@ -70,9 +70,6 @@ class MedusaRecipe(HeadRecipe):
         check_labels("heads.labels", h.labels)
         if not 0.0 < float(h.decay) <= 1.0:
             raise ConfigError(f"heads.decay={h.decay}; the weight of head i is decay^i, use a value in (0, 1].")
-        if str(cfg.get("device", "cpu")) != "cpu":
-            raise ConfigError(f"device={cfg.device}: the Medusa recipe trains on the CPU only (its loss builds "
-                              "CPU tensors); use device=cpu.")
 
     def make(self, cfg: DictConfig, target: Target, train: TeacherData) -> MedusaStudent:
         h = cfg.heads
@@ -108,7 +105,7 @@ class MedusaRecipe(HeadRecipe):
         states = student.hidden(ids, mask).reshape(-1, student.lm.head.shape[1])
         cols = []
         for s in range(1, depth + 1):
-            col = torch.zeros(len(where), dtype=torch.bool)
+            col = torch.zeros(len(where), dtype=torch.bool, device=where.device)
             if s <= student.lm.num_heads:
                 ok = local >= s
                 col[ok] = right_at(student.lm.head_logits(states[where[ok] - s], s - 1), student.vocab_ids, t_ids[ok])
