@@ -106,8 +106,6 @@ DEVICE_MAP_STRATEGIES = ("auto", "balanced", "balanced_low_0", "sequential")  # 
 def check_device_map(device_map, runtime: str = "eager", key: str = "model") -> None:
     """A ``device_map`` transformers can place the weights by (a strategy, one device, or module → device),
     on devices this machine has, on the eager runtime: or a clear error before any load."""
-    if device_map is None:
-        return
     if runtime == "compiled":
         raise ConfigError(f"{key}.device_map: placing the weights by a device map needs the eager runtime (the "
                           f"compiled one is one CPU graph); drop {key}.device_map, or set {key}.runtime=eager.")
