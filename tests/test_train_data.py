@@ -209,3 +209,22 @@ def test_device_is_checked_before_any_model_loads(tmp_path, monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(ConfigError, match="device=cuda but CUDA is not available here; use device=cpu"):
         train_eagle(train_cfg("train_eagle", tmp_path, "device=cuda"))
+
+
+def test_patience_stops_at_a_held_out_plateau(tmp_path):
+    """With nothing to learn (lr 0) held-out alpha never betters its start: the loop stops after
+    ``patience`` evaluations, not ``train.steps``."""
+    cfg = train_cfg("train_eagle", tmp_path, "head.vocab_size=48", "train.lr=0", "train.patience=3",
+                    "train.eval_every=2", "data.forced_prompts=0")
+    record = json.loads((train_eagle(cfg, target=Target(teacher())) / "eagle.json").read_text())
+    assert record["steps"] == 6 and [h["step"] for h in record["history"]] == [2, 4, 6]
+    assert record["heldout_after"]["alpha_greedy"] == record["heldout_before"]["alpha_greedy"]
+
+
+def test_patience_keeps_the_best_evaluations_weights(tmp_path):
+    """Whether or not the plateau is reached, the artefact is the best held-out evaluation's weights."""
+    cfg = train_cfg("train_eagle", tmp_path, "head.vocab_size=48", "train.lr=5e-2", "train.patience=2",
+                    "train.eval_every=4", "data.forced_prompts=0")
+    record = json.loads((train_eagle(cfg, target=Target(teacher())) / "eagle.json").read_text())
+    seen = [record["heldout_before"]["alpha_greedy"]] + [h["alpha_greedy"] for h in record["history"]]
+    assert record["heldout_after"]["alpha_greedy"] == max(seen)

@@ -30,6 +30,7 @@ LIMITS: dict[str, Limit] = {
     "train.weight_decay": NON_NEGATIVE,
     "train.grad_clip": NON_NEGATIVE,
     "train.eval_every": POSITIVE,
+    "train.patience": NON_NEGATIVE,
     "train.ckpt_every": POSITIVE,
 }
 

@@ -22,6 +22,7 @@ import math
 import os
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -242,7 +243,8 @@ def add_student_data(cfg: DictConfig, student: Student, target: Target, split: T
 def train_student(cfg: DictConfig, recipe: Recipe, student: Student, split: TeacherSplit, full_vocab: int) -> Fit:
     """The training loop: AdamW on the recipe's loss (`Recipe.batch_metrics` + `Recipe.extra_loss`)
     with a warm-up-then-cosine learning rate, held-out evaluations every ``train.eval_every``
-    steps, checkpoints (and resume), and the ``train.max_seconds`` budget."""
+    steps, checkpoints (and resume), the ``train.max_seconds`` budget, and ``train.patience``: stop at
+    a held-out plateau (that many evaluations without a better greedy alpha) and keep the best weights."""
     from tqdm import tqdm
 
     kind, metrics, held, train = str(cfg.loss), recipe.batch_metrics, split.held, split.train
@@ -260,6 +262,7 @@ def train_student(cfg: DictConfig, recipe: Recipe, student: Student, split: Teac
     budget = StepBudget(int(cfg.train.steps), float(cfg.train.get("max_seconds", 0) or 0), step)
     last_eval = history[-1]["alpha_greedy"] if history else before["alpha_greedy"]
     bs = int(cfg.train.batch_size)
+    plateau = Plateau(int(cfg.train.get("patience", 0) or 0), last_eval, step, params)
     bar = tqdm(total=budget.steps, initial=step, desc=f"{recipe.desc} ({kind})", disable=not cfg.progress,
                dynamic_ncols=True)
     ema = None
@@ -283,6 +286,10 @@ def train_student(cfg: DictConfig, recipe: Recipe, student: Student, split: Teac
             heldout = evaluate(student, held, full_vocab, kind, metrics=metrics)
             history.append({"step": step, "train_loss": round(ema, 4), **heldout})
             last_eval = heldout["alpha_greedy"]
+            if plateau.reached(last_eval, step, params):
+                print(f"train.patience={plateau.patience}: held-out alpha {plateau.best:.4f} at step {plateau.step} "
+                      f"not bettered in {plateau.patience} evaluations; stopped at step {step}", file=sys.stderr)
+                break
         if step % int(cfg.train.ckpt_every) == 0 and step < budget.steps:
             ckpt.parent.mkdir(parents=True, exist_ok=True)
             _save_checkpoint(ckpt, student, opt, step, gen, history)
@@ -293,8 +300,36 @@ def train_student(cfg: DictConfig, recipe: Recipe, student: Student, split: Teac
         bar.set_postfix(loss=f"{ema:.4f}", heldout_alpha=f"{last_eval:.3f}")
         bar.update(1)
     bar.close()
+    if plateau.patience and plateau.step != step:
+        print(f"train.patience: kept step {plateau.step}'s weights (the best held-out alpha)", file=sys.stderr)
+        plateau.restore(params)
     seconds = time.time() - budget.start
     return Fit(step, before, evaluate(student, held, full_vocab, kind, metrics=metrics), history, seconds, ckpt)
+
+
+class Plateau:
+    """``train.patience`` (0 = off): the best held-out greedy alpha so far, with a copy of the trained
+    parameters at it (restored when training ends); reached when ``patience`` evaluations in a row have
+    not bettered it. A resumed run starts from the checkpoint's weights and its last evaluation."""
+
+    def __init__(self, patience: int, alpha: float, step: int, params: Sequence[torch.Tensor]):
+        self.patience, self.best, self.step, self.stale = patience, alpha, step, 0
+        self.weights = [p.detach().clone() for p in params] if patience else []
+
+    def reached(self, alpha: float, step: int, params: Sequence[torch.Tensor]) -> bool:
+        if not self.patience:
+            return False
+        if alpha > self.best:
+            self.best, self.step, self.stale = alpha, step, 0
+            self.weights = [p.detach().clone() for p in params]
+            return False
+        self.stale += 1
+        return self.stale >= self.patience
+
+    def restore(self, params: Sequence[torch.Tensor]) -> None:
+        with torch.no_grad():
+            for p, w in zip(params, self.weights):
+                p.copy_(w)
 
 
 class StepBudget:
