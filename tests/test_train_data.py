@@ -228,3 +228,21 @@ def test_patience_keeps_the_best_evaluations_weights(tmp_path):
     record = json.loads((train_eagle(cfg, target=Target(teacher())) / "eagle.json").read_text())
     seen = [record["heldout_before"]["alpha_greedy"]] + [h["alpha_greedy"] for h in record["history"]]
     assert record["heldout_after"]["alpha_greedy"] == max(seen)
+
+
+def test_max_seconds_is_a_hard_stop_when_the_estimate_missed(monkeypatch):
+    """Steps 5..25 predict about 100 steps in the budget; an evaluation at step 30 then takes 8 s the
+    estimate never saw, and the loop ends there, once the budget is spent, rather than running on."""
+    from spec_zoo.train import loop
+
+    clock = [0.0]
+    monkeypatch.setattr(loop.time, "time", lambda: clock[0])
+    budget = loop.StepBudget(100, 10.0, 0)
+    cut = []
+    for step in range(1, 101):
+        clock[0] += 0.1 + (8.0 if step == 30 else 0.0)
+        if budget.after_step(step):
+            cut.append(step)
+        if step >= budget.steps:
+            break
+    assert budget.steps == 30 and cut[-1] == 30  # 3 s of steps + 8 s of evaluation: spent at step 30, not 100

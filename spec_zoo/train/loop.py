@@ -335,7 +335,8 @@ class Plateau:
 class StepBudget:
     """``train.steps``, cut by a wall-time budget (``train.max_seconds``, 0 = none): steps are
     timed after a warm-up (steps 5..25 after the first), then as many as fit are kept, on a
-    schedule that ends there."""
+    schedule that ends there; what the estimate missed (held-out evaluations, a machine that
+    slowed) ends the loop when the budget is spent."""
 
     def __init__(self, steps: int, max_seconds: float, first: int):
         self.steps, self.max_seconds = steps, max_seconds
@@ -352,6 +353,9 @@ class StepBudget:
             if fit < self.steps:
                 self.steps = max(step, fit)
                 return True
+        if self.max_seconds and step < self.steps and time.time() - self.start >= self.max_seconds:
+            self.steps = step
+            return True
         return False
 
 
