@@ -143,3 +143,4 @@ def test_the_prepared_device_check_runs_here(tmp_path):
     assert found["device"] == "cpu" and found["device_map"] == "cpu"
     assert [r["equal"] + r["near_tie"] for r in found["drafters"].values()] == [2, 2, 2]
     assert found["drafters"]["ngram"]["forwards"] <= found["drafters"]["none"]["forwards"]
+    assert torch.is_grad_enabled()  # the check leaves the process as it found it (later tests train)

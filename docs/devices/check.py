@@ -50,7 +50,6 @@ def main(argv: list[str] | None = None) -> int:
                "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
                "torch": torch.__version__, "tokens": args.tokens, "drafters": {}}
     reference = None
-    torch.set_grad_enabled(False)
     for name in args.drafters.split(","):
         row: dict = {"equal": 0, "near_tie": 0, "differs": 0, "new_tokens": 0, "seconds": 0.0, "forwards": 0}
         try:
@@ -71,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
                 at = first_difference(ours, theirs)
                 if at is None:
                     row["equal"] += 1
-                elif top2_margin(target, prompt + theirs[:at]) < args.near_tie:
+                elif _margin(top2_margin, target, prompt + theirs[:at]) < args.near_tie:
                     row["near_tie"] += 1
                 else:
                     row["differs"] += 1
@@ -83,6 +82,13 @@ def main(argv: list[str] | None = None) -> int:
         print(name, json.dumps(row), flush=True)
     args.out.write_text(json.dumps(results, indent=1) + "\n")
     return int(any("error" in r or r["differs"] for r in results["drafters"].values()))
+
+
+def _margin(top2_margin, target, prefix) -> float:
+    import torch
+
+    with torch.no_grad():  # scoped: a caller's (a test's) autograd stays as it was
+        return top2_margin(target, prefix)
 
 
 if __name__ == "__main__":
