@@ -50,9 +50,8 @@ def check_model_config(cfg, key: str = "model") -> None:
     dtype, device = cfg.get("dtype", "float32"), cfg.get("device", "cpu")
     if dtype not in DTYPES:
         raise ConfigError(f"{key}.dtype={dtype!r} is not supported; use one of: {', '.join(DTYPES)}.")
-    if cfg.get("device_map") is not None:  # it replaces device
+    if cfg.get("device_map") is not None:  # it replaces device (and is refused on the compiled runtime)
         check_device_map(cfg.get("device_map"), cfg.get("runtime", "eager"), key)
-        device = "cpu"  # so check_runtime checks the dtype alone (a device map on compiled was refused above)
     elif device not in DEVICES:
         raise ConfigError(f"{key}.device={device!r} is not supported; use one of: {', '.join(DEVICES)}.")
     elif device == "cuda" and not torch.cuda.is_available():

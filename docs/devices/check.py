@@ -1,6 +1,6 @@
 """Every shipped drafter on one device and dtype: does greedy speculation still equal plain decoding,
 and how fast is it? Issue 25's leg "the eager runtime runs on CUDA in bf16", prepared so a lent GPU
-window goes to measuring (docs/families.md#devices-and-precision); tests/test_models.py runs it here on
+window goes to measuring (docs/devices.md); tests/test_models.py runs it here on
 the CPU so it keeps working.
 
     python docs/devices/check.py --device cuda --dtype bfloat16 --out cuda_bf16.json
@@ -70,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
                 at = first_difference(ours, theirs)
                 if at is None:
                     row["equal"] += 1
-                elif _margin(top2_margin, target, prompt + theirs[:at]) < args.near_tie:
+                elif top2_margin(target, prompt + theirs[:at]) < args.near_tie:  # itself under no_grad
                     row["near_tie"] += 1
                 else:
                     row["differs"] += 1
@@ -82,13 +82,6 @@ def main(argv: list[str] | None = None) -> int:
         print(name, json.dumps(row), flush=True)
     args.out.write_text(json.dumps(results, indent=1) + "\n")
     return int(any("error" in r or r["differs"] for r in results["drafters"].values()))
-
-
-def _margin(top2_margin, target, prefix) -> float:
-    import torch
-
-    with torch.no_grad():  # scoped: a caller's (a test's) autograd stays as it was
-        return top2_margin(target, prefix)
 
 
 if __name__ == "__main__":
