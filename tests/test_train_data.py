@@ -246,3 +246,63 @@ def test_max_seconds_is_a_hard_stop_when_the_estimate_missed(monkeypatch):
         if step >= budget.steps:
             break
     assert budget.steps == 30 and cut[-1] == 30  # 3 s of steps + 8 s of evaluation: spent at step 30, not 100
+
+
+def _talk_cfg(tmp_path, *overrides):
+    rows = [{"prompt": f"chat question number {i} about topic {i * 7}", "source": "chat-x"} for i in range(12)]
+    rows += [{"prompt": f"doc {i} " + "word " * (5 + i), "source": "doc-y"} for i in range(12)]
+    path = tmp_path / "prompts.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in rows))
+    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+        return compose("train_distill", overrides=[
+            f"data.prompts={path}", "~data.mixture", "+data.mixture={talk: {share: 0.5, sources: [chat], "
+            "follow_up: true}, doc: {share: 0.5, sources: [doc]}}", "data.follow_ups=[Say less., Say more.]",
+            "data.max_prompt_tokens=400", "data.max_new_tokens=8", "data.batch_size=4", "data.top_k=8",
+            f"data.cache_dir={tmp_path / 'cache'}", "progress=false", *overrides])
+
+
+def test_conversations_train_on_both_answers_and_never_split_across_shards(tmp_path):
+    """A follow_up category holds conversations: each first turn is followed by the same
+    conversation one turn on, built from the target's own answer to it; both are rows of the
+    store, in one shard, and read back as written."""
+    from spec_zoo.train.data import second_turn_ids
+    from spec_zoo.train.mixture import FollowUp
+    from tests.test_workloads import ChatTokenizer
+
+    tok = ChatTokenizer()
+    target = Target(teacher(), tokenizer=tok)
+    cfg = _talk_cfg(tmp_path)
+    ts = TeacherSet(cfg, target, 12)
+    firsts = [i for i, p in enumerate(ts.prompts) if isinstance(p, FollowUp)]
+    assert firsts and all(ts.categories[i] == ts.categories[i - 1] == 0 for i in firsts)
+    assert ts.taken == {"talk": 6, "doc": 6} and [ts.prompts[i].question for i in firsts[:2]] == ["Say less.",
+                                                                                                 "Say more."]
+    data = ts.store.fill(target.model, ts.prompts, ts.categories, batch_size=2, eos_ids=[1], pad_id=0, seed=0,
+                         shard_prompts=3, tokenizer=tok, progress=False)
+    bounds = [tuple(map(int, p.name.split(".")[0].split("-")[1:])) for p in ts.store.root.glob("shard-*")]
+    assert sorted(bounds) == [(0, 3), (3, 6), (6, 10), (10, 12)]  # 6-9 would split a conversation
+    assert all(not isinstance(ts.prompts[a], FollowUp) for a, _ in bounds)
+    for i in firsts:
+        p, n = int(data.prompt_len[i - 1]), int(data.gen_len[i - 1])
+        first, answer = ts.prompts[i].first, data.ids[i - 1, p : p + n].tolist()
+        assert data.ids[i - 1, :p].tolist() == tok.apply_chat_template([{"role": "user", "content": first}])
+        assert data.ids[i, : int(data.prompt_len[i])].tolist() == second_turn_ids(tok, first, answer,
+                                                                                  ts.prompts[i].question)
+        assert int(data.gen_len[i]) > 0  # the second answer is teacher data too
+    again = TeacherSet(_talk_cfg(tmp_path), target, 12).fill(12, progress=False)
+    assert torch.equal(again.ids, data.ids) and torch.equal(again.topk_ids, data.topk_ids)
+
+
+def test_conversations_are_refused_without_their_questions_or_with_a_benchmark_turn(tmp_path):
+    from tests.test_workloads import ChatTokenizer, _bench_turn
+
+    target = Target(teacher(), tokenizer=ChatTokenizer())
+    with pytest.raises(ConfigError, match="data.mixture.talk.follow_up=true needs data.chat=true and data.follow_ups"):
+        categories(_talk_cfg(tmp_path, "data.follow_ups=[]").data)
+    with pytest.raises(ConfigError, match="follow_up=true needs data.chat=true"):
+        categories(_talk_cfg(tmp_path, "data.chat=false").data)
+    with pytest.raises(ConfigError, match="data.follow_ups: .* shares 8 words with a Spec-Bench question"):
+        TeacherSet(_talk_cfg(tmp_path, f"data.follow_ups=[{json.dumps(_bench_turn())}]"), target, 12)
+    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):  # the shipped questions: the report's differ
+        train, report = compose("train_distill"), compose("train_report")
+    assert train.data.follow_ups and not set(train.data.follow_ups) & set(report.report.follow_ups)

@@ -6,6 +6,7 @@ depth buckets split every position, and the comparison with a bench run counts i
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 import torch
@@ -112,6 +113,12 @@ def test_a_workload_takes_the_form_real_requests_take(tmp_path):
     assert len(long) == 4 and set(long) <= expected
     with pytest.raises(ConfigError, match="report.workloads.long: no held-out prompt"):
         workload_prompts(_target(), _cfg(tmp_path, "+report.workloads.long.strip='^nothing like it'"), frozenset())
+    # a list applies each regex in turn: only the docs ending in 1 or 2 match the second one
+    w = workload_prompts(_target(), _cfg(tmp_path, "+report.workloads.long.strip=['^doc word ','[12]$']"), frozenset())
+    long = [tuple(p) for p, c in zip(w.prompts, w.categories) if c == 1]
+    kept = {tuple(tok.apply_chat_template([{"role": "user", "content": d[len("doc word "):-1].strip()}]))
+            for d in docs if d[-1] in "12"}
+    assert long and set(long) <= kept
     with pytest.raises(ConfigError, match=r"report.workloads.long.form: .* has no \{prompt\}"):
         workload_prompts(_target(), _cfg(tmp_path, "+report.workloads.long.form='Summarize:'"), frozenset())
     with pytest.raises(ConfigError, match="report.workloads.long.strip: .* is not a regular expression"):
@@ -175,7 +182,17 @@ def test_workload_report_runs_end_to_end_with_depth_buckets_and_the_bench_beside
     ours = {c: res["alpha"][c][0][0] / res["alpha"][c][0][1] for c in ("conv", "long")}
     assert bench["mean_abs_diff"] == pytest.approx((abs(ours["conv"] - 0.5) + abs(ours["long"] - 0.0)) / 2)
     text = md.read_text()
-    assert "By depth in the answer" in text and "| 0-3 | 4-7 | 8+ |" in text and "| eagle_x |" in text
+    assert "By depth in the answer" in text and "| 0-3 | 4-7 | 8+ |" in text and "| eagle_x (bench) |" in text
+    # an artefact benchmarked in another run names that run; the default run is then not needed
+    other = tmp_path / "elsewhere"
+    shutil.copytree(tmp_path / "bench", other)
+    md = run_report(_cfg(tmp_path, f"report.artefacts=[{head}]", f"report.out={tmp_path / 'out2'}",
+                         f"report.compare.methods={{head: {{results: {other}, method: eagle_x}}}}"), target=_target())
+    again = json.loads((md.parent / "acceptance.json").read_text())["artefacts"][str(head)]["bench"]
+    assert again["run"] == str(other) and again["mean_abs_diff"] == pytest.approx(bench["mean_abs_diff"])
+    with pytest.raises(ConfigError, match="report.compare.methods.head: no bench run"):
+        run_report(_cfg(tmp_path, f"report.artefacts=[{head}]", "report.compare.methods={head: eagle_x}"),
+                   target=_target())
     with pytest.raises(ConfigError, match="report.compare.methods names \\['nothere'\\]"):
         run_report(_cfg(tmp_path, f"report.artefacts=[{head}]", f"report.compare.results={tmp_path / 'bench'}",
                         "report.compare.methods={nothere: eagle_x}"), target=_target())

@@ -75,6 +75,14 @@ def chat_ids(tokenizer, messages: list[dict]) -> list[int]:
     return [int(t) for t in (ids["input_ids"] if hasattr(ids, "keys") else ids)]
 
 
+def second_turn_ids(tokenizer, first: str, answer: list[int], question: str) -> list[int]:
+    """A conversation one turn on: ``first``, the target's own ``answer`` to it (special tokens
+    dropped, as a chat front end passes it back) and ``question``, through the chat template."""
+    reply = tokenizer.decode(answer, skip_special_tokens=True)
+    return chat_ids(tokenizer, [{"role": "user", "content": first}, {"role": "assistant", "content": reply},
+                                {"role": "user", "content": question}])
+
+
 def encode_prompts(tokenizer, prompts: list[str], chat: bool, max_prompt_tokens: int) -> list[list[int]]:
     """Token ids per prompt (through the chat template when ``chat``); prompts longer than
     ``max_prompt_tokens`` are dropped rather than cut (a cut template is not a real prompt)."""

@@ -34,6 +34,7 @@ from spec_zoo.target import Target
 from spec_zoo.train.batches import evaluate
 from spec_zoo.train.data import TeacherData, concat_data, data_key, forced_data, read_records, student_data
 from spec_zoo.train.losses import LOSSES
+from spec_zoo.train.mixture import FollowUp
 from spec_zoo.train.recipe import Recipe, Student
 from spec_zoo.train.store import TeacherSet
 
@@ -186,7 +187,8 @@ def teacher_split(cfg: DictConfig, target: Target) -> TeacherSplit:
     teacher = TeacherSet(cfg, target, int(d.num_prompts) + n_forced)
     # the last n_forced are read, not continued
     prompt_ids, n_prompts = teacher.prompts, len(teacher.prompts) - n_forced
-    forced_ids = prompt_ids[n_prompts:] if n_forced else []
+    # read-only text has no conversation to continue: a second turn there is left out
+    forced_ids = [p for p in prompt_ids[n_prompts:] if not isinstance(p, FollowUp)] if n_forced else []
     if n_prompts < 2:
         raise ConfigError(f"only {n_prompts} usable prompts; raise data.num_prompts or data.max_prompt_tokens.")
     settings = {**teacher.identity, "sequences": n_prompts}

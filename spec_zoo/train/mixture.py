@@ -5,11 +5,16 @@ training prompts are drawn per category (chat, code, math, ...; each a list of `
 prefixes of the prompts file) in configured shares. The order is *prefix-stable*: the
 first N prompts of a mixture are the same for every N and already hold the shares, so a
 store filled for 1,024 prompts is a prefix of the one for 2,048 (`spec_zoo.train.store`).
+
+A category with ``follow_up: true`` holds conversations, as MT-bench's second turns: each of
+its prompts is followed by a `FollowUp`, the same conversation one turn on (the target's own
+answer, then a question of ``data.follow_ups``), so the store trains on both answers.
 """
 
 from __future__ import annotations
 
 import hashlib
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -18,12 +23,23 @@ from spec_zoo.errors import ConfigError
 from spec_zoo.train.data import PACKAGED_PROMPTS, encode_prompts, read_records
 
 
+@dataclass(frozen=True)
+class FollowUp:
+    """The second turn of the conversation whose first turn is the prompt before it: that
+    turn's text and the question asked after the target's own answer. Its token ids exist only
+    once the answer does (`spec_zoo.train.store`)."""
+
+    first: str
+    question: str
+
+
 def categories(d) -> dict[str, dict]:
-    """``{name: {"share", "sources"}}`` of ``data.mixture``; with ``data.use_mixture=false``, a
-    single category ``all`` made of ``data.sources`` (every record when null)."""
+    """``{name: {"share", "sources", "follow_up"}}`` of ``data.mixture``; with
+    ``data.use_mixture=false``, a single category ``all`` made of ``data.sources`` (every record
+    when null)."""
     mixture = d.mixture if d.get("use_mixture", True) else None
     if not mixture:
-        return {"all": {"share": 1.0, "sources": list(d.get("sources") or [])}}
+        return {"all": {"share": 1.0, "sources": list(d.get("sources") or []), "follow_up": False}}
     if d.get("sources"):
         raise ConfigError("data.sources is set but data.use_mixture=true, whose categories name their sources: "
                           "set data.sources=null, or data.use_mixture=false to filter one seeded order of prompts.")
@@ -33,9 +49,14 @@ def categories(d) -> dict[str, dict]:
         if share < 0:
             raise ConfigError(f"data.mixture.{name}.share={share}; a share must be >= 0.")
         if share > 0:
-            out[str(name)] = {"share": share, "sources": [str(s) for s in c["sources"]]}
+            out[str(name)] = {"share": share, "sources": [str(s) for s in c["sources"]],
+                              "follow_up": bool(c.get("follow_up", False))}
     if not out:
         raise ConfigError("data.mixture has no category with a share > 0.")
+    talks = [k for k, c in out.items() if c["follow_up"]]
+    if talks and not (d.get("chat", True) and list(d.get("follow_ups") or [])):
+        raise ConfigError(f"data.mixture.{talks[0]}.follow_up=true needs data.chat=true and data.follow_ups (the "
+                          "second-turn questions, conf/train_distill.yaml); set them, or follow_up=false.")
     total = sum(c["share"] for c in out.values())
     return {k: {**c, "share": round(c["share"] / total, 6)} for k, c in out.items()}
 
@@ -61,20 +82,24 @@ def describe(d, cats: dict) -> dict:
     if not path.is_file():
         raise ConfigError(f"data.prompts={str(path)!r} does not exist; "
                           "give a JSONL file with a `prompt` field per line.")
+    talks = any(c.get("follow_up") for c in cats.values())  # absent otherwise: older stores keep their identity
     return {"file": path.name, "sha256": file_digest(path),
-            "categories": [[k, c["share"], c["sources"]] for k, c in cats.items()],
+            "categories": [[k, c["share"], c["sources"], *(["follow_up"] if c.get("follow_up") else [])]
+                           for k, c in cats.items()],
+            **({"follow_ups": [str(q) for q in d.follow_ups]} if talks else {}),
             "chat": bool(d.chat),
             "max_prompt_tokens": int(d.max_prompt_tokens), "seed": int(d.seed)}
 
 
 def mixture_prompts(tokenizer, d, cats: dict, num: int,
-                    heldout: frozenset | None = None) -> tuple[list[list[int]], list[int], dict[str, int]]:
-    """The first ``num`` prompts of the mixture: (token ids, category index per prompt,
-    prompts taken per category). Each category's records come in a seeded order and are
-    encoded lazily (prompts over ``data.max_prompt_tokens`` are skipped); the next prompt
-    is taken from the category furthest below its share; an exhausted category drops out.
-    ``heldout``: evaluation prompts instead, from the far end of each category's order and
-    never one of these texts (the prompts a draft was trained on)."""
+                    heldout: frozenset | None = None) -> tuple[list[list[int] | FollowUp], list[int], dict[str, int]]:
+    """The first ``num`` prompts of the mixture: (token ids, or a `FollowUp` after a
+    conversation's first turn; category index per prompt; prompts taken per category). Each
+    category's records come in a seeded order and are encoded lazily (prompts over
+    ``data.max_prompt_tokens`` are skipped); the next prompt is taken from the category
+    furthest below its share; an exhausted category drops out. ``heldout``: evaluation
+    prompts instead, from the far end of each category's order and never one of these texts
+    (the prompts a draft was trained on)."""
     ids, cat_of, taken, _ = _draw(tokenizer, d, cats, num, heldout)
     return ids, cat_of, taken
 
@@ -101,8 +126,9 @@ def _draw(tokenizer, d, cats: dict, num: int, heldout: frozenset | None):
                               f"(sources {prefixes}); fix its sources or set its share to 0.")
         order = torch.randperm(len(pool), generator=torch.Generator().manual_seed(int(d.seed) * 1000 + c)).tolist()
         pools.append([pool[i] for i in (order[::-1] if heldout is not None else order)])
+    questions = [str(q) for q in d.get("follow_ups") or []]
     cursor, taken = [0] * len(names), [0] * len(names)
-    prompts: list[list[int]] = []
+    prompts: list[list[int] | FollowUp] = []
     cat_of: list[int] = []
     texts: list[str] = []
     live = set(range(len(names)))
@@ -118,8 +144,13 @@ def _draw(tokenizer, d, cats: dict, num: int, heldout: frozenset | None):
         if ids is None:
             live.discard(c)
             continue
-        prompts.append(ids)
-        texts.append(text)
-        cat_of.append(c)
-        taken[c] += 1
-    return prompts, cat_of, {names[c]: taken[c] for c in range(len(names))}, texts
+        turns: list[list[int] | FollowUp] = [ids]
+        if cats[names[c]].get("follow_up"):  # the pair stays together: the second turn is built from the first
+            turns.append(FollowUp(text, questions[(taken[c] // 2) % len(questions)]))
+        for turn in turns:
+            prompts.append(turn)
+            texts.append(text)
+            cat_of.append(c)
+            taken[c] += 1
+    del prompts[num:], texts[num:], cat_of[num:]
+    return prompts, cat_of, {names[c]: cat_of.count(c) for c in range(len(names))}, texts

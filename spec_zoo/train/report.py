@@ -125,12 +125,8 @@ def run_report(cfg: DictConfig, target: Target | None = None) -> Path:
     if not paths:
         raise ConfigError("report.artefacts: no artefacts given and none shipped; give report.artefacts=[DIR, ...].")
     readers = [recipe_of_artefact(p)() for p in paths]  # each artefact's recipe, with its defaults
-    compare = dict(r.compare.methods or {}) if r.compare.results else {}
-    unknown = sorted(set(compare) - {p.name for p in paths})
-    if unknown:
-        raise ConfigError(f"report.compare.methods names {unknown}, not an artefact of this report; key it by the "
-                          f"artefact's directory name ({', '.join(p.name for p in paths)}).")
-    bench = {name: bench_position1(r.compare.results, method) for name, method in compare.items()}
+    compare = _compare_runs(r.compare, [p.name for p in paths])
+    bench = {name: bench_position1(run, method) for name, (run, method) in compare.items()}
     torch.set_num_threads(int(cfg.threads))
     target = target or load_teacher_target(cfg)
     exclude = None
@@ -153,7 +149,8 @@ def run_report(cfg: DictConfig, target: Target | None = None) -> Path:
         if path.name in bench:
             ours = {c: _alpha(v["all"][0]) for c, v in counts.items()}
             theirs = {c: _alpha(v) for c, v in bench[path.name].items()}
-            results[name]["bench"] = {"method": compare[path.name], "position1": bench[path.name],
+            results[name]["bench"] = {"method": compare[path.name][1], "run": compare[path.name][0],
+                                      "position1": bench[path.name],
                                       **closeness(ours, theirs)}
         print(f"{path.name}: position 1 alpha {_alpha(results[name]['alpha']['all'][0]):.3f}", file=sys.stderr)
     out = Path(r.out).expanduser()
@@ -165,12 +162,30 @@ def run_report(cfg: DictConfig, target: Target | None = None) -> Path:
             "prompt_tokens": _prompt_tokens(data, teacher.names),
             **({"bench_overlap_dropped": given.dropped, "bench_questions": str(r.bench_questions or "spec_bench"),
                 "bench_ngram": int(r.bench_ngram)} if given is not None else {}),
-            **({"compare": {"results": str(r.compare.results), "methods": compare}} if compare else {})}
+            **({"compare": {n: {"results": run, "method": m} for n, (run, m) in compare.items()}} if compare else {})}
     (out / "acceptance.json").write_text(json.dumps({"settings": meta, "artefacts": results}, indent=1))
     md = out / "report.md"
     md.write_text(_markdown(results, meta, teacher.names))
     _plot(results, out / "acceptance.png")
     return md
+
+
+def _compare_runs(compare, artefacts: list[str]) -> dict[str, tuple[str, str]]:
+    """artefact name -> (bench run dir, bench method) from ``report.compare``: each method of
+    ``compare.methods`` is a method name of the run ``compare.results``, or ``{results: DIR,
+    method: NAME}`` for an artefact benchmarked in another run."""
+    out = {}
+    for name, spec in (compare.methods or {}).items():
+        run, method = (spec.get("results"), spec.get("method")) if hasattr(spec, "get") else (compare.results, spec)
+        if not run or not method:
+            raise ConfigError(f"report.compare.methods.{name}: no bench run or method; set report.compare.results=DIR "
+                              "or give {results: DIR, method: NAME} for this artefact.")
+        out[str(name)] = (str(run), str(method))
+    unknown = sorted(set(out) - set(artefacts))
+    if unknown:
+        raise ConfigError(f"report.compare.methods names {unknown}, not an artefact of this report; key it by the "
+                          f"artefact's directory name ({', '.join(artefacts)}).")
+    return out
 
 
 def _prompt_tokens(data: TeacherData, names: list[str]) -> dict[str, list[int]]:
@@ -225,7 +240,7 @@ def _markdown(results: dict, meta: dict, names: list[str]) -> str:
             ours = results[path]["alpha"]
             cells = [f"{_alpha(ours[n][0]):.2f} / {_alpha(b['position1'][n]):.2f}"
                      if n in ours and n in b["position1"] else "-" for n in names]
-            lines.append(f"| `{Path(path).name}` | {b['method']} | " + " | ".join(cells)
+            lines.append(f"| `{Path(path).name}` | {b['method']} ({Path(b['run']).name}) | " + " | ".join(cells)
                          + f" | {b['mean_abs_diff']:.3f} | {b['max_abs_diff']:.3f} | {b['spearman']:.2f} |")
     lines += ["", "Per category and position (accepted / reached):", ""]
     for path, res in results.items():

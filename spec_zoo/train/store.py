@@ -10,7 +10,8 @@
 * ``shard-<start>-<end>.safetensors``: prompts start..end-1 of the mixture's
   prefix-stable order, in the layout of `spec_zoo.train.data` (tokens, top-k log-probs,
   categories). A shard is written atomically once complete, so an interrupted fill
-  resumes after the last one written; a run asking for more prompts appends shards.
+  resumes after the last one written; a run asking for more prompts appends shards. A
+  conversation's two turns share a shard: the second is asked after the target's answer to the first.
 * ``shard-<start>-<end>.<name>.safetensors``: hidden states a recipe reads (``final``:
   the target's last-layer features; ``layer<E>``: the states entering layer E), one
   batched teacher-forced pass per shard, flat [positions, H] in sequence order.
@@ -30,9 +31,9 @@ from safetensors.torch import load_file, save_file
 
 from spec_zoo.artefacts import describe_target, fingerprint_matches, read_record
 from spec_zoo.errors import ConfigError
-from spec_zoo.train.data import TeacherData, from_parts, generate_batch, join_batches, stop_and_pad_ids
-from spec_zoo.train.mixture import categories, describe, mixture_prompts, text_digest
-from spec_zoo.train.workloads import Workloads
+from spec_zoo.train.data import TeacherData, from_parts, generate_batch, join_batches, second_turn_ids, stop_and_pad_ids
+from spec_zoo.train.mixture import FollowUp, categories, describe, mixture_prompts, text_digest
+from spec_zoo.train.workloads import Workloads, bench_ngrams, word_ngrams
 
 FORMAT, VERSION = "spec-zoo-teacher-data", 1
 _SHARD = re.compile(r"shard-(\d{7})-(\d{7})\.safetensors")
@@ -66,10 +67,12 @@ class TeacherStore:
                 found[start] = max(end, found.get(start, end))
         return found
 
-    def fill(self, model, prompts: list[list[int]], categories: list[int], *, batch_size: int, eos_ids: list[int],
-             pad_id: int, seed: int, shard_prompts: int = 128, progress: bool = True) -> TeacherData:
+    def fill(self, model, prompts: list[list[int] | FollowUp], categories: list[int], *, batch_size: int,
+             eos_ids: list[int], pad_id: int, seed: int, shard_prompts: int = 128, progress: bool = True,
+             tokenizer=None) -> TeacherData:
         """The teacher data of ``prompts`` (the first ones of the mixture's order), from the
-        shards on disk and new ones generated for the rest."""
+        shards on disk and new ones generated for the rest. A `FollowUp` is generated after
+        the row before it (in the same shard), whose answer ``tokenizer`` puts in its conversation."""
         from tqdm import tqdm
 
         g = self.identity["generation"]
@@ -85,9 +88,11 @@ class TeacherStore:
             else:
                 nxt = min([s for s in existing if s > pos], default=N)
                 end = min(pos + max(shard_prompts, batch_size), N, nxt)  # a shard holds at least one full batch
+                while end < min(N, nxt) and isinstance(prompts[end], FollowUp):  # never split a conversation
+                    end += 1
                 path = self.root / f"shard-{pos:07d}-{end:07d}.safetensors"
                 part = _generate(model, prompts[pos:end], categories[pos:end], batch_size, g, eos_ids, pad_id,
-                                 seed * 1_000_003 + pos)
+                                 seed * 1_000_003 + pos, tokenizer)
                 _save(part, path)
                 _write_json(self.root / "manifest.json", {"format": FORMAT, "format_version": VERSION,
                                                           **self.identity, "sequences": max(self.shards().values())})
@@ -99,14 +104,14 @@ class TeacherStore:
         bar.close()
         return from_parts(parts)
 
-    def _load(self, path: Path, expected: list[list[int]], start: int) -> dict | None:
+    def _load(self, path: Path, expected: list[list[int] | FollowUp], start: int) -> dict | None:
         try:
             part = load_file(path)
         except Exception:
             path.unlink()
             return None
-        for i, want in enumerate(expected):
-            if part["ids"][i, : int(part["prompt_len"][i])].tolist() != want:
+        for i, want in enumerate(expected):  # a second turn follows from the first, checked before it
+            if not isinstance(want, FollowUp) and part["ids"][i, : int(part["prompt_len"][i])].tolist() != want:
                 raise ConfigError(f"data.store={str(self.root)!r}: {path.name} holds another prompt at position "
                                   f"{start + i} than this config's mixture makes (the prompts file, tokenizer or chat "
                                   "template changed?); set data.store to another directory or delete that one.")
@@ -153,8 +158,9 @@ class TeacherSet:
                  given: Workloads | None = None):
         d, model = cfg.data, target.model
         cats = categories(d)
+        self.prompts: list[list[int] | FollowUp]
         if given is not None:
-            self.prompts, self.categories, self.names = given.prompts, given.categories, given.names
+            self.prompts, self.categories, self.names = list(given.prompts), given.categories, given.names
             self.taken = {n: given.categories.count(c) for c, n in enumerate(given.names)}
         elif d.get("token_ids") is not None:  # tests / pre-tokenized prompts
             self.prompts = [list(map(int, p)) for p in d.token_ids]
@@ -163,6 +169,8 @@ class TeacherSet:
         else:
             if target.tokenizer is None:
                 raise ConfigError("the target has no tokenizer; give data.token_ids (pre-tokenized prompts).")
+            if any(c["follow_up"] for c in cats.values()):
+                _check_follow_ups([str(q) for q in d.follow_ups])
             self.prompts, self.categories, self.taken = mixture_prompts(target.tokenizer, d, cats, wanted, heldout)
             self.names = list(cats)
             short = [f"{k} {self.taken[k]} of {round(c['share'] * wanted)}" for k, c in cats.items()
@@ -174,7 +182,7 @@ class TeacherSet:
             keep = [i for i, c in enumerate(self.categories) if self.categories[:i].count(c) < per_category]
             self.prompts, self.categories = [self.prompts[i] for i in keep], [self.categories[i] for i in keep]
         self.eos_ids, self.pad_id = stop_and_pad_ids(target)
-        self.model, self.batch_size, self.seed = model, int(d.batch_size), int(d.seed)
+        self.model, self.tokenizer, self.batch_size, self.seed = model, target.tokenizer, int(d.batch_size), int(d.seed)
         self.identity = {
             "target": describe_target(model, cfg.target.path or cfg.target.name),
             "prompts": given.identity() if given is not None else {
@@ -188,7 +196,18 @@ class TeacherSet:
     def fill(self, n: int, progress: bool = True) -> TeacherData:
         """The teacher data of the first ``n`` prompts (generated where the store lacks them)."""
         return self.store.fill(self.model, self.prompts[:n], self.categories[:n], batch_size=self.batch_size,
-                               eos_ids=self.eos_ids, pad_id=self.pad_id, seed=self.seed, progress=progress)
+                               eos_ids=self.eos_ids, pad_id=self.pad_id, seed=self.seed, progress=progress,
+                               tokenizer=self.tokenizer)
+
+
+def _check_follow_ups(questions: list[str], n: int = 8) -> None:
+    """Second-turn questions never share ``n`` words with Spec-Bench's turns, as the report's (whose
+    follow-ups must differ from these, or the report would score turns the drafts were trained on)."""
+    grams = bench_ngrams(None, n)
+    clash = [q for q in questions if word_ngrams(q, n) & grams]
+    if clash:
+        raise ConfigError(f"data.follow_ups: {clash[0]!r} shares {n} words with a Spec-Bench question; "
+                          "write follow-ups of your own.")
 
 
 @torch.no_grad()
@@ -204,8 +223,31 @@ def _states(compute, ids: torch.Tensor, lengths: list[int], batch_size: int) -> 
     return torch.cat(cast(list[torch.Tensor], per_seq)).contiguous()  # every row filled
 
 
-def _generate(model, prompts, categories, batch_size, g: dict, eos_ids, pad_id, seed) -> dict:
-    """One shard: batches of similar-length prompts (less padding), back in prompt order."""
+def _generate(model, prompts, categories, batch_size, g: dict, eos_ids, pad_id, seed, tokenizer=None) -> dict:
+    """One shard: the first turns, then the second turns built from their answers; each in
+    batches of similar-length prompts (less padding); back in prompt order."""
+    first = [i for i, p in enumerate(prompts) if not isinstance(p, FollowUp)]
+    part = _batched(model, [prompts[i] for i in first], batch_size, g, eos_ids, pad_id, seed)
+    second = [i for i, p in enumerate(prompts) if isinstance(p, FollowUp)]
+    if second:
+        row = {i: j for j, i in enumerate(first)}
+        if tokenizer is None or any(i - 1 not in row for i in second):
+            raise ValueError("a FollowUp needs a tokenizer and its first turn in the row before it")
+        ids = []
+        for i in second:
+            j, q = row[i - 1], prompts[i]
+            p, n = int(part["prompt_len"][j]), int(part["gen_len"][j])
+            ids.append(second_turn_ids(tokenizer, q.first, part["ids"][j, p : p + n].tolist(), q.question))
+        part = join_batches([part, _batched(model, ids, batch_size, g, eos_ids, pad_id, seed + 500_009)])
+    back = torch.empty(len(prompts), dtype=torch.long)
+    back[torch.tensor(first + second)] = torch.arange(len(prompts))
+    part = {k: v[back] for k, v in part.items()}
+    part["category"] = torch.tensor(categories, dtype=torch.int32)
+    return part
+
+
+def _batched(model, prompts, batch_size, g: dict, eos_ids, pad_id, seed) -> dict:
+    """Continuations of ``prompts`` in their order, generated in batches of similar length."""
     order = sorted(range(len(prompts)), key=lambda i: (len(prompts[i]), i))
     pieces = [generate_batch(model, [prompts[i] for i in order[b : b + batch_size]], g["max_new_tokens"], g["top_k"],
                              g["temperature"], eos_ids, pad_id, seed + b)
@@ -213,9 +255,7 @@ def _generate(model, prompts, categories, batch_size, g: dict, eos_ids, pad_id, 
     part = join_batches(pieces)
     back = torch.empty(len(order), dtype=torch.long)
     back[torch.tensor(order)] = torch.arange(len(order))
-    part = {k: v[back] for k, v in part.items()}
-    part["category"] = torch.tensor(categories, dtype=torch.int32)
-    return part
+    return {k: v[back] for k, v in part.items()}
 
 
 def _save(tensors: dict, path: Path) -> None:

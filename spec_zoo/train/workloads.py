@@ -11,7 +11,8 @@ each drawn from the far end of the prompts file and never a training prompt.
   instruction ("Combine facts and answer this: ...", "In 2 or 3 sentences, what are the main
   points ...?"), which the target answers differently from a plain request; ``strip`` (a regex)
   removes it and ``form`` (with ``{prompt}``) puts the rest in the form real requests take
-  (``Summarize: {prompt}``, a bare question). A prompt the regex does not match is left out.
+  (``Summarize: {prompt}``, a bare question). A prompt the regex does not match is left out;
+  a list of regexes applies each in turn (e.g. keep only articles that end whole).
 * **Never the benchmark's questions**: a prompt or follow-up that shares a run of
   ``report.bench_ngram`` words with any turn of ``report.bench_questions`` is dropped (the
   count is kept), on lower-cased alphanumeric words.
@@ -28,7 +29,14 @@ import torch
 
 from spec_zoo.bench.dataset import DATASETS
 from spec_zoo.errors import ConfigError
-from spec_zoo.train.data import PACKAGED_PROMPTS, chat_ids, generate_batch, read_records, stop_and_pad_ids
+from spec_zoo.train.data import (
+    PACKAGED_PROMPTS,
+    chat_ids,
+    generate_batch,
+    read_records,
+    second_turn_ids,
+    stop_and_pad_ids,
+)
 from spec_zoo.train.mixture import text_digest
 
 _WORD = re.compile(r"[a-z0-9]+")
@@ -116,15 +124,16 @@ def workload_prompts(target, cfg, exclude: frozenset) -> Workloads:
     return out
 
 
-def _in_form(prompts: list[str], strip: str | None, form: str | None, name: str) -> list[str]:
-    """``prompts`` with the ``strip`` regex removed (those it does not match left out), put in ``form``."""
-    if strip:
+def _in_form(prompts: list[str], strip, form: str | None, name: str) -> list[str]:
+    """``prompts`` with every match of the ``strip`` regex (or of each of a list, in order)
+    removed, those a regex does not match left out, put in ``form``."""
+    for rx in [strip] if isinstance(strip, str) else list(strip or []):
         try:
-            pattern = re.compile(strip, re.DOTALL)
+            pattern = re.compile(str(rx), re.DOTALL)
         except re.error as err:
-            raise ConfigError(f"report.workloads.{name}.strip: {strip!r} is not a regular expression "
+            raise ConfigError(f"report.workloads.{name}.strip: {rx!r} is not a regular expression "
                               f"({err}).") from None
-        prompts = [pattern.sub("", p, count=1).strip() for p in prompts if pattern.search(p)]
+        prompts = [pattern.sub("", p).strip() for p in prompts if pattern.search(p)]
     if form:
         if "{prompt}" not in form:
             raise ConfigError(f"report.workloads.{name}.form: {form!r} has no {{prompt}}; "
@@ -143,9 +152,7 @@ def _second_turns(target, texts: list[str], follow_ups: list[str], d, limit: int
     out = []
     for i, text in enumerate(texts):
         p, g = len(first[i]), int(answers["gen_len"][i])
-        reply = tok.decode(answers["ids"][i, p : p + g].tolist(), skip_special_tokens=True)
-        ids = chat_ids(tok, [{"role": "user", "content": text}, {"role": "assistant", "content": reply},
-                             {"role": "user", "content": follow_ups[i % len(follow_ups)]}])
+        ids = second_turn_ids(tok, text, answers["ids"][i, p : p + g].tolist(), follow_ups[i % len(follow_ups)])
         if len(ids) <= limit:
             out.append(ids)
     return out
