@@ -167,6 +167,8 @@ def run_report(cfg: DictConfig, target: Target | None = None) -> Path:
     md = out / "report.md"
     md.write_text(_markdown(results, meta, teacher.names))
     _plot(results, out / "acceptance.png")
+    if compare:
+        plot_against_bench(results, out / "against_bench.png")
     return md
 
 
@@ -275,6 +277,41 @@ def _plot(results: dict, path: Path) -> None:
     ax.set_ylim(0, 1)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def plot_against_bench(results: dict, path: Path, band: float = 0.05) -> None:
+    """Position 1 per category, report (x) against the bench (y), one colour per artefact: on
+    the diagonal the report predicts the bench; the band is the issue's +-0.05."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 5))
+    ax.fill_between([0, 1], [-band, 1 - band], [band, 1 + band], color="0.9", label=f"within {band}")
+    ax.plot([0, 1], [0, 1], color="0.5", lw=0.8)
+    marks = dict(zip(sorted({c for r in results.values() for c in r.get("bench", {}).get("categories", [])}),
+                     "os^vDP*X"))
+    for name, res in results.items():
+        if "bench" not in res:
+            continue
+        b = res["bench"]
+        xs = [_alpha(res["alpha"][c][0]) for c in b["categories"]]
+        ys = [_alpha(b["position1"][c]) for c in b["categories"]]
+        line = ax.plot(xs, ys, ls="none", marker="o", ms=0)[0]
+        for x, y, c in zip(xs, ys, b["categories"]):
+            ax.plot([x], [y], ls="none", marker=marks[c], color=line.get_color(), ms=6)
+        ax.plot([], [], ls="none", marker="o", color=line.get_color(), label=Path(name).name)
+    for c, m in marks.items():
+        ax.plot([], [], ls="none", marker=m, color="0.3", label=c)
+    ax.set(xlim=(0, 0.8), ylim=(0, 0.8), xlabel="acceptance report, position 1",
+           ylabel="benchmark (its traces), position 1")
+    ax.grid(alpha=0.3)
+    ax.set_aspect("equal")
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1))
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
