@@ -183,7 +183,7 @@ def test_workload_report_runs_end_to_end_with_depth_buckets_and_the_bench_beside
     assert bench["mean_abs_diff"] == pytest.approx((abs(ours["conv"] - 0.5) + abs(ours["long"] - 0.0)) / 2)
     text = md.read_text()
     assert "By depth in the answer" in text and "| 0-3 | 4-7 | 8+ |" in text and "| eagle_x (bench) |" in text
-    assert (md.parent / "against_bench.png").stat().st_size > 0
+    assert (md.parent / "against_bench.png").stat().st_size > 0 and "(against_bench.png)" in text
     # an artefact benchmarked in another run names that run; the default run is then not needed
     other = tmp_path / "elsewhere"
     shutil.copytree(tmp_path / "bench", other)

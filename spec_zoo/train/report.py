@@ -244,6 +244,7 @@ def _markdown(results: dict, meta: dict, names: list[str]) -> str:
                      if n in ours and n in b["position1"] else "-" for n in names]
             lines.append(f"| `{Path(path).name}` | {b['method']} ({Path(b['run']).name}) | " + " | ".join(cells)
                          + f" | {b['mean_abs_diff']:.3f} | {b['max_abs_diff']:.3f} | {b['spearman']:.2f} |")
+        lines += ["", "![report against bench, position 1 per category](against_bench.png)"]
     lines += ["", "Per category and position (accepted / reached):", ""]
     for path, res in results.items():
         lines += [f"**`{Path(path).name}`**", "", "| category | " + " | ".join(f"pos {s + 1}" for s in range(D))
