@@ -306,3 +306,27 @@ def test_conversations_are_refused_without_their_questions_or_with_a_benchmark_t
     with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):  # the shipped questions: the report's differ
         train, report = compose("train_distill"), compose("train_report")
     assert train.data.follow_ups and not set(train.data.follow_ups) & set(report.report.follow_ups)
+
+
+def test_a_category_draws_from_its_own_file_or_a_packaged_one(tmp_path):
+    """``data.mixture.<c>.file``: a category's prompts from another JSONL (a bare name finds the
+    files packaged with spec-zoo, e.g. the human German); it is part of the store's identity."""
+    from spec_zoo.train.data import PACKAGED_PROMPTS, prompts_path, read_records
+    from spec_zoo.train.mixture import describe
+
+    own = tmp_path / "own.jsonl"
+    own.write_text("\n".join(json.dumps({"prompt": f"own text {i}", "source": "own-z"}) for i in range(6)))
+    cfg = _talk_cfg(tmp_path, "~data.mixture", f"+data.mixture={{doc: {{share: 0.5, sources: [doc]}}, "
+                    f"mine: {{share: 0.5, sources: [own], file: {own}}}}}", "data.chat=false")
+    cats = categories(cfg.data)
+    prompts, cat_of, taken = mixture_prompts(_Tokenizer(), cfg.data, cats, 8)
+    assert taken == {"doc": 4, "mine": 4}
+    mine = {tuple(_Tokenizer()(f"own text {i}")["input_ids"]) for i in range(6)}
+    assert {tuple(p) for p, c in zip(prompts, cat_of) if c == 1} <= mine
+    assert describe(cfg.data, cats)["categories"][1][-1].startswith("file ")  # another file: another store
+    assert prompts_path("human_german.jsonl") == PACKAGED_PROMPTS.parent / "human_german.jsonl"
+    german = read_records("human_german.jsonl")
+    assert {r["source"] for r in german} == {"wmt-newstest2013-de", "wmt-newstest2012-de"}
+    assert all(r["prompt"].startswith("Translate German to English: ") for r in german)
+    with pytest.raises(ConfigError, match="data.mixture.mine.file='nothere.jsonl' does not exist.*human_german.jsonl"):
+        mixture_prompts(_Tokenizer(), cfg.data, {**cats, "mine": {**cats["mine"], "file": "nothere.jsonl"}}, 8)

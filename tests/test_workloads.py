@@ -119,6 +119,18 @@ def test_a_workload_takes_the_form_real_requests_take(tmp_path):
     kept = {tuple(tok.apply_chat_template([{"role": "user", "content": d[len("doc word "):-1].strip()}]))
             for d in docs if d[-1] in "12"}
     assert long and set(long) <= kept
+    # a category of its own file: only that file's prompts
+    other = tmp_path / "other.jsonl"
+    other.write_text("\n".join(json.dumps({"prompt": "doc " + "other " * 40 + str(i), "source": "doc-q"})
+                               for i in range(5)))
+    w = workload_prompts(_target(), _cfg(tmp_path, f"+report.workloads.long.file={other}"), frozenset())
+    long = [tuple(p) for p, c in zip(w.prompts, w.categories) if c == 1]
+    assert len(long) == 4
+    theirs = {tuple(tok.apply_chat_template([{"role": "user", "content": json.loads(x)["prompt"]}]))
+              for x in other.read_text().splitlines()}
+    assert set(long) <= theirs
+    with pytest.raises(ConfigError, match="report.workloads.long.file='nope.jsonl' does not exist"):
+        workload_prompts(_target(), _cfg(tmp_path, "+report.workloads.long.file=nope.jsonl"), frozenset())
     with pytest.raises(ConfigError, match=r"report.workloads.long.form: .* has no \{prompt\}"):
         workload_prompts(_target(), _cfg(tmp_path, "+report.workloads.long.form='Summarize:'"), frozenset())
     with pytest.raises(ConfigError, match="report.workloads.long.strip: .* is not a regular expression"):

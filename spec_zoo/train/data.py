@@ -36,22 +36,33 @@ from spec_zoo.layers import final_logits
 PACKAGED_PROMPTS = Path(__file__).parent / "data" / "prompts.jsonl"
 
 
-def read_records(path) -> list[dict]:
-    """The JSON records of a JSONL prompts file, each with a ``prompt``."""
-    path = Path(path).expanduser()
-    if not path.is_file():
-        raise ConfigError(f"data.prompts={str(path)!r} does not exist; "
-                          "give a JSONL file with a `prompt` field per line.")
+def prompts_path(path, key: str = "data.prompts") -> Path:
+    """``path``, or the file of that bare name packaged with spec-zoo (spec_zoo/train/data/:
+    ``prompts.jsonl``, ``human_german.jsonl``) when there is no such file here."""
+    given = Path(path).expanduser()
+    packaged = PACKAGED_PROMPTS.parent / str(path)
+    if not given.is_file() and given.name == str(path) and packaged.is_file():
+        return packaged
+    if not given.is_file():
+        names = ", ".join(sorted(p.name for p in packaged.parent.glob("*.jsonl")))
+        raise ConfigError(f"{key}={str(path)!r} does not exist; give a JSONL file with a `prompt` field per line "
+                          f"(or a file packaged with spec-zoo: {names}).")
+    return given
+
+
+def read_records(path, key: str = "data.prompts") -> list[dict]:
+    """The JSON records of a JSONL prompts file (`prompts_path`), each with a ``prompt``."""
+    path = prompts_path(path, key)
     records = []
     # split on newlines only (not splitlines): a JSON string may hold U+2028 and other line breaks
-    for i, line in enumerate(read_utf8(path, "data.prompts").split("\n")):
+    for i, line in enumerate(read_utf8(path, key).split("\n")):
         if not line.strip():
             continue
         try:
             rec = json.loads(line)
             rec["prompt"]
         except (json.JSONDecodeError, KeyError, TypeError):
-            raise ConfigError(f"data.prompts: {str(path)!r} line {i + 1} is not a JSON object with a `prompt`; "
+            raise ConfigError(f"{key}: {str(path)!r} line {i + 1} is not a JSON object with a `prompt`; "
                               "fix or remove that line.") from None
         records.append(rec)
     return records

@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 from spec_zoo.errors import ConfigError
-from spec_zoo.train.data import PACKAGED_PROMPTS, encode_prompts, read_records
+from spec_zoo.train.data import PACKAGED_PROMPTS, encode_prompts, prompts_path, read_records
 
 
 @dataclass(frozen=True)
@@ -50,7 +50,8 @@ def categories(d) -> dict[str, dict]:
             raise ConfigError(f"data.mixture.{name}.share={share}; a share must be >= 0.")
         if share > 0:
             out[str(name)] = {"share": share, "sources": [str(s) for s in c["sources"]],
-                              "follow_up": bool(c.get("follow_up", False))}
+                              "follow_up": bool(c.get("follow_up", False)),
+                              **({"file": str(c["file"])} if c.get("file") else {})}
     if not out:
         raise ConfigError("data.mixture has no category with a share > 0.")
     talks = [k for k, c in out.items() if c["follow_up"]]
@@ -84,7 +85,8 @@ def describe(d, cats: dict) -> dict:
                           "give a JSONL file with a `prompt` field per line.")
     talks = any(c.get("follow_up") for c in cats.values())  # absent otherwise: older stores keep their identity
     return {"file": path.name, "sha256": file_digest(path),
-            "categories": [[k, c["share"], c["sources"], *(["follow_up"] if c.get("follow_up") else [])]
+            "categories": [[k, c["share"], c["sources"], *(["follow_up"] if c.get("follow_up") else []),
+                            *([f"file {file_digest(prompts_path(c['file']))}"] if c.get("file") else [])]
                            for k, c in cats.items()],
             **({"follow_ups": [str(q) for q in d.follow_ups]} if talks else {}),
             "chat": bool(d.chat),
@@ -118,11 +120,13 @@ def _draw(tokenizer, d, cats: dict, num: int, heldout: frozenset | None):
     pools = []
     for c, name in enumerate(names):
         prefixes = cats[name]["sources"]
-        pool = [r["prompt"] for r in records
+        own = read_records(cats[name]["file"], f"data.mixture.{name}.file") if cats[name].get("file") else records
+        pool = [r["prompt"] for r in own
                 if (not prefixes or any(str(r.get("source", "")).startswith(p) for p in prefixes))
                 and not (heldout and r["prompt"] in heldout)]
         if not pool:
-            raise ConfigError(f"data.mixture: category {name!r} matches no record of {path.name} "
+            raise ConfigError(f"data.mixture: category {name!r} matches no record of "
+                              f"{Path(cats[name].get('file') or path).name} "
                               f"(sources {prefixes}); fix its sources or set its share to 0.")
         order = torch.randperm(len(pool), generator=torch.Generator().manual_seed(int(d.seed) * 1000 + c)).tolist()
         pools.append([pool[i] for i in (order[::-1] if heldout is not None else order)])

@@ -13,6 +13,9 @@ each drawn from the far end of the prompts file and never a training prompt.
   removes it and ``form`` (with ``{prompt}``) puts the rest in the form real requests take
   (``Summarize: {prompt}``, a bare question). A prompt the regex does not match is left out;
   a list of regexes applies each in turn (e.g. keep only articles that end whole).
+* **Its own prompts file** (``file``): a category can draw from another JSONL than
+  ``data.prompts``, e.g. the packaged ``human_german.jsonl`` (WMT newstest2013's German news,
+  in Spec-Bench's form) for translation.
 * **Never the benchmark's questions**: a prompt or follow-up that shares a run of
   ``report.bench_ngram`` words with any turn of ``report.bench_questions`` is dropped (the
   count is kept), on lower-cased alphanumeric words.
@@ -97,7 +100,8 @@ def workload_prompts(target, cfg, exclude: frozenset) -> Workloads:
     out = Workloads()
     for c, (name, spec) in enumerate(r.workloads.items()):
         prefixes = [str(s) for s in spec["sources"]]
-        pool = [rec["prompt"] for rec in records if any(str(rec.get("source", "")).startswith(p) for p in prefixes)
+        own = read_records(spec["file"], f"report.workloads.{name}.file") if spec.get("file") else records
+        pool = [rec["prompt"] for rec in own if any(str(rec.get("source", "")).startswith(p) for p in prefixes)
                 and rec["prompt"] not in exclude]
         pool = _in_form(pool, spec.get("strip"), spec.get("form"), name)
         order = torch.randperm(len(pool), generator=torch.Generator().manual_seed(int(d.seed) * 1000 + c)).tolist()
