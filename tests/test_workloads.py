@@ -211,3 +211,28 @@ def test_workload_report_runs_end_to_end_with_depth_buckets_and_the_bench_beside
                         "report.compare.methods={nothere: eagle_x}"), target=_target())
     with pytest.raises(ConfigError, match="report.depth_buckets"):
         run_report(_cfg(tmp_path, f"report.artefacts=[{head}]", "report.depth_buckets=[4,8]"), target=_target())
+
+
+def test_a_document_trained_on_in_another_template_is_not_held_out(tmp_path):
+    """A held-out prompt sharing ``report.train_ngram`` + 7 words with a training prompt is dropped
+    (its document was trained on under another instruction); a run more than three training
+    prompts share is an instruction, and keeps nothing out."""
+    import random
+
+    rng = random.Random(0)
+    articles = [" ".join(f"w{rng.randrange(500)}" for _ in range(60)) for _ in range(6)]
+    boiler = " ".join(f"b{i}" for i in range(30))  # an instruction four training prompts share
+    mine = tmp_path / "docs.jsonl"
+    mine.write_text("\n".join(json.dumps({"prompt": f"{boiler} {a}", "source": "doc-y"}) for a in articles))
+    trained = frozenset({"TL;DR of this: " + articles[0] + " Thanks."} | {f"{boiler} other {j}" for j in range(4)})
+    cfg = _cfg(tmp_path, f"data.prompts={mine}", "~report.workloads", "+report.workloads={long: {sources: [doc]}}",
+               "report.per_category=6", "report.max_prompt_tokens=4000")
+    w = workload_prompts(_target(), cfg, exclude=trained)
+    assert w.seen == {"long": 1} and len(w.prompts) == 5
+    tok = ChatTokenizer()
+    assert tuple(tok.apply_chat_template([{"role": "user", "content": f"{boiler} {articles[0]}"}])) not in {
+        tuple(p) for p in w.prompts}
+    w = workload_prompts(_target(), _cfg(tmp_path, f"data.prompts={mine}", "~report.workloads", "report.train_ngram=0",
+                                         "+report.workloads={long: {sources: [doc]}}", "report.per_category=6",
+                                         "report.max_prompt_tokens=4000"), exclude=trained)
+    assert w.seen == {"long": 0} and len(w.prompts) == 6  # exact texts only: the document gets back in

@@ -161,7 +161,8 @@ def run_report(cfg: DictConfig, target: Target | None = None) -> Path:
             "kind": str(r.prompts), "depth_buckets": bucket_labels(buckets),
             "prompt_tokens": _prompt_tokens(data, teacher.names),
             **({"bench_overlap_dropped": given.dropped, "bench_questions": str(r.bench_questions or "spec_bench"),
-                "bench_ngram": int(r.bench_ngram)} if given is not None else {}),
+                "bench_ngram": int(r.bench_ngram), "train_overlap_dropped": given.seen,
+                "train_ngram": int(r.get("train_ngram", 0))} if given is not None else {}),
             **({"compare": {n: {"results": run, "method": m} for n, (run, m) in compare.items()}} if compare else {})}
     (out / "acceptance.json").write_text(json.dumps({"settings": meta, "artefacts": results}, indent=1))
     md = out / "report.md"
@@ -210,7 +211,9 @@ def _markdown(results: dict, meta: dict, names: list[str]) -> str:
     what = ("prompts shaped like real use (`report.prompts=workloads`: conversations scored on the answer to a "
             "follow-up, long documents, translation), none trained on, none sharing "
             f"{meta.get('bench_ngram')} words with {Path(str(meta.get('bench_questions'))).name}"
-            f" (dropped: {', '.join(f'{k} {v}' for k, v in meta.get('bench_overlap_dropped', {}).items())})"
+            f" (dropped: {', '.join(f'{k} {v}' for k, v in meta.get('bench_overlap_dropped', {}).items())}), "
+            f"none sharing {meta.get('train_ngram')} words with a training prompt (dropped: "
+            f"{', '.join(f'{k} {v}' for k, v in meta.get('train_overlap_dropped', {}).items())})"
             if meta["kind"] == "workloads" else "none trained on")
     lines = ["# Acceptance by draft position and prompt category", "",
              f"Held-out prompts per category: {', '.join(f'{k} {v}' for k, v in meta['prompts'].items())} "

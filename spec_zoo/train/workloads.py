@@ -16,6 +16,11 @@ each drawn from the far end of the prompts file and never a training prompt.
 * **Its own prompts file** (``file``): a category can draw from another JSONL than
   ``data.prompts``, e.g. the packaged ``human_german.jsonl`` (WMT newstest2013's German news,
   in Spec-Bench's form) for translation.
+* **Never a document trained on**: a prompt is not held out when its text is a training
+  prompt's, nor when it shares a run of ``report.train_ngram`` words with one (T0 asks of one
+  CNN/DM article in nine templates: the held-out "2 or 3 sentences" article was trained on as a
+  "TL;DR" prompt); runs that more than three training prompts share are an instruction, not a
+  document, and do not count.
 * **Never the benchmark's questions**: a prompt or follow-up that shares a run of
   ``report.bench_ngram`` words with any turn of ``report.bench_questions`` is dropped (the
   count is kept), on lower-cased alphanumeric words.
@@ -66,15 +71,34 @@ def bench_ngrams(path, n: int) -> set[tuple[str, ...]]:
     return grams
 
 
+def trained_runs(texts, n: int, stride: int = 8, common: int = 3) -> set[int]:
+    """Hashes of the ``n``-word runs of ``texts`` that start every ``stride`` words, less those
+    in more than ``common`` texts (an instruction many prompts share is not their content). A
+    text sharing ``n + stride - 1`` consecutive words with one of ``texts`` holds one of them."""
+    seen: dict[int, int] = {}
+    for text in texts:
+        words = _WORD.findall(text.lower())
+        for h in {hash(tuple(words[i : i + n])) for i in range(0, len(words) - n + 1, stride)}:
+            seen[h] = seen.get(h, 0) + 1
+    return {h for h, k in seen.items() if k <= common}
+
+
+def _runs(text: str, n: int) -> set[int]:
+    words = _WORD.findall(text.lower())
+    return {hash(tuple(words[i : i + n])) for i in range(len(words) - n + 1)}
+
+
 @dataclass
 class Workloads:
     """The report's prompts (token ids), the category index of each, the category names, and
-    per category the prompts dropped for sharing words with the benchmark."""
+    per category the prompts dropped for sharing words with the benchmark (``dropped``) or
+    with a training prompt (``seen``)."""
 
     prompts: list[list[int]] = field(default_factory=list)
     categories: list[int] = field(default_factory=list)
     names: list[str] = field(default_factory=list)
     dropped: dict[str, int] = field(default_factory=dict)
+    seen: dict[str, int] = field(default_factory=dict)
 
     def identity(self) -> dict:
         """What the prompt list is, for the teacher-data store's manifest."""
@@ -97,6 +121,8 @@ def workload_prompts(target, cfg, exclude: frozenset) -> Workloads:
         raise ConfigError(f"report.follow_ups: {clash[0]!r} shares {n} words with a benchmark question; "
                           "write follow-ups of your own.")
     records = read_records(d.prompts or PACKAGED_PROMPTS)
+    k = int(r.get("train_ngram", 0))
+    trained = trained_runs(exclude, k) if k else set()
     out = Workloads()
     for c, (name, spec) in enumerate(r.workloads.items()):
         prefixes = [str(s) for s in spec["sources"]]
@@ -107,12 +133,14 @@ def workload_prompts(target, cfg, exclude: frozenset) -> Workloads:
         order = torch.randperm(len(pool), generator=torch.Generator().manual_seed(int(d.seed) * 1000 + c)).tolist()
         low, high = int(spec.get("min_tokens", 0)), int(r.max_prompt_tokens)
         texts: list[str] = []
-        dropped = 0
+        dropped = seen = 0
         for i in reversed(order):  # the far end: training takes each category's order from the front
             if len(texts) == int(r.per_category):
                 break
             if word_ngrams(pool[i], n) & grams:
                 dropped += 1
+            elif trained and _runs(pool[i], k) & trained:  # its document, trained on in another template
+                seen += 1
             elif low <= len(chat_ids(tok, [{"role": "user", "content": pool[i]}])) <= high:
                 texts.append(pool[i])
         if not texts:
@@ -125,6 +153,7 @@ def workload_prompts(target, cfg, exclude: frozenset) -> Workloads:
         out.categories += [c] * len(ids)
         out.names.append(str(name))
         out.dropped[str(name)] = dropped
+        out.seen[str(name)] = seen
     return out
 
 

@@ -31,7 +31,10 @@ tail -3 /tmp/logs/translations.log
 if [ -s $W/prompts_de.jsonl ]; then P=$W/prompts_de.jsonl; TR=0.1; else P=/tmp/prompts.jsonl; TR=0.0; fi
 tail -n +41679 $P > /tmp/logs/translations_de_en.jsonl
 DEV=${DEV:-cuda}; NP=${NP:-8000}
+# issue 24's data (off unless set, so the run above reproduces): CONV=0.15 two-turn conversations,
+# HT=0.05 human German news (WMT newstest2012, packaged); docs/training.md, "The prompt mixture"
 C="data.prompts=$P data.mixture.translation.share=$TR data.max_new_tokens=${GEN:-128} \
+  data.mixture.conversation.share=${CONV:-0} data.mixture.human_translation.share=${HT:-0} \
   data.batch_size=${GB:-256} device=$DEV progress=false loss=fkl train.batch_size=${TBS:-32} train.steps=20000 train.warmup=100 \
   train.eval_every=500 train.ckpt_every=100000"
 echo "== teacher data $(left)s left"
