@@ -328,5 +328,17 @@ def test_a_category_draws_from_its_own_file_or_a_packaged_one(tmp_path):
     german = read_records("human_german.jsonl")
     assert {r["source"] for r in german} == {"wmt-newstest2013-de", "wmt-newstest2012-de"}
     assert all(r["prompt"].startswith("Translate German to English: ") for r in german)
+    news = read_records("news_articles.jsonl")
+    assert {r["source"] for r in news} == {"cnndm-val"} and all(r["prompt"].startswith("Summarize: ") for r in news)
     with pytest.raises(ConfigError, match="data.mixture.mine.file='nothere.jsonl' does not exist.*human_german.jsonl"):
         mixture_prompts(_Tokenizer(), cfg.data, {**cats, "mine": {**cats["mine"], "file": "nothere.jsonl"}}, 8)
+
+
+def test_the_packaged_workload_files_never_share_eight_words_with_spec_bench():
+    from spec_zoo.train.data import read_records
+    from spec_zoo.train.workloads import bench_ngrams, word_ngrams
+
+    grams = bench_ngrams(None, 8)
+    for name in ("human_german.jsonl", "news_articles.jsonl"):
+        records = read_records(name)
+        assert len(records) >= 300 and not [r for r in records if word_ngrams(r["prompt"], 8) & grams], name
