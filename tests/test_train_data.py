@@ -291,6 +291,12 @@ def test_conversations_train_on_both_answers_and_never_split_across_shards(tmp_p
         assert int(data.gen_len[i]) > 0  # the second answer is teacher data too
     again = TeacherSet(_talk_cfg(tmp_path), target, 12).fill(12, progress=False)
     assert torch.equal(again.ids, data.ids) and torch.equal(again.topk_ids, data.topk_ids)
+    # a run of 9 would cut the third conversation between its turns: it stops at 8, and a longer run
+    # of another store then starts its next shard at a first turn
+    short = TeacherSet(_talk_cfg(tmp_path, f"data.store={tmp_path / 'short'}"), target, 9)
+    assert len(short.prompts) == 8 and not isinstance(short.prompts[-1], FollowUp) and len(short.fill(5)) == 4
+    longer = TeacherSet(_talk_cfg(tmp_path, f"data.store={tmp_path / 'short'}"), target, 12).fill(12)
+    assert torch.equal(longer.ids[:, : data.ids.shape[1]], data.ids)
 
 
 def test_conversations_are_refused_without_their_questions_or_with_a_benchmark_turn(tmp_path):

@@ -156,5 +156,7 @@ def _draw(tokenizer, d, cats: dict, num: int, heldout: frozenset | None):
             texts.append(text)
             cat_of.append(c)
             taken[c] += 1
+    if len(prompts) > num and isinstance(prompts[num], FollowUp):
+        num -= 1  # never a first turn without its second: a longer run's shard would start at a second turn
     del prompts[num:], texts[num:], cat_of[num:]
     return prompts, cat_of, {names[c]: cat_of.count(c) for c in range(len(names))}, texts

@@ -194,7 +194,10 @@ class TeacherSet:
         self.store = TeacherStore.open(d.store, self.identity)
 
     def fill(self, n: int, progress: bool = True) -> TeacherData:
-        """The teacher data of the first ``n`` prompts (generated where the store lacks them)."""
+        """The teacher data of the first ``n`` prompts (generated where the store lacks them;
+        a conversation is never cut between its turns: then one prompt fewer)."""
+        if n < len(self.prompts) and isinstance(self.prompts[n], FollowUp):
+            n -= 1
         return self.store.fill(self.model, self.prompts[:n], self.categories[:n], batch_size=self.batch_size,
                                eos_ids=self.eos_ids, pad_id=self.pad_id, seed=self.seed, progress=progress,
                                tokenizer=self.tokenizer)
