@@ -6,6 +6,7 @@ report runs end to end."""
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 import torch
@@ -341,10 +342,17 @@ def test_a_category_draws_from_its_own_file_or_a_packaged_one(tmp_path):
 
 
 def test_the_packaged_workload_files_never_share_eight_words_with_spec_bench():
+    from spec_zoo.bench.dataset import DATASETS
     from spec_zoo.train.data import read_records
     from spec_zoo.train.workloads import bench_ngrams, word_ngrams
 
     grams = bench_ngrams(None, 8)
-    for name in ("human_german.jsonl", "news_articles.jsonl"):
+    def words(text: str) -> str:
+        return " ".join(re.findall(r"[a-z0-9]+", text.lower()))
+
+    turns = {words(t) for line in DATASETS["spec_bench"].read_text().splitlines()
+             for t in json.loads(line)["turns"]}  # short questions have no 8-word run: compare them whole
+    for name in ("human_german.jsonl", "news_articles.jsonl", "nq_questions.jsonl"):
         records = read_records(name)
         assert len(records) >= 300 and not [r for r in records if word_ngrams(r["prompt"], 8) & grams], name
+        assert not [r for r in records if words(r["prompt"]) in turns], name
