@@ -1,6 +1,6 @@
 """The workloads report for every shipped artefact, all six categories in the bench's forms
-(summarization as "Summarize: <article>" over held-out CNN/DM validation articles, qa as the bare
-question, translation of WMT13's human German; no prompt sharing 27 words with a training prompt),
+(summarization as "Summarize: <article>" over held-out CNN/DM validation articles, qa as Natural
+Questions, translation of WMT13's human German; no prompt sharing 27 words with a training prompt),
 each beside the bench run that measured it: the new-methods line-up (3 repeats) for EAGLE, Medusa, Hydra, the MLP
 speculator and the parallel draft; docs/retrained for the distilled draft and the exit adapter.
 prompts_de.jsonl: the shared prompts plus docs/training/retrain_gpu/translations_de_en.jsonl
