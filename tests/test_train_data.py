@@ -356,3 +356,24 @@ def test_the_packaged_workload_files_never_share_eight_words_with_spec_bench():
         records = read_records(name)
         assert len(records) >= 300 and not [r for r in records if word_ngrams(r["prompt"], 8) & grams], name
         assert not [r for r in records if words(r["prompt"]) in turns], name
+
+
+def test_held_out_mixture_prompts_are_never_a_document_trained_on_in_another_template(tmp_path):
+    """``heldout_ngram``: a held-out prompt sharing that many + 7 words with a trained text is
+    skipped (T0 asks of one article in several templates); with 0, exact texts only."""
+    import random
+
+    rng = random.Random(1)
+    docs = [" ".join(f"w{rng.randrange(400)}" for _ in range(40)) for _ in range(6)]
+    path = tmp_path / "prompts.jsonl"
+    path.write_text("\n".join(json.dumps({"prompt": f"Summarize: {t}", "source": "doc-a"}) for t in docs))
+    cfg = OmegaConf.create({"data": {"prompts": str(path), "use_mixture": True, "sources": None, "chat": False,
+                                     "max_prompt_tokens": 4000, "seed": 0,
+                                     "mixture": {"doc": {"share": 1.0, "sources": ["doc"]}}}})
+    cats = categories(cfg.data)
+    trained = frozenset({f"TL;DR: {docs[2]}"})  # the same article, asked in another template
+    exact = mixture_prompts(_Tokenizer(), cfg.data, cats, 6, heldout=trained)[0]
+    apart = mixture_prompts(_Tokenizer(), cfg.data, cats, 6, heldout=trained, heldout_ngram=20)[0]
+    article = tuple(_Tokenizer()(f"Summarize: {docs[2]}")["input_ids"])
+    assert len(exact) == 6 and article in {tuple(p) for p in exact}
+    assert len(apart) == 5 and article not in {tuple(p) for p in apart}

@@ -14,6 +14,7 @@ answer, then a question of ``data.follow_ups``), so the store trains on both ans
 from __future__ import annotations
 
 import hashlib
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,6 +22,27 @@ import torch
 
 from spec_zoo.errors import ConfigError
 from spec_zoo.train.data import PACKAGED_PROMPTS, encode_prompts, prompts_path, read_records
+
+WORD = re.compile(r"[a-z0-9]+")  # a word, as prompts are compared: lower-cased alphanumeric
+
+
+def trained_runs(texts, n: int, stride: int = 8, common: int = 3) -> set[int]:
+    """Hashes of the ``n``-word runs (lower-cased alphanumeric words) of ``texts`` that start
+    every ``stride`` words, less those in more than ``common`` texts (an instruction many prompts
+    share is not their content). A text sharing ``n + stride - 1`` consecutive words with one of
+    ``texts`` holds one of them (`text_runs`): its document was trained on, maybe in another template."""
+    seen: dict[int, int] = {}
+    for text in texts:
+        words = WORD.findall(text.lower())
+        for h in {hash(tuple(words[i : i + n])) for i in range(0, len(words) - n + 1, stride)}:
+            seen[h] = seen.get(h, 0) + 1
+    return {h for h, k in seen.items() if k <= common}
+
+
+def text_runs(text: str, n: int) -> set[int]:
+    """Hashes of every ``n``-word run of ``text``, to meet `trained_runs`."""
+    words = WORD.findall(text.lower())
+    return {hash(tuple(words[i : i + n])) for i in range(len(words) - n + 1)}
 
 
 @dataclass(frozen=True)
@@ -93,16 +115,17 @@ def describe(d, cats: dict) -> dict:
             "max_prompt_tokens": int(d.max_prompt_tokens), "seed": int(d.seed)}
 
 
-def mixture_prompts(tokenizer, d, cats: dict, num: int,
-                    heldout: frozenset | None = None) -> tuple[list[list[int] | FollowUp], list[int], dict[str, int]]:
+def mixture_prompts(tokenizer, d, cats: dict, num: int, heldout: frozenset | None = None,
+                    heldout_ngram: int = 0) -> tuple[list[list[int] | FollowUp], list[int], dict[str, int]]:
     """The first ``num`` prompts of the mixture: (token ids, or a `FollowUp` after a
     conversation's first turn; category index per prompt; prompts taken per category). Each
     category's records come in a seeded order and are encoded lazily (prompts over
     ``data.max_prompt_tokens`` are skipped); the next prompt is taken from the category
     furthest below its share; an exhausted category drops out. ``heldout``: evaluation
     prompts instead, from the far end of each category's order and never one of these texts
-    (the prompts a draft was trained on)."""
-    ids, cat_of, taken, _ = _draw(tokenizer, d, cats, num, heldout)
+    (the prompts a draft was trained on) nor a text sharing ``heldout_ngram`` + 7 words with one
+    (the same document in another template, `trained_runs`)."""
+    ids, cat_of, taken, _ = _draw(tokenizer, d, cats, num, heldout, heldout_ngram)
     return ids, cat_of, taken
 
 
@@ -112,8 +135,9 @@ def mixture_texts(tokenizer, d, cats: dict, num: int) -> list[str]:
     return _draw(tokenizer, d, cats, num, None)[3]
 
 
-def _draw(tokenizer, d, cats: dict, num: int, heldout: frozenset | None):
+def _draw(tokenizer, d, cats: dict, num: int, heldout: frozenset | None, heldout_ngram: int = 0):
     """`mixture_prompts` and the texts it encoded."""
+    trained = trained_runs(heldout, heldout_ngram) if heldout and heldout_ngram else set()
     path = Path(d.prompts or PACKAGED_PROMPTS).expanduser()
     records = read_records(path)
     names = list(cats)
@@ -142,8 +166,10 @@ def _draw(tokenizer, d, cats: dict, num: int, heldout: frozenset | None):
         ids = None
         while ids is None and cursor[c] < len(pools[c]):
             text = pools[c][cursor[c]]
-            enc = encode_prompts(tokenizer, [text], bool(d.chat), int(d.max_prompt_tokens))
             cursor[c] += 1
+            if trained and text_runs(text, heldout_ngram) & trained:
+                continue
+            enc = encode_prompts(tokenizer, [text], bool(d.chat), int(d.max_prompt_tokens))
             ids = enc[0] if enc else None
         if ids is None:
             live.discard(c)

@@ -137,6 +137,7 @@ def run_report(cfg: DictConfig, target: Target | None = None) -> Path:
                                                int(r.exclude_mixture)))
     given = workload_prompts(target, cfg, exclude or frozenset()) if r.prompts == "workloads" else None
     teacher = TeacherSet(cfg, target, int(r.per_category) * 64, heldout=exclude, per_category=int(r.per_category),
+                         heldout_ngram=int(r.get("train_ngram", 0)),
                          given=given)
     data = teacher.fill(len(teacher.prompts), bool(cfg.progress))
     results: dict[str, dict] = {}

@@ -155,7 +155,7 @@ class TeacherSet:
     padding ids, and the store (``data.store``) opened for them."""
 
     def __init__(self, cfg, target, wanted: int, heldout: frozenset | None = None, per_category: int = 0,
-                 given: Workloads | None = None):
+                 given: Workloads | None = None, heldout_ngram: int = 0):
         d, model = cfg.data, target.model
         cats = categories(d)
         self.prompts: list[list[int] | FollowUp]
@@ -171,7 +171,8 @@ class TeacherSet:
                 raise ConfigError("the target has no tokenizer; give data.token_ids (pre-tokenized prompts).")
             if any(c["follow_up"] for c in cats.values()):
                 _check_follow_ups([str(q) for q in d.follow_ups])
-            self.prompts, self.categories, self.taken = mixture_prompts(target.tokenizer, d, cats, wanted, heldout)
+            self.prompts, self.categories, self.taken = mixture_prompts(target.tokenizer, d, cats, wanted, heldout,
+                                                                        heldout_ngram)
             self.names = list(cats)
             short = [f"{k} {self.taken[k]} of {round(c['share'] * wanted)}" for k, c in cats.items()
                      if self.taken[k] < round(c["share"] * wanted) - 1]
@@ -187,6 +188,7 @@ class TeacherSet:
             "target": describe_target(model, cfg.target.path or cfg.target.name),
             "prompts": given.identity() if given is not None else {
                 **describe(d, cats), **({} if heldout is None else {"heldout": text_digest(heldout)}),
+                **({"heldout_ngram": heldout_ngram} if heldout is not None and heldout_ngram else {}),
                 **({"per_category": per_category} if per_category else {})},
             "generation": {"max_new_tokens": int(d.max_new_tokens), "top_k": int(d.top_k),
                            "temperature": float(d.temperature), "eos": self.eos_ids},

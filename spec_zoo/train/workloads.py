@@ -45,14 +45,12 @@ from spec_zoo.train.data import (
     second_turn_ids,
     stop_and_pad_ids,
 )
-from spec_zoo.train.mixture import text_digest
-
-_WORD = re.compile(r"[a-z0-9]+")
+from spec_zoo.train.mixture import WORD, text_digest, text_runs, trained_runs
 
 
 def word_ngrams(text: str, n: int) -> set[tuple[str, ...]]:
     """Every run of ``n`` lower-cased alphanumeric words of ``text``."""
-    words = _WORD.findall(text.lower())
+    words = WORD.findall(text.lower())
     return {tuple(words[i : i + n]) for i in range(len(words) - n + 1)}
 
 
@@ -69,23 +67,6 @@ def bench_ngrams(path, n: int) -> set[tuple[str, ...]]:
             for turn in json.loads(line)["turns"]:
                 grams |= word_ngrams(turn, n)
     return grams
-
-
-def trained_runs(texts, n: int, stride: int = 8, common: int = 3) -> set[int]:
-    """Hashes of the ``n``-word runs of ``texts`` that start every ``stride`` words, less those
-    in more than ``common`` texts (an instruction many prompts share is not their content). A
-    text sharing ``n + stride - 1`` consecutive words with one of ``texts`` holds one of them."""
-    seen: dict[int, int] = {}
-    for text in texts:
-        words = _WORD.findall(text.lower())
-        for h in {hash(tuple(words[i : i + n])) for i in range(0, len(words) - n + 1, stride)}:
-            seen[h] = seen.get(h, 0) + 1
-    return {h for h, k in seen.items() if k <= common}
-
-
-def _runs(text: str, n: int) -> set[int]:
-    words = _WORD.findall(text.lower())
-    return {hash(tuple(words[i : i + n])) for i in range(len(words) - n + 1)}
 
 
 @dataclass
@@ -139,7 +120,7 @@ def workload_prompts(target, cfg, exclude: frozenset) -> Workloads:
                 break
             if word_ngrams(pool[i], n) & grams:
                 dropped += 1
-            elif trained and _runs(pool[i], k) & trained:  # its document, trained on in another template
+            elif trained and text_runs(pool[i], k) & trained:  # its document, trained on in another template
                 seen += 1
             elif low <= len(chat_ids(tok, [{"role": "user", "content": pool[i]}])) <= high:
                 texts.append(pool[i])
