@@ -37,8 +37,8 @@ PACKAGED_PROMPTS = Path(__file__).parent / "data" / "prompts.jsonl"
 
 
 def prompts_path(path, key: str = "data.prompts") -> Path:
-    """``path``, or the file of that bare name packaged with spec-zoo (spec_zoo/train/data/:
-    ``prompts.jsonl``, ``human_german.jsonl``) when there is no such file here."""
+    """``path``, or the file of that bare name packaged with spec-zoo (spec_zoo/train/data/, e.g.
+    ``human_german.jsonl``; its SOURCE.md says what each is) when there is no such file here."""
     given = Path(path).expanduser()
     packaged = PACKAGED_PROMPTS.parent / str(path)
     if not given.is_file() and given.name == str(path) and packaged.is_file():

@@ -125,9 +125,10 @@ def workload_prompts(target, cfg, exclude: frozenset) -> Workloads:
             elif low <= len(chat_ids(tok, [{"role": "user", "content": pool[i]}])) <= high:
                 texts.append(pool[i])
         if not texts:
+            where = Path(spec.get("file") or d.prompts or PACKAGED_PROMPTS).name
             raise ConfigError(f"report.workloads.{name}: no held-out prompt of sources {prefixes} with {low}.."
-                              f"{high} tokens in {Path(d.prompts or PACKAGED_PROMPTS).name}; fix its sources or "
-                              "min_tokens.")
+                              f"{high} tokens in {where} ({seen} left out as documents trained on, {dropped} as "
+                              "benchmark questions); fix its sources, min_tokens or file (a source never trained on).")
         ids = (_second_turns(target, texts, follow_ups, d, high) if spec.get("follow_up")
                else [chat_ids(tok, [{"role": "user", "content": t}]) for t in texts])
         out.prompts += ids
