@@ -344,7 +344,8 @@ def test_a_category_draws_from_its_own_file_or_a_packaged_one(tmp_path):
 def test_the_packaged_workload_files_never_share_eight_words_with_spec_bench():
     from spec_zoo.bench.dataset import DATASETS
     from spec_zoo.train.data import read_records
-    from spec_zoo.train.workloads import bench_ngrams, word_ngrams
+    from spec_zoo.train.mixture import word_ngrams
+    from spec_zoo.train.workloads import bench_ngrams
 
     grams = bench_ngrams(None, 8)
     def words(text: str) -> str:

@@ -23,7 +23,13 @@ import torch
 from spec_zoo.errors import ConfigError
 from spec_zoo.train.data import PACKAGED_PROMPTS, encode_prompts, prompts_path, read_records
 
-WORD = re.compile(r"[a-z0-9]+")  # a word, as prompts are compared: lower-cased alphanumeric
+_WORD = re.compile(r"[a-z0-9]+")  # a word, as prompts are compared: lower-cased alphanumeric
+
+
+def word_ngrams(text: str, n: int, stride: int = 1) -> set[tuple[str, ...]]:
+    """The runs of ``n`` lower-cased alphanumeric words of ``text`` (one starting every ``stride`` words)."""
+    words = _WORD.findall(text.lower())
+    return {tuple(words[i : i + n]) for i in range(0, len(words) - n + 1, stride)}
 
 
 def trained_runs(texts, n: int, stride: int = 8, common: int = 3) -> set[int]:
@@ -33,16 +39,14 @@ def trained_runs(texts, n: int, stride: int = 8, common: int = 3) -> set[int]:
     ``texts`` holds one of them (`text_runs`): its document was trained on, maybe in another template."""
     seen: dict[int, int] = {}
     for text in texts:
-        words = WORD.findall(text.lower())
-        for h in {hash(tuple(words[i : i + n])) for i in range(0, len(words) - n + 1, stride)}:
+        for h in map(hash, word_ngrams(text, n, stride)):  # hashes: a store's texts hold millions of runs
             seen[h] = seen.get(h, 0) + 1
     return {h for h, k in seen.items() if k <= common}
 
 
 def text_runs(text: str, n: int) -> set[int]:
     """Hashes of every ``n``-word run of ``text``, to meet `trained_runs`."""
-    words = WORD.findall(text.lower())
-    return {hash(tuple(words[i : i + n])) for i in range(len(words) - n + 1)}
+    return set(map(hash, word_ngrams(text, n)))
 
 
 @dataclass(frozen=True)

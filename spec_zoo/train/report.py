@@ -300,16 +300,13 @@ def plot_against_bench(results: dict, path: Path, band: float = 0.05) -> None:
     ax.plot([0, 1], [0, 1], color="0.5", lw=0.8)
     marks = dict(zip(sorted({c for r in results.values() for c in r.get("bench", {}).get("categories", [])}),
                      "os^vDP*X"))
-    for name, res in results.items():
-        if "bench" not in res:
-            continue
-        b = res["bench"]
-        xs = [_alpha(res["alpha"][c][0]) for c in b["categories"]]
-        ys = [_alpha(b["position1"][c]) for c in b["categories"]]
-        line = ax.plot(xs, ys, ls="none", marker="o", ms=0)[0]
-        for x, y, c in zip(xs, ys, b["categories"]):
-            ax.plot([x], [y], ls="none", marker=marks[c], color=line.get_color(), ms=6)
-        ax.plot([], [], ls="none", marker="o", color=line.get_color(), label=Path(name).name)
+    compared = [(name, res) for name, res in results.items() if "bench" in res]
+    for i, (name, res) in enumerate(compared):
+        b, colour = res["bench"], f"C{i}"
+        for c in b["categories"]:
+            ax.plot([_alpha(res["alpha"][c][0])], [_alpha(b["position1"][c])], ls="none", marker=marks[c],
+                    color=colour, ms=6)
+        ax.plot([], [], ls="none", marker="o", color=colour, label=Path(name).name)
     for c, m in marks.items():
         ax.plot([], [], ls="none", marker=m, color="0.3", label=c)
     ax.set(xlim=(0, 0.8), ylim=(0, 0.8), xlabel="acceptance report, position 1",

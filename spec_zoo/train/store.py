@@ -33,7 +33,7 @@ from spec_zoo.artefacts import describe_target, fingerprint_matches, read_record
 from spec_zoo.errors import ConfigError
 from spec_zoo.train.data import TeacherData, from_parts, generate_batch, join_batches, second_turn_ids, stop_and_pad_ids
 from spec_zoo.train.mixture import FollowUp, categories, describe, mixture_prompts, text_digest
-from spec_zoo.train.workloads import Workloads, bench_ngrams, word_ngrams
+from spec_zoo.train.workloads import Workloads, bench_ngrams, refuse_bench_overlap
 
 FORMAT, VERSION = "spec-zoo-teacher-data", 1
 _SHARD = re.compile(r"shard-(\d{7})-(\d{7})\.safetensors")
@@ -170,7 +170,8 @@ class TeacherSet:
             if target.tokenizer is None:
                 raise ConfigError("the target has no tokenizer; give data.token_ids (pre-tokenized prompts).")
             if any(c["follow_up"] for c in cats.values()):
-                _check_follow_ups([str(q) for q in d.follow_ups])
+                refuse_bench_overlap([str(q) for q in d.follow_ups], bench_ngrams(None, 8), 8, "data.follow_ups",
+                                     "Spec-Bench")
             self.prompts, self.categories, self.taken = mixture_prompts(target.tokenizer, d, cats, wanted, heldout,
                                                                         heldout_ngram)
             self.names = list(cats)
@@ -203,16 +204,6 @@ class TeacherSet:
         return self.store.fill(self.model, self.prompts[:n], self.categories[:n], batch_size=self.batch_size,
                                eos_ids=self.eos_ids, pad_id=self.pad_id, seed=self.seed, progress=progress,
                                tokenizer=self.tokenizer)
-
-
-def _check_follow_ups(questions: list[str], n: int = 8) -> None:
-    """Second-turn questions never share ``n`` words with Spec-Bench's turns, as the report's (whose
-    follow-ups must differ from these, or the report would score turns the drafts were trained on)."""
-    grams = bench_ngrams(None, n)
-    clash = [q for q in questions if word_ngrams(q, n) & grams]
-    if clash:
-        raise ConfigError(f"data.follow_ups: {clash[0]!r} shares {n} words with a Spec-Bench question; "
-                          "write follow-ups of your own.")
 
 
 @torch.no_grad()

@@ -45,13 +45,7 @@ from spec_zoo.train.data import (
     second_turn_ids,
     stop_and_pad_ids,
 )
-from spec_zoo.train.mixture import WORD, text_digest, text_runs, trained_runs
-
-
-def word_ngrams(text: str, n: int) -> set[tuple[str, ...]]:
-    """Every run of ``n`` lower-cased alphanumeric words of ``text``."""
-    words = WORD.findall(text.lower())
-    return {tuple(words[i : i + n]) for i in range(len(words) - n + 1)}
+from spec_zoo.train.mixture import text_digest, text_runs, trained_runs, word_ngrams
 
 
 def bench_ngrams(path, n: int) -> set[tuple[str, ...]]:
@@ -67,6 +61,15 @@ def bench_ngrams(path, n: int) -> set[tuple[str, ...]]:
             for turn in json.loads(line)["turns"]:
                 grams |= word_ngrams(turn, n)
     return grams
+
+
+def refuse_bench_overlap(questions: list[str], grams: set, n: int, key: str, bench: str = "benchmark") -> None:
+    """Refuse, in one line naming ``key``, a question that shares ``n`` words with a turn of
+    ``bench`` (``grams``, `bench_ngrams`): the second turns the report asks and the ones training asks alike."""
+    clash = [q for q in questions if word_ngrams(q, n) & grams]
+    if clash:
+        raise ConfigError(f"{key}: {clash[0]!r} shares {n} words with a {bench} question; write questions of "
+                          "your own.")
 
 
 @dataclass
@@ -97,10 +100,7 @@ def workload_prompts(target, cfg, exclude: frozenset) -> Workloads:
     n = int(r.bench_ngram)
     grams = bench_ngrams(r.bench_questions, n)
     follow_ups = [str(f) for f in r.follow_ups]
-    clash = [f for f in follow_ups if word_ngrams(f, n) & grams]
-    if clash:
-        raise ConfigError(f"report.follow_ups: {clash[0]!r} shares {n} words with a benchmark question; "
-                          "write follow-ups of your own.")
+    refuse_bench_overlap(follow_ups, grams, n, "report.follow_ups")
     records = read_records(d.prompts or PACKAGED_PROMPTS)
     k = int(r.get("train_ngram", 0))
     trained = trained_runs(exclude, k) if k else set()
