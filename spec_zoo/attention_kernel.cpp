@@ -1,5 +1,5 @@
 // spec_zoo::rowwise_attention(q [B, H, M, D], k, v [B, Hkv, T, D], mask [B, 1, 1, S], draft_slots [M, N],
-//                             draft_mask [M, N], scaling, softcap) -> out [B, H, M, D], float32.
+//                             draft_mask [M, N], scaling, softcap) -> out [B, H, M, D], float32 or bfloat16.
 //
 // The compiled runtime's attention as one kernel (the contract: `spec_zoo.runtime.rowwise_attention`).
 // Inductor's loops for that formula re-read every key for every query row, one dependent accumulator
@@ -12,6 +12,8 @@
 //  - a key whose additive mask is below -1e30, or whose weight e is exactly 0, is skipped: it would
 //    add an exact 0, which changes no sum.
 // So a row is bit-identical for any M, and a tree node equals its path scored as a chain.
+// In bfloat16 the cache is read as it is stored (each bf16 widened to its exact float) and every
+// sum above runs in float32; the output is rounded to bf16 once.
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
@@ -32,9 +34,9 @@ constexpr float kMasked = -1e30f;   // an additive mask below this hides the key
 constexpr int64_t kKeyBlock = 64;   // keys per block: 64 x D floats of K or V stay in L1 for every row
 constexpr int kKeys = 4;            // scores computed side by side (independent FMA chains)
 
-// out[t] = <q, k_t> for NK keys ldk floats apart; each the same arithmetic as NK = 1.
-template <int NK>
-inline void dots(const float* q, const float* k, int64_t ldk, int64_t D, float* out) {
+// out[t] = <q, k_t> for NK keys ldk elements apart; each the same arithmetic as NK = 1.
+template <int NK, typename T>
+inline void dots(const float* q, const T* k, int64_t ldk, int64_t D, float* out) {
   const int64_t body = D / LANES;
   Vec acc[NK];
   for (int t = 0; t < NK; ++t) acc[t] = vzero();
@@ -44,7 +46,7 @@ inline void dots(const float* q, const float* k, int64_t ldk, int64_t D, float* 
   }
   for (int t = 0; t < NK; ++t) {
     float s = hsum(acc[t]);
-    for (int64_t d = body * LANES; d < D; ++d) s = std::fma(q[d], k[t * ldk + d], s);
+    for (int64_t d = body * LANES; d < D; ++d) s = std::fma(q[d], float(k[t * ldk + d]), s);
     out[t] = s;
   }
 }
@@ -57,8 +59,8 @@ inline float score(float dot, float scaling, float softcap, float mask) {
 
 // acc[0..D) += e_j * v_j for the keys of one block, in key order, one FMA per lane (NV = D / LANES
 // vectors held in registers; NV = 0: any D, through memory). Same arithmetic for every NV.
-template <int NV>
-inline void accumulate(float* acc, const float* e, const float* v, int64_t ldv, int64_t count, int64_t D) {
+template <int NV, typename T>
+inline void accumulate(float* acc, const float* e, const T* v, int64_t ldv, int64_t count, int64_t D) {
   if constexpr (NV > 0) {
     Vec a[NV];
     for (int c = 0; c < NV; ++c) a[c] = vload(acc + c * LANES);
@@ -75,7 +77,7 @@ inline void accumulate(float* acc, const float* e, const float* v, int64_t ldv, 
       const Vec w = vbroadcast(e[j]);
       for (int64_t c = 0; c < body; ++c)
         vstore(acc + c * LANES, vfma(w, vload(v + j * ldv + c * LANES), vload(acc + c * LANES)));
-      for (int64_t d = body * LANES; d < D; ++d) acc[d] = std::fma(e[j], v[j * ldv + d], acc[d]);
+      for (int64_t d = body * LANES; d < D; ++d) acc[d] = std::fma(e[j], float(v[j * ldv + d]), acc[d]);
     }
   }
 }
@@ -104,57 +106,37 @@ inline void exponentiate(float* x, const float* mask, int64_t count, float top, 
   }
 }
 
-using AccumulateFn = void (*)(float*, const float*, const float*, int64_t, int64_t, int64_t);
+template <typename T>
+using AccumulateFn = void (*)(float*, const float*, const T*, int64_t, int64_t, int64_t);
 
-AccumulateFn accumulator(int64_t D) {
-  if (D % LANES) return &accumulate<0>;
+template <typename T>
+AccumulateFn<T> accumulator(int64_t D) {
+  if (D % LANES) return &accumulate<0, T>;
   switch (D / LANES) {
-    case 1: return &accumulate<1>;
-    case 2: return &accumulate<2>;
-    case 4: return &accumulate<4>;
-    case 8: return &accumulate<8>;
-    case 16: return &accumulate<16>;
-    default: return &accumulate<0>;
+    case 1: return &accumulate<1, T>;
+    case 2: return &accumulate<2, T>;
+    case 4: return &accumulate<4, T>;
+    case 8: return &accumulate<8, T>;
+    case 16: return &accumulate<16, T>;
+    default: return &accumulate<0, T>;
   }
 }
 
-at::Tensor rowwise_attention(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
-                             const at::Tensor& mask, const at::Tensor& draft_slots, const at::Tensor& draft_mask,
-                             double scaling, double softcap) {
-  TORCH_CHECK(query.scalar_type() == at::kFloat && key.scalar_type() == at::kFloat &&
-                  value.scalar_type() == at::kFloat && mask.scalar_type() == at::kFloat &&
-                  draft_mask.scalar_type() == at::kFloat,
-              "spec_zoo::rowwise_attention computes in float32");
-  TORCH_CHECK(draft_slots.scalar_type() == at::kLong, "draft_slots must be int64");
-  TORCH_CHECK(query.dim() == 4 && key.dim() == 4 && value.sizes() == key.sizes() && mask.dim() == 4 &&
-                  draft_slots.dim() == 2 && draft_mask.sizes() == draft_slots.sizes(),
-              "rowwise_attention: query [B, H, M, D], key/value [B, Hkv, T, D], mask [B, 1, 1, S], "
-              "draft_slots/draft_mask [M, N]");
-  const int64_t B = query.size(0), H = query.size(1), M = query.size(2), D = query.size(3);
-  const int64_t Hkv = key.size(1), T = key.size(2), S = mask.size(3), N = draft_slots.size(1);
-  TORCH_CHECK(key.size(0) == B && key.size(3) == D && Hkv > 0 && H % Hkv == 0, "rowwise_attention: head shapes");
-  TORCH_CHECK(S <= T && draft_slots.size(0) == M && (mask.size(0) == 1 || mask.size(0) == B) &&
-                  mask.size(1) == 1 && mask.size(2) == 1,
-              "rowwise_attention: the mask spans at most the cache, one row of slots per row");
-  auto q = query.contiguous(), k = key.contiguous(), v = value.contiguous(), pm = mask.contiguous();
-  auto slots = draft_slots.contiguous(), dm = draft_mask.contiguous();
-  const int64_t* sp = slots.data_ptr<int64_t>();
-  for (int64_t i = 0; i < M * N; ++i) TORCH_CHECK(0 <= sp[i] && sp[i] < T, "draft_slots past the cache");
-  auto out = at::empty({B, H, M, D}, query.options());
+// T: the cache's element type (float or bf16); q, the masks and every sum are float32
+template <typename T>
+void attend(const float* qp, const T* kp, const T* vp, const float* pmp, int64_t mask_batches, const int64_t* sp,
+            const float* dmp, float* op, int64_t B, int64_t H, int64_t Hkv, int64_t M, int64_t D, int64_t T_, int64_t S,
+            int64_t N, float scale, float cap) {
   const int64_t G = H / Hkv, R = G * M;
-  const float scale = static_cast<float>(scaling), cap = static_cast<float>(softcap);
-  const float *qp = q.data_ptr<float>(), *kp = k.data_ptr<float>(), *vp = v.data_ptr<float>();
-  const float *pmp = pm.data_ptr<float>(), *dmp = dm.data_ptr<float>();
-  float* op = out.data_ptr<float>();
-  const AccumulateFn add = accumulator(D);
+  const AccumulateFn<T> add = accumulator<T>(D);
   // threads split (batch, KV head) pairs: a thread owns whole rows, so the split changes no sum
   at::parallel_for(0, B * Hkv, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> prefix(R * S), drafts(R * N), total(R), acc(R * D);
     for (int64_t task = begin; task < end; ++task) {
       const int64_t b = task / Hkv, kvh = task % Hkv;
-      const float* keys = kp + (b * Hkv + kvh) * T * D;
-      const float* values = vp + (b * Hkv + kvh) * T * D;
-      const float* row_mask = pmp + (mask.size(0) == 1 ? 0 : b) * S;
+      const T* keys = kp + (b * Hkv + kvh) * T_ * D;
+      const T* values = vp + (b * Hkv + kvh) * T_ * D;
+      const float* row_mask = pmp + (mask_batches == 1 ? 0 : b) * S;
       auto qrow = [&](int64_t r) { return qp + ((b * H + kvh * G + r / M) * M + r % M) * D; };
       // scores: a block of keys, then every row against it
       for (int64_t j0 = 0; j0 < S; j0 += kKeyBlock) {
@@ -204,7 +186,43 @@ at::Tensor rowwise_attention(const at::Tensor& query, const at::Tensor& key, con
       }
     }
   });
-  return out;
+}
+
+at::Tensor rowwise_attention(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
+                             const at::Tensor& mask, const at::Tensor& draft_slots, const at::Tensor& draft_mask,
+                             double scaling, double softcap) {
+  const auto dtype = query.scalar_type();
+  TORCH_CHECK((dtype == at::kFloat || dtype == at::kBFloat16) && key.scalar_type() == dtype &&
+                  value.scalar_type() == dtype,
+              "spec_zoo::rowwise_attention computes in float32 or bfloat16 (query, key and value alike)");
+  TORCH_CHECK(draft_slots.scalar_type() == at::kLong, "draft_slots must be int64");
+  TORCH_CHECK(query.dim() == 4 && key.dim() == 4 && value.sizes() == key.sizes() && mask.dim() == 4 &&
+                  draft_slots.dim() == 2 && draft_mask.sizes() == draft_slots.sizes(),
+              "rowwise_attention: query [B, H, M, D], key/value [B, Hkv, T, D], mask [B, 1, 1, S], "
+              "draft_slots/draft_mask [M, N]");
+  const int64_t B = query.size(0), H = query.size(1), M = query.size(2), D = query.size(3);
+  const int64_t Hkv = key.size(1), T = key.size(2), S = mask.size(3), N = draft_slots.size(1);
+  TORCH_CHECK(key.size(0) == B && key.size(3) == D && Hkv > 0 && H % Hkv == 0, "rowwise_attention: head shapes");
+  TORCH_CHECK(S <= T && draft_slots.size(0) == M && (mask.size(0) == 1 || mask.size(0) == B) &&
+                  mask.size(1) == 1 && mask.size(2) == 1,
+              "rowwise_attention: the mask spans at most the cache, one row of slots per row");
+  // the few query rows and the masks in float32; the cache as it is stored
+  auto q = query.to(at::kFloat).contiguous(), k = key.contiguous(), v = value.contiguous();
+  auto pm = mask.to(at::kFloat).contiguous(), dm = draft_mask.to(at::kFloat).contiguous();
+  auto slots = draft_slots.contiguous();
+  const int64_t* sp = slots.data_ptr<int64_t>();
+  for (int64_t i = 0; i < M * N; ++i) TORCH_CHECK(0 <= sp[i] && sp[i] < T, "draft_slots past the cache");
+  auto out = at::empty({B, H, M, D}, q.options());
+  const float scale = static_cast<float>(scaling), cap = static_cast<float>(softcap);
+  const float *qp = q.data_ptr<float>(), *pmp = pm.data_ptr<float>(), *dmp = dm.data_ptr<float>();
+  float* op = out.data_ptr<float>();
+  if (dtype == at::kFloat)
+    attend<float>(qp, k.data_ptr<float>(), v.data_ptr<float>(), pmp, mask.size(0), sp, dmp, op, B, H, Hkv, M, D, T, S,
+                  N, scale, cap);
+  else
+    attend<c10::BFloat16>(qp, k.data_ptr<c10::BFloat16>(), v.data_ptr<c10::BFloat16>(), pmp, mask.size(0), sp, dmp,
+                          op, B, H, Hkv, M, D, T, S, N, scale, cap);
+  return dtype == at::kFloat ? out : out.to(dtype);
 }
 
 std::string attention_isa() { return kIsa; }

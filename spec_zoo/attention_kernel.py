@@ -7,7 +7,8 @@ block of keys once for all the query rows of its KV head and keeps each row's su
 order, so rows stay bit-identical for any M and a tree node equals its chain path (the runtime's
 contract). Built on first use for this CPU (`spec_zoo.cpp_kernels`), registered with
 `torch.library` with a fake implementation, so inductor calls it inside the compiled graph.
-``model.attention`` picks it (``kernel``, float32) or inductor's loops (``inductor``).
+``model.attention`` picks it (``kernel``: float32, or bfloat16 with float32 sums) or inductor's loops
+(``inductor``).
 """
 
 from __future__ import annotations
@@ -35,6 +36,6 @@ def load() -> str:
 
 
 def attend(query, key, value, attention_mask, scaling: float, draft_slots, draft_mask, softcap=None):
-    """`spec_zoo.runtime.rowwise_attention`'s contract on the kernel: [B, H, M, D] out (float32)."""
+    """`spec_zoo.runtime.rowwise_attention`'s contract on the kernel: [B, H, M, D] out, in query's dtype."""
     return torch.ops.spec_zoo.rowwise_attention(query, key, value, attention_mask, draft_slots, draft_mask,
                                                 float(scaling), float(softcap or 0.0))

@@ -18,7 +18,7 @@ gpt-fast's recipe (static cache + ``torch.compile``) on the model's own modules.
   the sequence, where the mask hides it until it is overwritten.
 - Attention (`rowwise_attention`) reads the committed prefix's slots, rounded up to
   ``key_block``, in slot order, and each row's draft path root first, so a row's arithmetic
-  depends neither on M nor on the tree around it. In float32 it runs as one C++ kernel
+  depends neither on M nor on the tree around it. In float32 and bfloat16 it runs as one C++ kernel
   (`spec_zoo.attention_kernel`, ``model.attention=kernel``, the default), which reads each key
   once for all rows; inductor's loops for the formula read it once per row.
 - Committed tokens before the last one: a few (up to ``CATCH_UP``: a draft model catching up
@@ -54,19 +54,25 @@ from transformers import AttentionInterface
 from transformers.cache_utils import Cache, StaticLayer
 from transformers.utils import output_capturing
 
+from spec_zoo.amx_gemm import AmxLinears
 from spec_zoo.attention_kernel import ATTENTIONS, DEFAULT_ATTENTION, attend
 from spec_zoo.attention_kernel import load as load_attention
 from spec_zoo.compile_cache import cached_compile, fingerprint
 from spec_zoo.draft import Draft
 from spec_zoo.errors import ConfigError
 from spec_zoo.layers import DecoderStack, causal_mask, final_logits
-from spec_zoo.skinny_gemm import DEFAULT_GEMM, GEMMS, SkinnyLinears
+from spec_zoo.skinny_gemm import SkinnyLinears
 from spec_zoo.target import Target
 
 KEY_BLOCK = 64  # attention spans a multiple of this many cache slots (a multiple of every SIMD width)
 DRAFT_BLOCK = 16  # draft paths are gathered in blocks of this many slots (float32 lanes of AVX-512, 2x AVX2's)
 CATCH_UP = 16  # committed tokens scored by the compiled graph, as a chain, before the last one; more: eagerly
 DEFAULT_BUCKETS = (2,)  # a single row runs as 2: the row count is a dynamic dimension, which cannot be 1
+# model.gemm: inductor's own GEMM (per model.gemm_backends), spec-zoo's float32 skinny GEMM, or its bf16 AMX GEMM.
+# inductor's is the default: faster at one row on AVX2 and on AVX-512; the skinny GEMM's flatter curve past 4 rows
+# on AVX-512 did not make speculation faster in a Spec-Bench run (docs/runtime.md)
+GEMMS = {"inductor": None, "skinny": "float32", "amx": "bfloat16"}  # each GEMM and the one dtype it computes in
+DEFAULT_GEMM = "inductor"
 
 
 def rowwise_attention(module, query, key, value, attention_mask, scaling, dropout=0.0, draft_slots=None,
@@ -85,9 +91,9 @@ def rowwise_attention(module, query, key, value, attention_mask, scaling, dropou
     [B, 1, 1, S]; draft_mask additive [M, N]. ``softcap``: the model's attention soft-capping
     (Gemma 2), tanh(s / c) * c on the scaled scores before the mask, as its own attention does;
     ``sliding_window`` needs nothing here (`CompiledTarget` refuses windows shorter than its cache).
-    ``kernel``: in float32, the same contract in one C++ kernel (`spec_zoo.attention_kernel`), which
-    reads each key once for all rows; inductor's loops for the formula below read it once per row."""
-    if kernel and query.dtype == torch.float32:
+    ``kernel``: in float32 or bfloat16, the same contract in one C++ kernel (`spec_zoo.attention_kernel`),
+    which reads each key once for all rows; inductor's loops for the formula below read it once per row."""
+    if kernel and query.dtype in (torch.float32, torch.bfloat16):
         out = attend(query, key, value, attention_mask, scaling, draft_slots, draft_mask, softcap)
         return out.transpose(1, 2), None
     b, heads, m, d = query.shape
@@ -141,6 +147,10 @@ class CompiledTarget(Target):
         if gemm not in GEMMS:
             raise ConfigError(
                 f"model.gemm={gemm!r} is not a GEMM of the compiled runtime; use one of: {', '.join(GEMMS)}.")
+        dtype = str(model.dtype).removeprefix("torch.")
+        if GEMMS[gemm] not in (None, dtype):  # it would run none of the model's linears: refused, not ignored
+            raise ConfigError(f"model.gemm={gemm} computes in {GEMMS[gemm]}, but the model is {dtype}; set "
+                              f"model.dtype={GEMMS[gemm]} or model.gemm=inductor.")
         if attention not in ATTENTIONS:
             raise ConfigError(f"model.attention={attention!r} is not an attention of the compiled runtime; use one "
                               f"of: {', '.join(ATTENTIONS)}.")
@@ -161,9 +171,9 @@ class CompiledTarget(Target):
                               f"has no windows; set model.max_cache_len={window} or less, or model.runtime=eager.")
         self.max_cache_len, self.buckets, self.fallback, self.key_block = max_cache_len, buckets, fallback, key_block
         self.settings = inductor_settings(freezing, gemm_backends)
-        # the linear layers on the skinny GEMM (its kernel built now, once per machine), or on inductor's
+        # the linear layers on spec-zoo's GEMM (its kernel built now, once per machine), or on inductor's
         self.gemm = gemm
-        self.linears = SkinnyLinears() if self.gemm == "skinny" else None
+        self.linears = {"skinny": SkinnyLinears, "amx": AmxLinears}.get(gemm, lambda: None)()
         if attention == "kernel":
             load_attention()  # built now, once per machine: a missing compiler fails before any model work
         self.attention = attention

@@ -5,6 +5,8 @@
 // sums ran beside it.
 #pragma once
 
+#include <c10/util/BFloat16.h>
+
 #include <cmath>
 
 #if defined(__AVX512F__) || defined(__AVX2__)
@@ -19,6 +21,9 @@ constexpr int LANES = 16, MR = 4, NB = 6;  // tiles of up to MR rows x NB weight
 using Vec = __m512;
 inline Vec vzero() { return _mm512_setzero_ps(); }
 inline Vec vload(const float* p) { return _mm512_loadu_ps(p); }
+inline Vec vload(const c10::BFloat16* p) {  // bf16 -> float is exact: the bf16 bits are the float's high half
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)p)), 16));
+}
 inline Vec vfma(Vec a, Vec b, Vec c) { return _mm512_fmadd_ps(a, b, c); }
 inline Vec vbroadcast(float x) { return _mm512_set1_ps(x); }
 inline void vstore(float* p, Vec v) { _mm512_storeu_ps(p, v); }
@@ -45,6 +50,9 @@ constexpr int LANES = 8, MR = 4, NB = 3;
 using Vec = __m256;
 inline Vec vzero() { return _mm256_setzero_ps(); }
 inline Vec vload(const float* p) { return _mm256_loadu_ps(p); }
+inline Vec vload(const c10::BFloat16* p) {  // bf16 -> float is exact: the bf16 bits are the float's high half
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i*)p)), 16));
+}
 inline Vec vfma(Vec a, Vec b, Vec c) { return _mm256_fmadd_ps(a, b, c); }
 inline Vec vbroadcast(float x) { return _mm256_set1_ps(x); }
 inline void vstore(float* p, Vec v) { _mm256_storeu_ps(p, v); }
@@ -70,6 +78,7 @@ constexpr int LANES = 8, MR = 2, NB = 2;
 struct Vec { float v[LANES]; };
 inline Vec vzero() { return Vec{}; }
 inline Vec vload(const float* p) { Vec r; for (int l = 0; l < LANES; ++l) r.v[l] = p[l]; return r; }
+inline Vec vload(const c10::BFloat16* p) { Vec r; for (int l = 0; l < LANES; ++l) r.v[l] = float(p[l]); return r; }
 inline Vec vfma(Vec a, Vec b, Vec c) { for (int l = 0; l < LANES; ++l) c.v[l] = std::fma(a.v[l], b.v[l], c.v[l]); return c; }
 inline Vec vbroadcast(float x) { Vec r; for (int l = 0; l < LANES; ++l) r.v[l] = x; return r; }
 inline void vstore(float* p, Vec v) { for (int l = 0; l < LANES; ++l) p[l] = v.v[l]; }

@@ -20,11 +20,6 @@ from torch.overrides import TorchFunctionMode
 
 from spec_zoo.cpp_kernels import build
 
-GEMMS = ("skinny", "inductor")  # model.gemm: this kernel, or inductor's own GEMM (model.gemm_backends)
-# inductor's: faster at one row on AVX2 and on AVX-512; the skinny GEMM's flatter curve past 4 rows on AVX-512
-# did not make speculation faster in a Spec-Bench run (docs/runtime.md)
-DEFAULT_GEMM = "inductor"
-
 
 @functools.cache
 def load() -> str:

@@ -1,7 +1,8 @@
 """The attention kernel (`spec_zoo.attention_kernel`): rows bit-identical for any row count, a tree
 node equal to its chain path, the same attention as the formula it replaces, the custom op's fake
 implementation, threads, and its error. Small shapes, no compiling (the compiled runtime's own
-invariance tests in tests/test_runtime.py run on it, as it is the default)."""
+invariance tests in tests/test_runtime.py run on it, as it is the default). float32 and bfloat16 (the
+cache read as stored, every sum in float32)."""
 
 from __future__ import annotations
 
@@ -18,12 +19,14 @@ MASKED = torch.finfo(torch.float32).min
 # tail past the SIMD width, spans that are and are not a multiple of it
 SHAPES = [(4, 2, 16, 37), (9, 3, 64, 130), (2, 1, 12, 64), (6, 6, 72, 5)]
 ROWS = list(range(1, 17)) + [23]
+DTYPES = [torch.float32, torch.bfloat16]
 
 
-def chain_inputs(heads, kv_heads, dim, past, rows, seed=0):
+def chain_inputs(heads, kv_heads, dim, past, rows, seed=0, dtype=torch.float32):
     """A chain of ``rows`` - 1 draft tokens after ``past`` committed slots (row 0: the last committed
     token), laid out as the compiled runtime lays it out: query [1, H, M, D], the cache [1, Hkv, T, D],
-    a prefix mask over ``past`` + 1 slots rounded up to 8, each row's path slots root first."""
+    a prefix mask over ``past`` + 1 slots rounded up to 8, each row's path slots root first; in ``dtype``
+    (the draft mask is float32, as the runtime makes it)."""
     g = torch.Generator().manual_seed(seed)
     slots_total = past + 1 + rows + 16
     query = torch.randn(1, heads, rows, dim, generator=g)
@@ -37,17 +40,19 @@ def chain_inputs(heads, kv_heads, dim, past, rows, seed=0):
     for r in range(1, rows):
         slots[r, :r] = past + 1 + torch.arange(r)
         draft_mask[r, :r] = 0.0
-    return query, key, value, mask, slots, draft_mask
+    return query.to(dtype), key.to(dtype), value.to(dtype), mask.clamp(min=torch.finfo(dtype).min).to(dtype), slots, \
+        draft_mask
 
 
 def kernel(query, key, value, mask, slots, draft_mask, softcap=None):
     return attention_kernel.attend(query, key, value, mask, 0.3, slots, draft_mask, softcap)
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("heads,kv_heads,dim,past", SHAPES)
-def test_rows_are_bit_identical_for_any_row_count(heads, kv_heads, dim, past):
+def test_rows_are_bit_identical_for_any_row_count(heads, kv_heads, dim, past, dtype):
     attention_kernel.load()
-    q, k, v, mask, slots, draft_mask = chain_inputs(heads, kv_heads, dim, past, max(ROWS))
+    q, k, v, mask, slots, draft_mask = chain_inputs(heads, kv_heads, dim, past, max(ROWS), dtype=dtype)
     alone = [kernel(q[:, :, i:i + 1], k, v, mask, slots[i:i + 1], draft_mask[i:i + 1]) for i in range(max(ROWS))]
     differ = [m for m in ROWS if not torch.equal(kernel(q[:, :, :m], k, v, mask, slots[:m], draft_mask[:m]),
                                                  torch.cat(alone[:m], dim=2))]
@@ -71,12 +76,24 @@ def test_it_is_the_attention_of_the_formula_it_replaces(softcap):
     torch.testing.assert_close(ours[0, 2], (scores.softmax(-1) @ values)[:, 0])
 
 
-def test_a_tree_node_equals_its_path_scored_as_a_chain():
+def test_in_bfloat16_it_is_the_float32_attention_of_the_stored_values_rounded_once():
+    """bf16 in, bf16 out, float32 sums: the float32 kernel on the same (exactly widened) values,
+    rounded to bf16 once, bit for bit."""
+    attention_kernel.load()
+    q, k, v, mask, slots, draft_mask = chain_inputs(9, 3, 64, 130, 6, dtype=torch.bfloat16)
+    ours = kernel(q, k, v, mask, slots, draft_mask)
+    assert ours.dtype == torch.bfloat16
+    wide = kernel(q.float(), k.float(), v.float(), mask.float(), slots, draft_mask)
+    assert torch.equal(ours, wide.to(torch.bfloat16))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_a_tree_node_equals_its_path_scored_as_a_chain(dtype):
     """Node 3 of a tree (path 0 -> 2 -> 3, its slots far apart, siblings between) gets the bits the
     same path gets as a chain in consecutive slots: only its path's keys, root first, are read."""
     attention_kernel.load()
     past, dim = 40, 16
-    q, k, v, mask, _, _ = chain_inputs(4, 2, dim, past, 5)
+    q, k, v, mask, _, _ = chain_inputs(4, 2, dim, past, 5, dtype=dtype)
     chain_slots = torch.zeros(1, 16, dtype=torch.long)
     chain_slots[0, :3] = torch.tensor([past + 1, past + 2, past + 3])
     path_mask = torch.full((1, 16), MASKED)
@@ -84,7 +101,7 @@ def test_a_tree_node_equals_its_path_scored_as_a_chain():
     tree_k, tree_v = k.clone(), v.clone()
     for chain_slot, tree_slot in zip([past + 1, past + 2, past + 3], [past + 1, past + 3, past + 4]):
         tree_k[:, :, tree_slot], tree_v[:, :, tree_slot] = k[:, :, chain_slot], v[:, :, chain_slot]
-    tree_k[:, :, past + 2] = torch.randn(2, dim)  # a sibling's key, not on the path
+    tree_k[:, :, past + 2] = torch.randn(2, dim).to(dtype)  # a sibling's key, not on the path
     tree_slots = chain_slots.clone()
     tree_slots[0, :3] = torch.tensor([past + 1, past + 3, past + 4])
     row = q[:, :, 3:4]
@@ -128,8 +145,10 @@ def test_the_op_has_a_fake_implementation():
 def test_bad_inputs_are_refused_by_the_op():
     attention_kernel.load()
     q, k, v, mask, slots, draft_mask = chain_inputs(4, 2, 16, 37, 3)
-    with pytest.raises(RuntimeError, match="float32"):
-        kernel(q.double(), k, v, mask, slots, draft_mask)
+    with pytest.raises(RuntimeError, match="float32 or bfloat16"):
+        kernel(q.double(), k.double(), v.double(), mask, slots, draft_mask)
+    with pytest.raises(RuntimeError, match="alike"):
+        kernel(q, k.to(torch.bfloat16), v, mask, slots, draft_mask)
     with pytest.raises(RuntimeError, match="past the cache"):
         kernel(q, k, v, mask, slots + 10_000, draft_mask)
 
