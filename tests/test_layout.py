@@ -42,8 +42,8 @@ def imported(path: str) -> set[str]:
 # the core, then the tools built on both, then training. A new module takes its place here.
 CORE_LAYERS = [
     ("errors", "paths", "inputs", "outputs", "draft", "stats"),
-    ("sampling", "layers", "partial", "artefacts", "costs", "cpp_kernels", "skinny_gemm", "attention_kernel",
-     "compile_cache"),
+    ("sampling", "layers", "partial", "artefacts", "costs", "cpp_kernels", "skinny_gemm", "amx_gemm",
+     "attention_kernel", "compile_cache"),
     ("target", "interfaces", "draft_head"),
     ("draft_length", "runtime", "registry"),
     ("chain", "trees", "staged", "models", "schema", "compiled_head", "compiled_module"),
