@@ -19,7 +19,9 @@ own time budget, each writing its error and letting the next one run:
    with ``spec-zoo-project`` under each measured table of the embedded target's shape.
 5. plot: t(M) of every shape and runtime in one figure.
 
-Results, at most 8 files in ``--out`` (default ``$OUT``): environment.json, log.txt,
+On the device machine run it through docs/devices/window.sh (a python with CUDA torch, the carried
+wheels of docs/devices/wheels.sh installed beside this checkout). Results, at most 8 files in ``--out``
+(default ``$OUT``): environment.json, log.txt,
 costs_<shape>.json (one per shape: each runtime's `CostTable` under ``tables``), identity.json,
 projection.md, costs.png. docs/devices.md gives the carry plan and the command.
 
@@ -265,6 +267,8 @@ class Window:
                     target = self.target(model, runtime, shape)
                     table = measure(target, max_tokens=self.args.max_tokens, repeats=self.args.repeats,
                                     contexts=self.args.contexts, progress=False)
+                if torch.cuda.is_available() and not self.dry:  # the table's machine is the GPU, not its host
+                    table.machine = f"{torch.cuda.get_device_name()} (host {table.machine})"
                 self.tables.setdefault(shape, {})[runtime] = table
                 record["tables"][runtime] = asdict(table)
                 note = {"seconds": round(time.perf_counter() - start, 1),
