@@ -51,7 +51,50 @@ def level_length(drafter, levels: int, have: str, unit: str) -> DraftLength:
                        drafter.learn_cost)
 
 
-class StagedDrafter(ChainDrafter):
+class LevelDrafter(ChainDrafter):
+    """What the drafters with one drafted level per head or stage on the target's last hidden
+    state share (Medusa, `spec_zoo.drafters.medusa.drafter`; `StagedDrafter`: Hydra, the MLP
+    speculator): the settings' checks and one ``attach``: the heads loaded (`_load`), the draft
+    length and a static tree checked against their levels (`level_length`), the method's own
+    step (`_attached`), then the length and tree pointed at the drafter's measured cost
+    (`file_costs`; after `_attached`, whose compiled parts change the key)."""
+
+    needs_target_hidden = True
+    unit: ClassVar[str] = "head"  # what gives one drafted level, in messages
+
+    def _settings(self, heads, num_draft: int | None, adaptive: bool, sample: str | bool,
+                  tree: str | dict | None, token_cost: float, learn_cost: bool) -> None:
+        check_sample_mode(sample)
+        if num_draft is not None and int(num_draft) < 1:
+            raise ConfigError(f"drafter.num_draft={num_draft}; use a positive length or null (one per {self.unit}).")
+        self.heads_source, self.sample_mode, self.tree = heads, sample, build_tree_policy(tree)
+        self.num_draft, self.adaptive, self.token_cost, self.learn_cost = num_draft, adaptive, token_cost, learn_cost
+        self.target: Target | None = None
+
+    def _load(self, source, target: Target):
+        """The heads from ``source`` (a dir, None for the shipped ones, or the module itself)."""
+        raise NotImplementedError
+
+    def _levels(self) -> tuple[int, str]:
+        """(levels the heads draft, what has them, for messages: "the Medusa heads have")."""
+        raise NotImplementedError
+
+    def _attached(self, target: Target) -> None:
+        """A method's own work once its heads are loaded and checked (none by default)."""
+
+    def attach(self, target: Target) -> None:
+        self.heads = self._load(self.heads_source, target)
+        levels, have = self._levels()
+        self.length = level_length(self, levels, have, self.unit)
+        self._attached(target)
+        file_costs(self)
+        self.target = target
+
+    def begin(self, state: DecodeState) -> None:
+        self.length.reset()
+
+
+class StagedDrafter(LevelDrafter):
     """heads:      a dir written by the method's training command, None (the artefact shipped for
                 SmolLM2-135M, ``shipped``), or a `StagedHead`; trained for this target.
     num_draft:  chain: tokens per draft (None = one per stage); the starting length when adaptive.
@@ -63,7 +106,7 @@ class StagedDrafter(ChainDrafter):
     A method sets ``head_class`` (its `StagedHead`), ``shipped`` and ``train_command``.
     """
 
-    needs_target_hidden = True
+    unit = "stage"
     heads: StagedHead
     head_class: ClassVar[type[StagedHead]]
     shipped: ClassVar[Path]
@@ -72,29 +115,18 @@ class StagedDrafter(ChainDrafter):
     def __init__(self, heads=None, num_draft: int | None = None, adaptive: bool = False,
                  sample: str | bool = "auto", tree: str | dict | None = None, token_cost: float = 0.05,
                  learn_cost: bool = True):
-        check_sample_mode(sample)
         if heads is None and not (self.shipped / self.head_class.RECORD).is_file():
             raise ConfigError(f"the shipped {self.head_class.WHAT} are missing ({self.shipped}); set drafter.heads=DIR "
                               f"to heads made with `{self.train_command}`.")
-        if num_draft is not None and int(num_draft) < 1:
-            raise ConfigError(f"drafter.num_draft={num_draft}; use a positive length or null (one per stage).")
-        self.heads_source, self.sample_mode, self.tree = heads, sample, build_tree_policy(tree)
-        self.num_draft, self.adaptive, self.token_cost, self.learn_cost = num_draft, adaptive, token_cost, learn_cost
-        self.target: Target | None = None
+        self._settings(heads, num_draft, adaptive, sample, tree, token_cost, learn_cost)
 
-    def attach(self, target: Target) -> None:
-        source = self.heads_source
+    def _load(self, source, target: Target) -> StagedHead:
         if isinstance(source, StagedHead):
-            self.heads = source
-        else:
-            self.heads = load_head(self.head_class, source or self.shipped, target.model, "drafter.heads",
-                                   self.train_command)
-        self.length = level_length(self, self.heads.num_stages, f"the {self.head_class.WHAT} have", "stage")
-        file_costs(self)
-        self.target = target
+            return source
+        return load_head(self.head_class, source or self.shipped, target.model, "drafter.heads", self.train_command)
 
-    def begin(self, state: DecodeState) -> None:
-        self.length.reset()
+    def _levels(self) -> tuple[int, str]:
+        return self.heads.num_stages, f"the {self.head_class.WHAT} have"
 
     def _stage(self, stage: int, before: torch.Tensor, tokens: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
         """(states, full-vocabulary logits) of ``stage`` on states ``before`` and ``tokens``."""

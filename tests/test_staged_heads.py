@@ -18,6 +18,7 @@ import torch
 
 from spec_zoo import SamplingParams, SpeculativeDecoder, Target
 from spec_zoo.api import generate
+from spec_zoo.costs import CostTable
 from spec_zoo.draft import ROOT
 from spec_zoo.drafters.hydra.drafter import HydraDrafter
 from spec_zoo.drafters.hydra.heads import HydraHeads
@@ -26,6 +27,7 @@ from spec_zoo.drafters.mlp_speculator.drafter import MLPSpeculatorDrafter
 from spec_zoo.drafters.mlp_speculator.speculator import MLPSpeculator
 from spec_zoo.drafters.mlp_speculator.train import MLPSpeculatorRecipe
 from spec_zoo.errors import ConfigError
+from spec_zoo.interfaces import DecodeState
 from spec_zoo.sampling import to_full_vocab
 from spec_zoo.testing import CERTIFY_SETTINGS, assert_greedy_identity, assert_lossless
 from spec_zoo.train.loop import train_module
@@ -149,6 +151,28 @@ def test_bad_settings_fail_clearly(method, tmp_path):
     monkey = type("Elsewhere", (drafter_cls,), {"shipped": tmp_path / "nothing"})
     with pytest.raises(ConfigError, match="shipped .* are missing.*drafter.heads=DIR"):
         monkey()
+
+
+@pytest.mark.parametrize("method", list(METHODS))
+def test_the_adaptive_length_reads_the_measured_draft_cost(method):
+    """`spec-zoo costs drafter=...` files a drafter's measured cost per drafted level in the table under
+    its key (`draft_key`): an adaptive Hydra or MLP speculator chain prices its length with it (one
+    attach with Medusa's, `spec_zoo.staged.LevelDrafter`), so dear drafting drafts shorter than cheap,
+    and a table without its entry keeps the configured ``token_cost``."""
+    heads_cls, drafter_cls = METHODS[method][:2]
+    model = tiny_llama(4)
+    drafter = drafter_cls(staged_heads(heads_cls, model), num_draft=2, adaptive=True, token_cost=0.01,
+                          learn_cost=False)
+    drafter.attach(Target(model))
+    for _ in range(20):
+        drafter.length.update(3, 2)  # acceptance ~0.67 per token
+
+    def chosen(drafts: dict[str, float]) -> int:
+        table = CostTable([1.0] * 8, "m", "eager", "float64", 1, "x", drafts=drafts)
+        state = DecodeState([0], 1, 8, SamplingParams(), torch.Generator(), cost_table=table)
+        return drafter.length.choose(state=state)
+
+    assert chosen({method: 0.6}) < chosen({method: 0.01}) == chosen({"medusa": 0.6}) == 3
 
 
 # -- training end to end, artefact, refusals ------------------------------------------------

@@ -30,24 +30,21 @@ from pathlib import Path
 
 import torch
 
-from spec_zoo.chain import ChainDrafter
 from spec_zoo.compiled_module import CompiledModule
-from spec_zoo.costs import file_costs
 from spec_zoo.draft import ROOT, Draft
 from spec_zoo.drafters.medusa.formats import FORMATS, load_published_medusa
 from spec_zoo.drafters.medusa.heads import MedusaHeads, load_medusa
 from spec_zoo.errors import ConfigError
 from spec_zoo.interfaces import DecodeState
 from spec_zoo.models import RUNTIMES, check_runtime
-from spec_zoo.sampling import check_sample_mode, drafts_sampled, to_full_vocab
-from spec_zoo.staged import level_length
+from spec_zoo.sampling import drafts_sampled, to_full_vocab
+from spec_zoo.staged import LevelDrafter
 from spec_zoo.target import Target
-from spec_zoo.trees import build_tree_policy
 
 SHIPPED = Path(__file__).parent / "artefacts" / "smollm2-135m-medusa"
 
 
-class MedusaDrafter(ChainDrafter):
+class MedusaDrafter(LevelDrafter):
     """heads:      a Medusa-heads dir (`spec-zoo-train medusa`, or FasterDecoding's layout:
                 `spec_zoo.drafters.medusa.formats`), None (the heads shipped for SmolLM2-135M), or a
                 heads module; they must be trained for this target.
@@ -64,12 +61,10 @@ class MedusaDrafter(ChainDrafter):
     """
 
     name = "medusa"
-    needs_target_hidden = True
 
     def __init__(self, heads=None, num_draft: int | None = None, adaptive: bool = False,
                  sample: str | bool = "auto", tree: str | dict | None = None, token_cost: float = 0.05,
                  learn_cost: bool = True, format: str = "auto", runtime: str = "eager"):
-        check_sample_mode(sample)
         if runtime not in RUNTIMES:
             raise ConfigError(f"drafter.runtime={runtime!r} is not a runtime; use one of: {', '.join(RUNTIMES)}.")
         if format not in FORMATS:
@@ -79,25 +74,20 @@ class MedusaDrafter(ChainDrafter):
         if heads is None and not (SHIPPED / MedusaHeads.RECORD).is_file():
             raise ConfigError(f"the shipped Medusa heads are missing ({SHIPPED}); reinstall spec-zoo, or set "
                               "drafter.heads=DIR to heads made with `spec-zoo-train medusa`.")
-        if num_draft is not None and int(num_draft) < 1:
-            raise ConfigError(f"drafter.num_draft={num_draft}; use a positive length or null (one per head).")
-        self.heads_source, self.format, self.sample_mode, self.tree = heads, format, sample, build_tree_policy(tree)
-        self.num_draft, self.adaptive, self.token_cost, self.learn_cost = num_draft, adaptive, token_cost, learn_cost
-        self.runtime = runtime
+        self._settings(heads, num_draft, adaptive, sample, tree, token_cost, learn_cost)
+        self.format, self.runtime = format, runtime
         self.compiled: CompiledModule | None = None
-        self.target: Target | None = None
 
-    def attach(self, target: Target) -> None:
-        self.heads = self._load(self.heads_source, target)
-        self.length = level_length(self, self.heads.num_heads, "the Medusa heads have", "head")
+    def _levels(self) -> tuple[int, str]:
+        return self.heads.num_heads, "the Medusa heads have"
+
+    def _attached(self, target: Target) -> None:
         self.vocab_size, self.dtype = target.vocab_size, next(self.heads.parameters()).dtype
         if self.runtime == "compiled":
             check_runtime("compiled", str(self.dtype).removeprefix("torch."), str(target.device), "drafter")
             width = int(target.model.lm_head.weight.shape[1])
             self.compiled = CompiledModule(self.heads, self._logits, torch.zeros(width, dtype=self.dtype),
                                            "the Medusa heads")
-        file_costs(self)
-        self.target = target
 
     def _logits(self, state: torch.Tensor) -> torch.Tensor:
         """Every head's logits over the target's vocabulary [K, V] for one state [H]."""
@@ -117,9 +107,6 @@ class MedusaDrafter(ChainDrafter):
         if published:
             return load_published_medusa(source, target.model)
         return load_medusa(source or SHIPPED, target.model)
-
-    def begin(self, state: DecodeState) -> None:
-        self.length.reset()
 
     @torch.no_grad()
     def propose(self, state: DecodeState) -> Draft:
