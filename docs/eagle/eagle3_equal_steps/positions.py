@@ -1,6 +1,6 @@
 """Per-position acceptance of the run's chains from its traces (docs/eagle.md): position 1,
 position 2 given 1, position 3 given 2, and position 1 by category.
-    python docs/eagle/eagle3_equal_steps/positions.py DIR   # run.sh's OUT/bench (the run's records are not kept in docs/)"""
+    python docs/eagle/eagle3_equal_steps/positions.py DIR   # run.sh OUT/bench (records not kept in docs/)"""
 
 import collections
 import json
