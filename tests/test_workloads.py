@@ -5,6 +5,7 @@ depth buckets split every position, and the comparison with a bench run counts i
 
 from __future__ import annotations
 
+import gzip
 import json
 import shutil
 
@@ -13,6 +14,7 @@ import torch
 from hydra import compose, initialize_config_dir
 
 from spec_zoo.bench.dataset import DATASETS
+from spec_zoo.bench.records import read_records
 from spec_zoo.drafters.eagle.train import train_eagle
 from spec_zoo.errors import ConfigError
 from spec_zoo.registry import CONF_DIR
@@ -171,6 +173,12 @@ def test_bench_position_one_comes_from_the_traces_and_closeness_is_measured(tmp_
     assert c["mean_abs_diff"] == pytest.approx(0.1) and c["max_abs_diff"] == pytest.approx(0.1)
     with pytest.raises(ConfigError, match="no traces of bench method 'nope'"):
         bench_position1(run, "nope")
+    # the runs kept in docs/ are gzipped: the same counts from results.jsonl.gz and traces.jsonl.gz
+    for name in ("results.jsonl", "traces.jsonl"):
+        (run / f"{name}.gz").write_bytes(gzip.compress((run / name).read_bytes()))
+        (run / name).unlink()
+    assert bench_position1(run, "eagle_x") == got
+    assert read_records(run / "results.jsonl.gz")[0]["category"] == "conv"
 
 
 def test_workload_report_runs_end_to_end_with_depth_buckets_and_the_bench_beside_it(tmp_path):

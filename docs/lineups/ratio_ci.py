@@ -4,10 +4,13 @@ prompts (question, turn; repeats pooled within a prompt), for ratios the report 
 e.g. our speculation's speedup over our plain decoding against a peer engine's over its own).
 
     python docs/lineups/ratio_ci.py RESULTS.jsonl A/B [A/B ...] [A/B:C/D ...]
+
+RESULTS may be gzipped (`.jsonl.gz`, as the line-ups kept in docs/ are).
 """
 
 from __future__ import annotations
 
+import gzip
 import json
 import random
 import sys
@@ -19,7 +22,7 @@ Prompt = tuple[object, int]
 def totals(path: str) -> dict[str, dict[Prompt, list[float]]]:
     """Per method and prompt: [new tokens, seconds], summed over repeats."""
     by: dict[str, dict[Prompt, list[float]]] = defaultdict(lambda: defaultdict(lambda: [0.0, 0.0]))
-    with open(path) as f:
+    with (gzip.open(path, "rt") if path.endswith(".gz") else open(path)) as f:
         for line in f:
             r = json.loads(line)
             cell = by[r["method"]][(r["question_id"], r["turn"])]

@@ -2,7 +2,7 @@
 mean per-token log-likelihood (temperature 1) of each method's text, and the fraction of
 turns whose text differs from plain greedy decoding's (`ar` of the greedy run).
 
-    python docs/medusa/price.py docs/medusa/t0/results.jsonl docs/medusa/t0.7/results.jsonl
+    python docs/medusa/price.py docs/medusa/t0/results.jsonl.gz docs/medusa/t0.7/results.jsonl.gz
 
 Each turn is scored after the conversation the method saw (its own earlier answers), as the
 bench prompted it.

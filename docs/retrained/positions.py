@@ -6,10 +6,11 @@ accepted it; issue 13's goals are conditional ("the second given the first"), wh
 per-step traces give exactly: a step that drafted d tokens and committed c (accepted
 c - 1) reached position j given 1..j-1 accepted when d >= j and c - 1 >= j - 1.
 
-    python docs/retrained/positions.py docs/retrained   # results.jsonl + traces.jsonl there
+    python docs/retrained/positions.py docs/retrained   # results.jsonl + traces.jsonl there (or .jsonl.gz)
 """
 
 import collections
+import gzip
 import json
 import sys
 from pathlib import Path
@@ -17,12 +18,19 @@ from pathlib import Path
 CATEGORIES = ["all", "mt_bench", "translation", "summarization", "qa", "math_reasoning", "rag"]
 
 
+def lines(run: Path, name: str) -> list[str]:
+    """The lines of ``name`` in ``run``, or of ``name``.gz (the runs kept in docs/ are gzipped)."""
+    path = run / name
+    text = path.read_text() if path.is_file() else gzip.decompress((run / f"{name}.gz").read_bytes()).decode()
+    return text.splitlines()
+
+
 def conditional(run: Path) -> dict:
-    results = map(json.loads, (run / "results.jsonl").read_text().splitlines())
+    results = map(json.loads, lines(run, "results.jsonl"))
     category = {r["question_id"]: r["category"] for r in results}
     # method -> (cat, j) -> [accepted, reached]
     counts = collections.defaultdict(lambda: collections.defaultdict(lambda: [0, 0]))
-    for trace in map(json.loads, (run / "traces.jsonl").read_text().splitlines()):
+    for trace in map(json.loads, lines(run, "traces.jsonl")):
         steps = trace["steps"]
         for drafted, committed in zip(steps["drafted"], steps["committed"]):
             for j in range(1, drafted + 1):

@@ -7,6 +7,7 @@ prints the table (extraction requests, in run order; a bucket's ratio pools its 
 
 from __future__ import annotations
 
+import gzip
 import json
 from pathlib import Path
 
@@ -16,12 +17,12 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
 HERE = Path(__file__).parent
-RUN = HERE / "repetitive_compiled" / "results.jsonl"
+RUN = HERE / "repetitive_compiled" / "results.jsonl.gz"
 BUCKETS = ((0, 0), (1, 4), (5, 9), (10, 15), (16, 23))
 
 
 def main() -> None:
-    records = [json.loads(line) for line in RUN.read_text().splitlines()]
+    records = [json.loads(line) for line in gzip.decompress(RUN.read_bytes()).decode().splitlines()]
     extraction = sorted({r["question_id"] for r in records if r["category"] == "extraction"})
     seen = {qid: n for n, qid in enumerate(extraction)}  # earlier extraction requests in the cache
     speed: dict[str, dict[int, tuple[int, float]]] = {}

@@ -2,7 +2,7 @@
 
     python docs/suffix/report.py
 
-Reads results.jsonl of the repetitive track (docs/suffix/repetitive/) and of the Spec-Bench
+Reads results.jsonl.gz of the repetitive track (docs/suffix/repetitive/) and of the Spec-Bench
 sample (docs/suffix/spec_bench/); writes gain.png (suffix's tau over ngram's against the
 number of earlier requests the suffix cache has seen) and the tables (tau per category, and
 the suffix cache's memory after N requests, replayed from the suffix method's own outputs in
@@ -11,6 +11,7 @@ run order, unbounded and under a small bound) into report.md, under HEADER.
 
 from __future__ import annotations
 
+import gzip
 import json
 import tracemalloc
 from pathlib import Path
@@ -55,8 +56,9 @@ category of the repetitive track, and any speed.
 def records(track: str) -> list[dict]:
     """The track's records of the (question, turn)s every method has measured (a run
     stopped early leaves its last question part-measured)."""
-    path = HERE / track / "results.jsonl"
-    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.is_file() else []
+    path = HERE / track / "results.jsonl.gz"
+    text = gzip.decompress(path.read_bytes()).decode() if path.is_file() else ""
+    rows = [json.loads(line) for line in text.splitlines() if line.strip()]
     methods = {r["method"] for r in rows}
     done = {}
     for r in rows:

@@ -9,6 +9,7 @@ trace was lost; a trace written twice (interrupted before its record) is read on
 
 from __future__ import annotations
 
+import gzip
 import json
 import math
 import warnings
@@ -69,6 +70,15 @@ def unique_records(records: Iterable[dict], source="results") -> tuple[list[dict
                   "config_hash) ignored; each key counts once." if dropped else None)
 
 
+def read_text(path) -> str:
+    """A records file's text; a name ending in ``.gz`` is read through gzip (the docs keep the
+    records their scripts read compressed, e.g. ``docs/retrained/results.jsonl.gz``)."""
+    path = Path(path)
+    if path.suffix == ".gz":
+        return gzip.decompress(path.read_bytes()).decode("utf-8")
+    return path.read_text(encoding="utf-8")
+
+
 def read_records(path) -> list[dict]:
     """All records of a results file ([] when it does not exist); a line cut short by an
     interrupted write is skipped with a warning (its record is measured again on resume)."""
@@ -76,7 +86,7 @@ def read_records(path) -> list[dict]:
     if not path.exists():
         return []
     records = []
-    for line_no, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+    for line_no, line in enumerate(read_text(path).splitlines(), 1):
         if not line.strip():
             continue
         try:

@@ -1,7 +1,7 @@
 """Does the acceptance report predict the benchmark? An artefact's position-1 acceptance per
 category in the report, beside the same artefact's on a benchmark run (``report.compare``:
-the run's ``results.jsonl`` and per-step ``traces.jsonl``, and which bench method ran which
-artefact), with how close they are: the mean and largest absolute difference and Spearman's
+the run's ``results.jsonl`` and per-step ``traces.jsonl``, either may be gzipped, ``.jsonl.gz``, and
+which bench method ran which artefact), with how close they are: the mean and largest absolute difference and Spearman's
 rank correlation over the categories both have.
 
 The bench's position 1 is counted from its traces: every step that drafted at least one
@@ -14,6 +14,7 @@ import json
 from collections import defaultdict
 from pathlib import Path
 
+from spec_zoo.bench.records import read_text
 from spec_zoo.errors import ConfigError
 
 
@@ -21,14 +22,14 @@ def bench_position1(run, method: str) -> dict[str, tuple[int, int]]:
     """(accepted, reached) at position 1 per category of ``method`` in a bench run directory,
     plus ``all`` and, per turn after the first, ``<category> turn <t>``."""
     run = Path(run).expanduser()
-    files = [run / "results.jsonl", run / "traces.jsonl"]
+    files = [run / name if (run / name).is_file() else run / f"{name}.gz" for name in ("results.jsonl", "traces.jsonl")]
     if not all(f.is_file() for f in files):
         raise ConfigError(f"report.compare.results={str(run)!r} needs results.jsonl and traces.jsonl (a bench run "
-                          "with traces=true).")
-    lines = [json.loads(x) for x in files[0].read_text().splitlines() if x.strip()]
+                          "with traces=true; or both gzipped, .jsonl.gz).")
+    lines = [json.loads(x) for x in read_text(files[0]).splitlines() if x.strip()]
     category = {r["question_id"]: r["category"] for r in lines}
     counts: dict[str, list[int]] = defaultdict(lambda: [0, 0])
-    for trace in (json.loads(x) for x in files[1].read_text().splitlines() if x.strip()):
+    for trace in (json.loads(x) for x in read_text(files[1]).splitlines() if x.strip()):
         if trace["method"] != method:
             continue
         cat = category[trace["question_id"]]

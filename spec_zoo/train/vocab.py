@@ -29,6 +29,7 @@ from typing import Any
 import torch
 from safetensors.torch import load_file
 
+from spec_zoo.bench.records import read_text
 from spec_zoo.errors import ConfigError
 from spec_zoo.target import Target
 from spec_zoo.train.batches import select_vocab
@@ -62,7 +63,7 @@ def bench_tokens(results, method: str) -> dict[str, torch.Tensor]:
     if not path.is_file():
         raise ConfigError(f"vocab.bench_results={str(path)!r} does not exist; give a bench run's results.jsonl.")
     seen: dict[tuple, tuple[str, list[int]]] = {}
-    for line in path.read_text().splitlines():
+    for line in read_text(path).splitlines():
         r = json.loads(line) if line.strip() else None
         if r and r["method"] == method:
             seen.setdefault((r["question_id"], r["turn"]), (r["category"], r["output_ids"]))
@@ -117,7 +118,7 @@ def run_vocab(cfg, target: Target | None = None) -> Path:
         raise ConfigError(f"vocab.sizes={list(v.sizes)}; give draft-vocabulary sizes >= 0 (0 = the full vocabulary).")
     if not v.bench_results:
         raise ConfigError("vocab.bench_results is not set; give a bench run's results.jsonl (e.g. "
-                          "docs/retrained/results.jsonl): its answers are the tokens to cover.")
+                          "docs/retrained/results.jsonl.gz): its answers are the tokens to cover.")
     bench = bench_tokens(v.bench_results, str(v.bench_method))
     torch.set_num_threads(int(cfg.threads))
     target = target or load_teacher_target(cfg)

@@ -3,7 +3,7 @@
 Questions, translation of WMT13's human German; no prompt sharing 27 words with a training prompt),
 each beside the bench run that measured it: the new-methods line-up (3 repeats) for EAGLE, Medusa, Hydra, the MLP
 speculator and the parallel draft; docs/retrained for the distilled draft and the exit adapter.
-prompts_de.jsonl: the shared prompts plus docs/training/retrain_gpu/translations_de_en.jsonl
+prompts_de.jsonl: the shared prompts plus docs/training/retrain_gpu/translations_de_en.jsonl.gz (gunzipped)
 (docs/training.md, "An acceptance report that predicts Spec-Bench").
 
     OMP_NUM_THREADS=1 python docs/acceptance/workloads_every/run.py [THREADS]

@@ -1,6 +1,7 @@
 """The workloads report on the two categories whose form changed (summarization, qa) only (session 18):
 the shipped EAGLE head, distilled draft and exit adapter, beside docs/retrained's bench traces.
-prompts_de.jsonl: the shared prompts plus docs/training/retrain_gpu/translations_de_en.jsonl (docs/training.md).
+prompts_de.jsonl: the shared prompts plus docs/training/retrain_gpu/translations_de_en.jsonl.gz, gunzipped
+(docs/training.md).
 
     python docs/acceptance/workloads_forms/run.py
 """

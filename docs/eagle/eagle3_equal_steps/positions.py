@@ -1,13 +1,13 @@
 """Per-position acceptance of the run's chains from its traces (docs/eagle.md): position 1,
 position 2 given 1, position 3 given 2, and position 1 by category.
-    python docs/eagle/eagle3_equal_steps/positions.py [DIR]"""
+    python docs/eagle/eagle3_equal_steps/positions.py DIR   # run.sh OUT/bench (records not kept in docs/)"""
 
 import collections
 import json
 import sys
 from pathlib import Path
 
-run = Path(sys.argv[1] if len(sys.argv) > 1 else Path(__file__).parent)
+run = Path(sys.argv[1])
 category = {}
 for line in (run / "results.jsonl").open():
     r = json.loads(line)

@@ -11,6 +11,7 @@ shipped draft and both fine-tunings. Every prompt either arm or the shipped draf
     OMP_NUM_THREADS=1 python docs/training/conversations/run.py OUT [ROWS] [STEPS]
 """
 
+import gzip
 import json
 import sys
 from pathlib import Path
@@ -27,7 +28,7 @@ from spec_zoo.train.mixture import categories, mixture_texts
 OUT = Path(sys.argv[1] if len(sys.argv) > 1 else "outputs/conversations")
 ROWS, STEPS = (int(sys.argv[2]) if len(sys.argv) > 2 else 200), (int(sys.argv[3]) if len(sys.argv) > 3 else 200)
 SHARED = "../shared/data/train_prompts/prompts.jsonl"
-TRANSLATIONS = "docs/training/retrain_gpu/translations_de_en.jsonl"
+TRANSLATIONS = "docs/training/retrain_gpu/translations_de_en.jsonl.gz"
 SOURCES = "[self-instruct, oasst, gpteacher-roleplay]"
 SHIPPED = "drafters/distilled/artefacts/smollm2-135m-distilled"
 ARMS = {"single": f"{{chat: {{share: 1, sources: {SOURCES}}}}}",
@@ -42,7 +43,7 @@ def config(name: str, *overrides: str):
 OUT.mkdir(parents=True, exist_ok=True)
 torch.set_num_threads(1)
 prompts_de = OUT / "prompts_de.jsonl"  # the shipped draft's prompts file: the shared one + the translations
-prompts_de.write_text(Path(SHARED).read_text() + Path(TRANSLATIONS).read_text())
+prompts_de.write_text(Path(SHARED).read_text() + gzip.decompress(Path(TRANSLATIONS).read_bytes()).decode())
 common = [f"data.prompts={SHARED}", f"data.num_prompts={ROWS}", "data.max_new_tokens=128", "data.batch_size=8",
           "student.init=pretrained", f"student.path={SHIPPED}", "loss=fkl", f"train.steps={STEPS}",
           "train.eval_every=50", "train.warmup=10", "train.lr=3e-4", "~data.mixture"]
