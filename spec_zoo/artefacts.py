@@ -110,6 +110,28 @@ def write_artefact(out_dir, record_name: str, record: dict, write_files: Callabl
     return out_dir
 
 
+#: the dtype trained weights are stored in: half the bytes of float32, and the shipped artefacts' weights
+#: (|w| <= 5.4) sit far inside its range with 3 more mantissa bits than bfloat16; loaders cast to the target's
+STORAGE_DTYPE = torch.float16
+
+
+def storage_tensors(tensors: dict[str, torch.Tensor], dtype: torch.dtype = STORAGE_DTYPE) -> dict[str, torch.Tensor]:
+    """``tensors`` as stored: floating ones in ``dtype``, on the CPU, contiguous; a weight beyond
+    ``dtype``'s finite range is refused (it would be stored as inf and refused at load)."""
+    out = {}
+    for name, t in tensors.items():
+        t = t.detach().to("cpu")
+        if t.is_floating_point() and t.dtype != dtype:
+            cast = t.to(dtype)
+            if bool(torch.isfinite(t).all()) and not bool(torch.isfinite(cast).all()):
+                raise ConfigError(f"{name} has weights beyond {str(dtype).removeprefix('torch.')}'s range "
+                                  f"(max |w| {float(t.abs().max()):.3g}); store the artefact in bfloat16 "
+                                  "(output.dtype=bfloat16) or float32.")
+            t = cast
+        out[name] = t.contiguous()
+    return out
+
+
 def _usual_modes(tmp: Path) -> None:
     """Give the directory and its files the modes of any new file under the user's umask:
     `tempfile.mkdtemp` makes the directory private (0700) and safetensors writes 0600, so

@@ -33,7 +33,14 @@ from typing import TYPE_CHECKING, TypeVar
 import torch
 from safetensors.torch import load_file, save_file
 
-from spec_zoo.artefacts import check_artefact_values, check_target, read_record, write_artefact
+from spec_zoo.artefacts import (
+    STORAGE_DTYPE,
+    check_artefact_values,
+    check_target,
+    read_record,
+    storage_tensors,
+    write_artefact,
+)
 from spec_zoo.errors import ConfigError
 from spec_zoo.layers import DecoderStack
 
@@ -162,12 +169,13 @@ class BlockHead(VocabHead):
         return {"init_layer": self.init_layer, "mlp": self.mlp, **super().describe()}
 
 
-def save_head(head: VocabHead, out_dir, target_info: dict, record: dict, dtype=torch.float16,
+def save_head(head: VocabHead, out_dir, target_info: dict, record: dict, dtype=STORAGE_DTYPE,
               overwrite: bool = False) -> Path:
-    """Write the head's weights + JSON record with `write_artefact` (atomic; replaces only a previous artefact)."""
-    tensors = {k: (v if k == "vocab_ids" else v.to(dtype)).detach().contiguous() for k, v in head.state_dict().items()}
-    full = {"format": head.FORMAT, "format_version": head.FORMAT_VERSION, **head.describe(), "target": target_info,
-            **record}
+    """Write the head's weights (in ``dtype``; `load_head` casts them to the target's) + JSON record
+    with `write_artefact` (atomic; replaces only a previous artefact)."""
+    tensors = storage_tensors(head.state_dict(), dtype)
+    full = {"format": head.FORMAT, "format_version": head.FORMAT_VERSION, "dtype": str(dtype).removeprefix("torch."),
+            **head.describe(), "target": target_info, **record}
     return write_artefact(out_dir, head.RECORD, full, lambda tmp: save_file(tensors, str(tmp / head.WEIGHTS)),
                           overwrite=overwrite)
 

@@ -436,6 +436,30 @@ def test_head_with_non_finite_weights_is_refused_at_load(tmp_path, bad, setup):
         build_decoder(cfg, target=Target(model))
 
 
+def test_a_weight_beyond_the_stored_dtype_is_refused_at_save_and_a_stored_head_loads_in_the_targets_dtype(tmp_path):
+    """float16 storage (|w| <= 65504) would write a larger weight as inf; the save refuses it by
+    name. A float16-stored head runs in the target's dtype (float32 here)."""
+    from spec_zoo.artefacts import describe_target, storage_tensors
+    from spec_zoo.draft_head import load_head, save_head
+    from spec_zoo.drafters.eagle.head import EagleHead
+    from tests.tiny import tiny_llama
+
+    with pytest.raises(ConfigError, match=r"big has weights beyond float16's range \(max \|w\| 7e\+04\); store the "
+                                          r"artefact in bfloat16 \(output.dtype=bfloat16\)"):
+        storage_tensors({"ids": torch.arange(3), "big": torch.tensor([1.0, -7e4])})
+    assert storage_tensors({"big": torch.tensor([7e4])}, torch.bfloat16)["big"].dtype == torch.bfloat16
+    model = tiny_llama()
+    head = EagleHead(model, 1, vocab_ids=torch.arange(8))
+    with torch.no_grad():
+        head.fc.weight.view(-1)[0] = 1e5
+    with pytest.raises(ConfigError, match="fc.weight has weights beyond float16's range"):
+        save_head(head, tmp_path / "head", describe_target(model, None), {})
+    assert not (tmp_path / "head").exists()
+    _, path = saved_eagle_head(tmp_path)
+    loaded = load_head(EagleHead, path, model, "drafter.head", "spec-zoo-train eagle")
+    assert loaded.record["dtype"] == "float16" and loaded.fc.weight.dtype == model.lm_head.weight.dtype
+
+
 @pytest.mark.parametrize("field, value, message", [
     ("mlp", "yes", "mlp='yes', not true or false"),
     ("init_layer", "1", "init_layer='1', not an integer"),

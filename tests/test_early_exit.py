@@ -9,6 +9,7 @@ test_sampling_exact.py (tests/drafts.py line-up)."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -16,7 +17,7 @@ from hydra import compose, initialize_config_dir
 
 from spec_zoo import SamplingParams, SpeculativeDecoder, Target
 from spec_zoo.drafters.early_exit.adapter import ExitAdapter, load_adapter
-from spec_zoo.drafters.early_exit.drafter import EarlyExitDrafter, shipped_adapter
+from spec_zoo.drafters.early_exit.drafter import RETIRED, EarlyExitDrafter, shipped_adapter
 from spec_zoo.drafters.early_exit.train import train_exit_adapter
 from spec_zoo.errors import ConfigError
 from spec_zoo.registry import CONF_DIR
@@ -199,19 +200,30 @@ def test_configs_compose_and_build():
     specs, _ = resolve_methods(["hf_early_exit"], [])
     hf = next(s for s in specs if s.name == "hf_early_exit")
     assert hf.engine == "transformers" and hf.drafter_label == "early_exit" and hf.params == {"assistant_early_exit": 8}
-    assert {f"early_exit_e{E}" for E in (4, 12, 16)} | {f"early_exit_adapter_e{E}" for E in (4, 12, 16)} <= names
+    assert {f"early_exit_e{E}" for E in (4, 12, 16)} <= names
+    assert not {f"early_exit_adapter_e{E}" for E in (4, 12, 16)} & names  # their adapters no longer ship
 
 
 def test_shipped_adapters_refuse_another_target():
-    for E in (4, 8, 12, 16):
-        record = json.loads((shipped_adapter(E) / "adapter.json").read_text())
-        assert record["exit_layer"] == E and record["target"]["name"] == "smollm2-135m"
+    record = json.loads((shipped_adapter(8) / "adapter.json").read_text())
+    assert record["exit_layer"] == 8 and record["target"]["name"] == "smollm2-135m"
     with pytest.raises(ConfigError, match="trained for target 'smollm2-135m'"):
         load_adapter(shipped_adapter(8), tiny_llama(0, layers=12))
 
 
+@pytest.mark.parametrize("exit_layer", RETIRED)
+def test_a_retired_adapter_is_refused_by_name_with_the_command_that_remakes_it(exit_layer):
+    with pytest.raises(ConfigError, match=rf"smollm2-135m-exit{exit_layer} no longer ships.*`spec-zoo-train "
+                                          rf"early_exit adapter.exit_layer={exit_layer} output.dir=DIR`"):
+        shipped_adapter(exit_layer)
+    records = Path(__file__).parents[1] / "records"  # kept in the repository, so spec-zoo-train remakes them
+    record = json.loads((records / "early_exit" / f"smollm2-135m-exit{exit_layer}.json").read_text())
+    assert record["exit_layer"] == exit_layer and record["config"]["adapter"]["exit_layer"] == exit_layer
+    assert "smollm2-135m-exit{4,12,16}.json" in (records / "README.md").read_text()
+
+
 @pytest.mark.real_model
-@pytest.mark.parametrize("exit_layer,adapter,reuse", [(8, "shipped", True), (16, "shipped", False), (8, None, True)])
+@pytest.mark.parametrize("exit_layer,adapter,reuse", [(8, "shipped", True), (8, "shipped", False), (8, None, True)])
 def test_lossless_on_the_real_target(smollm2_target, exit_layer, adapter, reuse):
     plain = SpeculativeDecoder(smollm2_target)
     drafter = EarlyExitDrafter(exit_layer, num_draft=3, adaptive=False, adapter=adapter, reuse_kv=reuse)

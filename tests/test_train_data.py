@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 
 import pytest
 import torch
@@ -318,7 +319,7 @@ def test_conversations_are_refused_without_their_questions_or_with_a_benchmark_t
 def test_a_category_draws_from_its_own_file_or_a_packaged_one(tmp_path):
     """``data.mixture.<c>.file``: a category's prompts from another JSONL (a bare name finds the
     files packaged with spec-zoo, e.g. the human German); it is part of the store's identity."""
-    from spec_zoo.train.data import PACKAGED_PROMPTS, prompts_path, read_records
+    from spec_zoo.train.data import CHECKOUT_DATA, prompts_path, read_records
     from spec_zoo.train.mixture import describe
 
     own = tmp_path / "own.jsonl"
@@ -331,7 +332,7 @@ def test_a_category_draws_from_its_own_file_or_a_packaged_one(tmp_path):
     mine = {tuple(_Tokenizer()(f"own text {i}")["input_ids"]) for i in range(6)}
     assert {tuple(p) for p, c in zip(prompts, cat_of) if c == 1} <= mine
     assert describe(cfg.data, cats)["categories"][1][-1].startswith("file ")  # another file: another store
-    assert prompts_path("human_german.jsonl") == PACKAGED_PROMPTS.parent / "human_german.jsonl"
+    assert prompts_path("human_german.jsonl") == CHECKOUT_DATA / "human_german.jsonl"
     german = read_records("human_german.jsonl")
     assert {r["source"] for r in german} == {"wmt-newstest2013-de", "wmt-newstest2012-de"}
     assert all(r["prompt"].startswith("Translate German to English: ") for r in german)
@@ -339,6 +340,21 @@ def test_a_category_draws_from_its_own_file_or_a_packaged_one(tmp_path):
     assert {r["source"] for r in news} == {"cnndm-val"} and all(r["prompt"].startswith("Summarize: ") for r in news)
     with pytest.raises(ConfigError, match="data.mixture.mine.file='nothere.jsonl' does not exist.*human_german.jsonl"):
         mixture_prompts(_Tokenizer(), cfg.data, {**cats, "mine": {**cats["mine"], "file": "nothere.jsonl"}}, 8)
+
+
+def test_text_not_licensed_for_redistribution_is_read_from_a_checkout_and_named_when_missing(monkeypatch, tmp_path):
+    """The WMT and CNN/DM text lies in data/ of the repository, outside every package: an
+    installed wheel has no copy, and naming one says where it lies."""
+    import spec_zoo.train.data as data
+
+    assert Path(__file__).resolve().parents[1] / "data" == data.CHECKOUT_DATA
+    for name in data.CHECKOUT_ONLY:
+        assert (data.CHECKOUT_DATA / name).is_file() and not (data.PACKAGED_PROMPTS.parent / name).exists()
+    monkeypatch.setattr(data, "CHECKOUT_DATA", tmp_path / "site-packages-has-no-data")
+    with pytest.raises(ConfigError, match=r"'news_articles.jsonl' is not installed with spec-zoo .*data/ of the "
+                                          r"spec-zoo source repository"):
+        data.read_records("news_articles.jsonl", key="report.workloads.summarization.file")
+    assert data.read_records("nq_questions.jsonl")  # CC BY-SA 3.0: installed
 
 
 def test_the_packaged_workload_files_never_share_eight_words_with_spec_bench():

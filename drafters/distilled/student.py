@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from spec_zoo.artefacts import check_artefact_values, check_target, write_artefact
+from spec_zoo.artefacts import check_artefact_values, check_target, storage_tensors, write_artefact
 from spec_zoo.artefacts import read_record as read_json_record
 from spec_zoo.errors import ConfigError
 
@@ -142,6 +142,7 @@ def save_artefact(student: Student, out_dir, record: dict, dtype: str = "float16
     lm = student.lm
     if hasattr(lm, "merge_and_unload"):  # a LoRA student: fold the adapters in
         lm = copy.deepcopy(lm).merge_and_unload()
+    storage_tensors(lm.state_dict(), DTYPES[dtype])  # refuses weights beyond the stored dtype's range
     lm = copy.deepcopy(lm).to(DTYPES[dtype])
 
     def write_files(tmp: Path) -> None:
@@ -150,7 +151,7 @@ def save_artefact(student: Student, out_dir, record: dict, dtype: str = "float16
             tokenizer.save_pretrained(tmp)
 
     full = {
-        "format": FORMAT, "format_version": FORMAT_VERSION,
+        "format": FORMAT, "format_version": FORMAT_VERSION, "dtype": dtype,
         "input_embeddings": student.input_embeddings,
         "draft_vocab": None if student.vocab_ids is None else student.vocab_ids.tolist(),
         **record,

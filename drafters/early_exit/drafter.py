@@ -45,11 +45,19 @@ from spec_zoo.target import Target, follow, shared_prefix
 from spec_zoo.trees import TreeLevels, build_tree_policy
 
 ARTEFACTS = Path(__file__).parent / "artefacts"
+#: exit layers whose adapters shipped once and left the package (no default used them); their
+#: records and the command that remakes them: records/README.md in the repository
+RETIRED = (4, 12, 16)
 
 
 def shipped_adapter(exit_layer: int) -> Path:
     """The adapter shipped for SmolLM2-135M at ``exit_layer``."""
     path = ARTEFACTS / f"smollm2-135m-exit{exit_layer}"
+    if not path.is_dir() and exit_layer in RETIRED:
+        raise ConfigError(f"drafter.adapter=shipped: the exit adapter smollm2-135m-exit{exit_layer} no longer ships "
+                          "(only E = 8 does); remake it with `spec-zoo-train early_exit "
+                          f"adapter.exit_layer={exit_layer} output.dir=DIR` (its exact recipe and training record: "
+                          "records/README.md in the spec-zoo repository) and set drafter.adapter=DIR.")
     if not path.is_dir():
         have = sorted(int(p.name.rsplit("exit", 1)[1]) for p in ARTEFACTS.glob("smollm2-135m-exit*"))
         raise ConfigError(f"drafter.adapter=shipped: no adapter is shipped for exit layer {exit_layer} "

@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-from spec_zoo.artefacts import check_artefact_values, write_artefact
+from spec_zoo.artefacts import STORAGE_DTYPE, check_artefact_values, storage_tensors, write_artefact
 from spec_zoo.artefacts import read_record as read_json_record
 from spec_zoo.errors import ConfigError
 
@@ -59,15 +59,17 @@ def weights_digest(base: Path) -> str:
 
 
 def save_parallel(out_dir, masks: torch.Tensor, updates: dict[str, tuple[torch.Tensor, torch.Tensor]],
-                  record: dict, dtype: torch.dtype = torch.float16, overwrite: bool = False) -> Path:
-    """Write the artefact: ``masks`` [k - 1, H], ``updates`` {weight name: (up, down)}, and the
-    record (``base``, ``target``, training fields) with the format, k and rank added."""
-    tensors = {MASKS: masks.detach().to("cpu", dtype).contiguous()}
+                  record: dict, dtype: torch.dtype = STORAGE_DTYPE, overwrite: bool = False) -> Path:
+    """Write the artefact: ``masks`` [k - 1, H], ``updates`` {weight name: (up, down)} (in ``dtype``;
+    loading casts them to the draft's), and the record (``base``, ``target``, training fields) with
+    the format, dtype, k and rank added."""
+    parts = {MASKS: masks}
     for name, (up, down) in updates.items():
-        tensors[f"{name}.up"] = up.detach().to("cpu", dtype).contiguous()
-        tensors[f"{name}.down"] = down.detach().to("cpu", dtype).contiguous()
+        parts[f"{name}.up"], parts[f"{name}.down"] = up, down
+    tensors = storage_tensors(parts, dtype)
     rank = max((int(d.shape[0]) for _, d in updates.values()), default=0)
-    full = {"format": FORMAT, "format_version": FORMAT_VERSION, "k": int(masks.shape[0]) + 1, "rank": rank, **record}
+    full = {"format": FORMAT, "format_version": FORMAT_VERSION, "dtype": str(dtype).removeprefix("torch."),
+            "k": int(masks.shape[0]) + 1, "rank": rank, **record}
     return write_artefact(out_dir, RECORD, full, lambda tmp: save_file(tensors, str(tmp / WEIGHTS)),
                           overwrite=overwrite)
 

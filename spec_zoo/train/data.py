@@ -34,19 +34,29 @@ from spec_zoo.inputs import read_utf8
 from spec_zoo.layers import final_logits
 
 PACKAGED_PROMPTS = Path(__file__).parent / "data" / "prompts.jsonl"
+#: text spec-zoo may not redistribute (data/SOURCE.md): in the repository's data/ folder, read
+#: from a source checkout, never installed with the package
+CHECKOUT_DATA = Path(__file__).resolve().parents[2] / "data"
+CHECKOUT_ONLY = ("human_german.jsonl", "news_articles.jsonl")
 
 
 def prompts_path(path, key: str = "data.prompts") -> Path:
-    """``path``, or the file of that bare name packaged with spec-zoo (spec_zoo/train/data/, e.g.
-    ``human_german.jsonl``; its SOURCE.md says what each is) when there is no such file here."""
+    """``path``, or the file of that bare name shipped with spec-zoo (spec_zoo/train/data/, or
+    data/ of a source checkout, e.g. ``human_german.jsonl``; each folder's SOURCE.md says what each
+    is) when there is no such file here."""
     given = Path(path).expanduser()
-    packaged = PACKAGED_PROMPTS.parent / str(path)
-    if not given.is_file() and given.name == str(path) and packaged.is_file():
-        return packaged
+    if not given.is_file() and given.name == str(path):
+        for folder in (PACKAGED_PROMPTS.parent, CHECKOUT_DATA):
+            if (folder / given.name).is_file():
+                return folder / given.name
+        if given.name in CHECKOUT_ONLY:
+            raise ConfigError(f"{key}={str(path)!r} is not installed with spec-zoo (no licence lets it redistribute "
+                              "that text): it lies in data/ of the spec-zoo source repository, read when spec-zoo "
+                              "runs from a checkout (`pip install -e .`); or give the file's path.")
     if not given.is_file():
-        names = ", ".join(sorted(p.name for p in packaged.parent.glob("*.jsonl")))
+        names = ", ".join(sorted({p.name for p in PACKAGED_PROMPTS.parent.glob("*.jsonl")} | set(CHECKOUT_ONLY)))
         raise ConfigError(f"{key}={str(path)!r} does not exist; give a JSONL file with a `prompt` field per line "
-                          f"(or a file packaged with spec-zoo: {names}).")
+                          f"(or a file shipped with spec-zoo: {names}).")
     return given
 
 

@@ -14,7 +14,7 @@ each drawn from the far end of the prompts file and never a training prompt.
   (``Summarize: {prompt}``, a bare question). A prompt the regex does not match is left out;
   a list of regexes applies each in turn (e.g. keep only articles that end whole).
 * **Its own prompts file** (``file``): a category can draw from another JSONL than
-  ``data.prompts``, e.g. the packaged ``human_german.jsonl`` (WMT newstest2013's German news,
+  ``data.prompts``, e.g. ``human_german.jsonl`` (data/ of a source checkout) (WMT newstest2013's German news,
   in Spec-Bench's form) for translation.
 * **Never a document trained on**: a prompt is not held out when its text is a training
   prompt's, nor when it shares a run of ``report.train_ngram`` words with one (T0 asks of one
