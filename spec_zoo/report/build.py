@@ -33,13 +33,13 @@ RUN_FIELDS = (("model", "model"), ("temperature", "T"), ("max_new_tokens", "max_
 
 def find_results(paths: Sequence) -> list[Path]:
     """The results files named by ``paths``: files as given, directories searched
-    recursively for ``results.jsonl``."""
+    recursively for ``results.jsonl`` (or ``results.jsonl.gz``, as the docs keep the runs they read)."""
     found = []
     for p in map(Path, paths):
         if p.is_file():
             found.append(p)
         elif p.is_dir():
-            found += sorted(p.rglob("results.jsonl"))
+            found += sorted([*p.rglob("results.jsonl"), *p.rglob("results.jsonl.gz")])
         else:
             raise ConfigError(f"paths: {p} does not exist; pass results.jsonl files or directories holding them.")
     if not found:

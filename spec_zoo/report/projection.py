@@ -48,7 +48,8 @@ def traced_records(paths: Sequence) -> list[dict]:
     """The records under ``paths`` that have a trace (in ``_steps``); an error naming the fix
     when ``ar`` or every other method has none."""
     records = load_results(paths)
-    traces = {source: read_traces(Path(source).parent / TRACE_FILE) for source in {r["_source"] for r in records}}
+    traces = {source: read_traces(Path(source).parent / (TRACE_FILE + Path(source).suffix.replace(".jsonl", "")))
+              for source in {r["_source"] for r in records}}  # beside its results file, gzipped where that is
     traced = [{**r, "_steps": traces[r["_source"]][record_key(r)]} for r in records
               if record_key(r) in traces[r["_source"]]]
     if not {BASELINE} < {r["method"] for r in traced}:
