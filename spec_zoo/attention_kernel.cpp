@@ -8,10 +8,13 @@
 // every sum of a row runs in one fixed order whatever the number of rows:
 //  - a score <q, k> is LANES partial sums over D in increasing order, `hsum`, then the D tail in order;
 //  - the softmax's max and denominator run over the prefix slots in slot order, then over the row's
-//    draft path root first; the output adds e * v (one lane per d) in the same order;
+//    draft path root first, each path key in the lane it takes once committed (`exponentiate_path`);
+//    the output adds e * v (one lane per d) in the same order;
 //  - a key whose additive mask is below -1e30, or whose weight e is exactly 0, is skipped: it would
 //    add an exact 0, which changes no sum.
-// So a row is bit-identical for any M, and a tree node equals its path scored as a chain.
+// So a row is bit-identical for any M, a tree node equals its path scored as a chain, and a draft row
+// equals the row plain decoding scores once its path is committed (what makes speculative decoding's
+// output plain decoding's, bit for bit).
 // In bfloat16 the cache is read as it is stored (each bf16 widened to its exact float) and every
 // sum above runs in float32; the output is rounded to bf16 once.
 #include <ATen/Parallel.h>
@@ -106,6 +109,33 @@ inline void exponentiate(float* x, const float* mask, int64_t count, float top, 
   }
 }
 
+// The same for a row's draft path, root first: element i goes into lane (first + i) % LANES, the lane
+// its key takes as prefix slot first + i once the path is committed (first: the prefix's visible
+// length). So each lane adds the same numbers in the same order as plain decoding's row at that
+// point, and the denominator's bits equal it (a lane filled with masked keys adds exact zeros).
+inline void exponentiate_path(float* x, const float* mask, int64_t count, float top, int64_t first, Vec& sums) {
+  const Vec t = vbroadcast(top);
+  for (int64_t i = 0, lane = first % LANES; i < count; lane = 0) {
+    float xs[LANES], ms[LANES];
+    int64_t at[LANES];
+    for (int l = 0; l < LANES; ++l) {
+      xs[l] = 0.f;
+      ms[l] = -std::numeric_limits<float>::infinity();
+      at[l] = -1;
+    }
+    for (; lane < LANES && i < count; ++lane, ++i) {
+      xs[lane] = x[i];
+      ms[lane] = mask[i];
+      at[lane] = i;
+    }
+    const Vec e = vkeep_ge(vload(ms), kMasked, vexp(vsub(vload(xs), t)));
+    sums = vadd(sums, e);
+    vstore(xs, e);
+    for (int l = 0; l < LANES; ++l)
+      if (at[l] >= 0) x[at[l]] = xs[l];
+  }
+}
+
 template <typename T>
 using AccumulateFn = void (*)(float*, const float*, const T*, int64_t, int64_t, int64_t);
 
@@ -137,6 +167,8 @@ void attend(const float* qp, const T* kp, const T* vp, const float* pmp, int64_t
       const T* keys = kp + (b * Hkv + kvh) * T_ * D;
       const T* values = vp + (b * Hkv + kvh) * T_ * D;
       const float* row_mask = pmp + (mask_batches == 1 ? 0 : b) * S;
+      int64_t visible = S;  // the prefix's visible length: a draft path's first key would be slot `visible`
+      while (visible > 0 && row_mask[visible - 1] < kMasked) --visible;
       auto qrow = [&](int64_t r) { return qp + ((b * H + kvh * G + r / M) * M + r % M) * D; };
       // scores: a block of keys, then every row against it
       for (int64_t j0 = 0; j0 < S; j0 += kKeyBlock) {
@@ -166,7 +198,7 @@ void attend(const float* qp, const T* kp, const T* vp, const float* pmp, int64_t
           if (dmp[m * N + i] >= kMasked) top = std::max(top, d[i]);
         Vec sums = vzero();
         exponentiate(s, row_mask, S, top, sums);
-        exponentiate(d, dmp + m * N, N, top, sums);
+        exponentiate_path(d, dmp + m * N, N, top, visible, sums);
         const float sum = hsum(sums);
         total[r] = sum;
       }

@@ -14,7 +14,7 @@ from spec_zoo import amx_gemm
 from spec_zoo.draft import Draft
 from spec_zoo.errors import ConfigError
 from spec_zoo.runtime import CompiledTarget
-from spec_zoo.testing import sampling_model
+from spec_zoo.testing import PROMPT, sampling_model
 from tests.tiny import one_thread  # noqa: F401 (autouse fixture)
 
 
@@ -32,7 +32,6 @@ needs_amx = pytest.mark.skipif(not has_amx(), reason="this CPU has no AMX-BF16 (
 # the target's own shapes (576 -> 1536, 1536 -> 576, the 3 KV heads' 192)
 SHAPES = [(19, 7), (40, 29), (64, 130), (576, 192), (1536, 576)]
 ROWS = [*range(1, 18), 31, 32, 33, 64]
-PROMPT = [1, 4, 2, 7, 3, 5, 0, 6, 2, 4]
 
 
 def rows_that_differ(x: torch.Tensor, weight: torch.Tensor) -> list[int]:
@@ -83,7 +82,8 @@ def test_the_op_has_a_fake_implementation():
 @needs_amx
 def test_the_compiled_runtime_on_it_keeps_rows_and_tree_nodes_exact():
     """model.gemm=amx in bfloat16 with the attention kernel (no eager fallback): row 0 is bit-identical
-    for 1..17 scored tokens, and every tree node equals its path as a chain."""
+    for 1..17 scored tokens, every tree node equals its path as a chain, and every row of a chain
+    equals plain decoding's row once the chain's tokens before it are committed."""
     target = CompiledTarget(sampling_model().to(torch.bfloat16), max_cache_len=64, buckets=(2, 4), key_block=16,
                             gemm="amx", fallback=False)
     target.reset()
@@ -101,6 +101,12 @@ def test_the_compiled_runtime_on_it_keeps_rows_and_tree_nodes_exact():
         target.reset()
         chain = target.score(PROMPT, Draft.chain(draft.tokens[draft.path_to(node)])).logits[-1]
         assert torch.equal(logits[node + 1], chain), f"node {node}"
+    chain = [3, 1, 4, 1, 5, 2, 6, 0, 7, 2, 2, 5]
+    target.reset()
+    rows = target.score(PROMPT, Draft.chain(chain)).logits
+    target.reset()
+    assert [i for i in range(len(chain) + 1)
+            if not torch.equal(target.score(PROMPT + chain[:i], Draft.empty()).logits[0], rows[i])] == []
 
 
 def test_amx_on_a_float32_model_is_refused_not_ignored():

@@ -109,6 +109,29 @@ def test_a_tree_node_equals_its_path_scored_as_a_chain(dtype):
                        kernel(row, k, v, mask, chain_slots, path_mask))
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("past", [37, 130, 143])
+def test_a_draft_row_equals_the_row_plain_decoding_scores_once_its_path_is_committed(past, dtype):
+    """Row i of a chain (i draft tokens deep) gets the bits that one row gets after ``past`` + i
+    committed slots: plain decoding's step there. Its path's keys are summed in the lanes they take
+    as prefix slots, so speculative decoding reproduces plain decoding, not just itself."""
+    attention_kernel.load()
+    rows = 20
+    q, k, v, mask, slots, draft_mask = chain_inputs(9, 3, 64, past, rows, dtype=dtype)
+    chain = kernel(q, k, v, mask, slots, draft_mask)
+    differ = []
+    for i in range(rows):
+        span = -(-(past + 1 + i) // 8) * 8
+        committed = torch.zeros(1, 1, 1, span)
+        committed[..., past + 1 + i:] = MASKED
+        committed = committed.clamp(min=torch.finfo(dtype).min).to(dtype)
+        nothing = torch.full((1, 16), MASKED)
+        plain = kernel(q[:, :, i:i + 1], k, v, committed, torch.zeros(1, 16, dtype=torch.long), nothing)
+        if not torch.equal(plain[:, :, 0], chain[:, :, i]):
+            differ.append(i)
+    assert differ == []
+
+
 def test_the_invariance_check_catches_an_order_changing_variant():
     """An attention that switches to another summation order once more than 4 rows come (the
     formula's, as a kernel blocked per row count would) is caught by the same comparison."""

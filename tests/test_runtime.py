@@ -74,6 +74,19 @@ def test_row_logits_do_not_depend_on_how_many_tokens_are_scored(compiled):
     assert torch.equal(compiled.score(PROMPT, tree()).logits[0], alone)
 
 
+def test_a_draft_row_equals_plain_decodings_row_once_its_path_is_committed(compiled):
+    """What makes speculative output plain output, bit for bit: row i of a scored chain gets the
+    logits plain decoding gets, one token per step, once the chain's first i tokens are committed
+    (the attention kernel sums a path's keys as it sums them once they are prefix slots)."""
+    chain = [3, 1, 4, 1, 5, 2, 6, 0, 7, 2, 2, 5]
+    compiled.reset()
+    rows = compiled.score(PROMPT, Draft.chain(chain)).logits
+    compiled.reset()
+    differ = [i for i in range(len(chain) + 1)
+              if not torch.equal(compiled.score(PROMPT + chain[:i], Draft.empty()).logits[0], rows[i])]
+    assert differ == []
+
+
 def test_tree_nodes_score_as_their_paths_do(compiled):
     """Every node of a tree gets, bit for bit, the logits its path gets when scored as a chain."""
     draft = tree()
