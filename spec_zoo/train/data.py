@@ -30,7 +30,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from spec_zoo.errors import ConfigError
-from spec_zoo.inputs import read_utf8
+from spec_zoo.inputs import file_problem, read_utf8
 from spec_zoo.layers import final_logits
 
 PACKAGED_PROMPTS = Path(__file__).parent / "data" / "prompts.jsonl"
@@ -43,9 +43,9 @@ def prompts_path(path, key: str = "data.prompts") -> Path:
     packaged = PACKAGED_PROMPTS.parent / str(path)
     if not given.is_file() and given.name == str(path) and packaged.is_file():
         return packaged
-    if not given.is_file():
-        names = ", ".join(sorted(p.name for p in packaged.parent.glob("*.jsonl")))
-        raise ConfigError(f"{key}={str(path)!r} does not exist; give a JSONL file with a `prompt` field per line "
+    if problem := file_problem(given, "a JSONL file"):
+        names = ", ".join(sorted(p.name for p in PACKAGED_PROMPTS.parent.glob("*.jsonl")))
+        raise ConfigError(f"{key}: {problem}; give a JSONL file with a `prompt` field per line "
                           f"(or a file packaged with spec-zoo: {names}).")
     return given
 
