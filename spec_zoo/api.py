@@ -82,7 +82,7 @@ def read_prompt(cfg: DictConfig) -> str | list[int]:
             raise fail("prompt_file", f"{cfg.prompt_file} is empty", "put the prompt text in it")
         cfg.prompt = text
     elif cfg.prompt == "-":
-        cfg.prompt = read_stdin("prompt=-")
+        cfg.prompt = read_stdin("prompt=-", PROMPT_BYTES)
     return cfg.prompt
 
 

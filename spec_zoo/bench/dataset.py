@@ -126,7 +126,7 @@ def load_questions(
         known = sorted({q.category for q in questions})
         unknown = [c for c in categories if c not in known]
         if unknown:
-            raise ConfigError(f"dataset.categories has unknown {unknown}; {name} has: {', '.join(known)}.")
+            raise ConfigError(f"dataset.categories: {name} has no {unknown}; choose from {', '.join(known)}.")
         questions = [q for q in questions if q.category in categories]
     questions = subsample(questions, per_category)
     if not questions:
