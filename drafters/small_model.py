@@ -130,7 +130,7 @@ def draft_runner(path, dtype: str, device: str, draft_layers: int, runtime: str)
         from spec_zoo.models import load_causal_lm, truncated_draft
 
         path = truncated_draft(draft_layers) if path is None else path
-        model, tokenizer = load_causal_lm(str(path), dtype=dtype, device=device)
+        model, tokenizer = load_causal_lm(str(path), dtype=dtype, device=device, key="drafter")
         source = str(path)
     from spec_zoo.models import check_runtime, on_runtime
 

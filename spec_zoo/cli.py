@@ -10,7 +10,7 @@ from typing import cast
 import hydra
 from omegaconf import DictConfig
 
-from spec_zoo.api import build_decoder, label, quiet_loading, run
+from spec_zoo.api import build_decoder, compile_ahead, label, quiet_loading, run
 from spec_zoo.decoder import Output, SpeculativeDecoder
 from spec_zoo.errors import ConfigError
 from spec_zoo.interfaces import Drafter
@@ -41,6 +41,8 @@ def _hydra_main(cfg: DictConfig) -> None:
     print(f"{label(cfg, decoder, drafter_choice)} | {out.stats.summary()}")
     if plain is not None:
         print(comparison(out, plain, greedy=decoder.sampling.temperature == 0))
+    if compiled := compile_ahead(decoder):  # compiled when the decoder was built: this only says so
+        print(compiled)
 
 
 def plain_drafter() -> Drafter:
@@ -94,6 +96,7 @@ def main() -> None:
             print("\n".join(show_option(a) for a in sys.argv[2:] or ["drafter=none"]))
             return
         if sys.argv[1:2] in (["warmup"], ["costs"]):
+            check_command_line("config", sys.argv[2:])  # the checks `spec-zoo` makes, before any model loads
             runtime_command(sys.argv[1], sys.argv[2:])
             return
     except ConfigError as e:
@@ -117,7 +120,7 @@ def runtime_command(command: str, overrides: list[str]) -> None:
     ``drafter=...`` that drafter's cost per drafted level in steps t(1), kept beside the others
     measured before: added to the stored table, whose t(M) is measured only when there is none
     yet), save it where the adaptive draft length finds it, and plot it (PNG next to the JSON)."""
-    from spec_zoo.api import build_decoder, compose_config, load_checked_target
+    from spec_zoo.api import build_decoder, compiled_parts, compose_config, load_checked_target
     from spec_zoo.costs import cached_table, measure, measure_draft, plot_table, table_path
 
     cfg = compose_config(overrides)
@@ -128,14 +131,12 @@ def runtime_command(command: str, overrides: list[str]) -> None:
             raise ConfigError("spec-zoo warmup: model.runtime=eager has nothing to compile; "
                               "pass model.runtime=compiled.")
         with quiet_loading():
-            drafter = build_decoder(cfg, target=target).drafter  # attached: its draft model or heads loaded
-        parts = [("target", target), *(("draft", part) for part in getattr(drafter, "compiled_parts", list)())]
-        for name, part in parts:
-            seconds = part.warm_up()
-            served = "from the cache" if part.compile_cached else "compiled afresh"
-            print(f"{name}: compiled in {seconds:.1f} s ({served})")
+            decoder = build_decoder(cfg, target=target)  # compiles: the drafter attached, its draft model or heads
+        for name, part in compiled_parts(decoder):
+            served = "from the cache" if part.compile_cached else "compiled afresh"  # type: ignore[attr-defined]
+            print(f"{name}: compiled in {part.warm_up():.1f} s ({served})")  # type: ignore[attr-defined]
         return
-    decoder = build_decoder(cfg, target=target)
+    decoder = build_decoder(cfg, target=target)  # compiles what runs compiled: compiling is not drafting
     drafter = decoder.drafter
     key = getattr(getattr(drafter, "length", None), "cost_key", None)
     if drafter.name != "none" and key is None:
@@ -146,8 +147,6 @@ def runtime_command(command: str, overrides: list[str]) -> None:
     table = before if before is not None and key is not None else measure(target)
     table.drafts = dict(before.drafts) if before else {}  # other drafters' measured costs stay
     if key is not None:
-        for part in getattr(drafter, "compiled_parts", list)():  # compiling is not drafting
-            part.warm_up()
         # t(1) now, at the table's context: the draft's cost is in steps of this moment's machine
         step = measure(target, max_tokens=1, contexts=[table.past], progress=False).seconds[0]
         prompt = [(7 * i) % target.vocab_size for i in range(table.past)]
@@ -161,9 +160,9 @@ def runtime_command(command: str, overrides: list[str]) -> None:
         table.drafts[key] = seconds / levels / step
     path = table.save(table_path(target))
     print(f"t(M) of {table.model} on {table.runtime}/{table.dtype}, {table.threads} thread(s):")
-    for past, seconds in table.curves().items():
+    for past, curve in table.curves().items():
         print(f"after {past} cached tokens: " + "  ".join(
-            f"M={m}: {s * 1e3:.1f} ms ({s / seconds[0]:.2f}x)" for m, s in enumerate(seconds, 1)
+            f"M={m}: {s * 1e3:.1f} ms ({s / curve[0]:.2f}x)" for m, s in enumerate(curve, 1)
             if m <= 8 or m in (12, 16, 24, 32)))
     if table.drafts:
         print("drafting, per drafted level, in target steps t(1): "

@@ -221,14 +221,66 @@ def load_causal_lm(
                        key)
     path = Path(path).expanduser()
     placement = {"device_map": _plain(device_map)} if device_map is not None else {}
-    model = AutoModelForCausalLM.from_pretrained(
-        path, dtype=DTYPES[dtype], use_safetensors=True, trust_remote_code=trust_remote_code, **placement
+    # mismatched shapes are reported (not raised) so that every difference ends in the one error below
+    model, info = AutoModelForCausalLM.from_pretrained(
+        path, dtype=DTYPES[dtype], use_safetensors=True, trust_remote_code=trust_remote_code,
+        output_loading_info=True, ignore_mismatched_sizes=True, **placement
     )
+    if problem := weights_problem(model, info):
+        raise ConfigError(f"{key}.path: {path} does not match its config.json ({problem}); refused, as transformers "
+                          "would fill the gaps with random weights and drop the rest: re-save the model "
+                          "(save_pretrained) or fix config.json.")
     if device_map is None:
         model = model.to(resolve_device(device))
     has_tokenizer = any((path / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model"))
     tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code) if has_tokenizer else None
     return model.eval(), tokenizer
+
+
+def weights_problem(model, info: dict) -> str | None:
+    """What differs between a model's config and its loaded weights, from transformers' own
+    loading info (tied embeddings and non-persistent buffers are already left out of it):
+    layer counts, missing, unexpected and mis-shaped weights; None when they match."""
+    missing, unexpected = sorted(info.get("missing_keys", ())), sorted(info.get("unexpected_keys", ()))
+    mismatched = sorted(info.get("mismatched_keys", ()))
+    if not (missing or unexpected or mismatched):
+        return None
+    problems = []
+    configured = getattr(model.config.get_text_config(), "num_hidden_layers", None)
+    known = {_pattern(k) for k in model.state_dict()}  # an unexpected key counts as a layer only if shaped like one
+    stored = [k for k in model.state_dict() if k not in missing] + [k for k in unexpected if _pattern(k) in known]
+    held = max((i for i in map(_layer, stored) if i is not None), default=None)
+    if configured is not None and held is not None and held + 1 != configured:
+        problems.append(f"config.json names {configured} layers (num_hidden_layers), the weights hold {held + 1}")
+    if missing:
+        problems.append(f"{_count(missing)} missing from the safetensors ({_first(missing)})")
+    if unexpected:
+        problems.append(f"{_count(unexpected)} in the safetensors that the config has no place for "
+                        f"({_first(unexpected)})")
+    if mismatched:
+        name, stored, wanted = mismatched[0]
+        more = f", and {len(mismatched) - 1} more" if len(mismatched) > 1 else ""
+        problems.append(f"{_count(mismatched)} shaped unlike the config says ({name}: {list(stored)} stored, "
+                        f"{list(wanted)} configured{more})")
+    return "; ".join(problems)
+
+
+def _layer(key: str) -> int | None:
+    """The layer index in a weight's name (``model.layers.3.mlp...`` -> 3), None outside the layer stack."""
+    found = re.search(r"\.(\d+)\.", key)
+    return int(found.group(1)) if found else None
+
+
+def _pattern(key: str) -> str:
+    return re.sub(r"\.\d+\.", ".#.", key, count=1)
+
+
+def _count(keys) -> str:
+    return f"{len(keys)} weight{'s' * (len(keys) != 1)}"
+
+
+def _first(keys, shown: int = 3) -> str:
+    return ", ".join(keys[:shown]) + (f", and {len(keys) - shown} more" if len(keys) > shown else "")
 
 
 def load_target(

@@ -147,8 +147,9 @@ class Static(TreePolicy):
 
 def check_nodes(key: str, nodes: int, what: str) -> None:
     """Refuse a tree policy whose drafts would have more than `MAX_NODES` nodes, with the count."""
-    if nodes > MAX_NODES:
-        raise ConfigError(f"{key}: {what} make {nodes:.3g} nodes per draft, more than the {MAX_NODES} a draft may "
+    if nodes > MAX_NODES:  # a count past a float's range is shown by its digits (no OverflowError)
+        count = f"{nodes:.3g}" if nodes < 10**300 else f"over 10^{len(str(nodes)) - 1}"
+        raise ConfigError(f"{key}: {what} make {count} nodes per draft, more than the {MAX_NODES} a draft may "
                           f"have (one target forward scores them all); use a smaller tree, e.g. width 4, depth 4.")
 
 

@@ -231,6 +231,23 @@ TABLE = [  # (console script, arguments, the key the one-line error must name)
     ("spec-zoo-make-draft", ["--layers", "1", "--out", "."], "--out"),
     ("spec-zoo-make-draft", ["--layers", "1", "--out", "HEAD"], "--out"),
     ("spec-zoo-make-draft", ["--layers", "1", "--out", "READONLY/draft"], "--out"),
+    # issue 42: subcommands take the same checks; directories named as files; trees past a float's range
+    ("spec-zoo", ["costs", "nokey=1"], "nokey"),
+    ("spec-zoo", ["costs", "drafter=nope"], "drafter"),
+    ("spec-zoo", ["costs", "model.dtype=int8"], "model.dtype"),
+    ("spec-zoo", ["warmup", "drafter=nope"], "drafter"),
+    ("spec-zoo", ["warmup", "drafter.num_drafts=3"], "drafter.num_drafts"),
+    ("spec-zoo", ["warmup", "model.runtime=compiled", "generation.max_new_tokens=abc"], "generation.max_new_tokens"),
+    ("spec-zoo", ["prompt_file=USERDIR"], "prompt_file"),
+    ("spec-zoo", ["drafter=eagle", "drafter.tree={policy:topk,width:1000000,depth:100}"], "tree.width"),
+    ("spec-zoo", ["drafter=eagle", "drafter.tree={policy:dynamic,width:1000000000000000000000000000000}"],
+     "tree.width"),
+    ("spec-zoo-bench", ["dataset=jsonl", "dataset.path=USERDIR"], "dataset.path"),
+    ("spec-zoo-train", ["distill", "data.prompts=USERDIR"], "data.prompts"),
+    ("spec-zoo-train", ["export", "export.out=FILE"], "export.out"),
+    ("spec-zoo-train", ["export", "export.out=USERDIR"], "export.out"),
+    ("spec-zoo-train", ["export", "nokey=1"], "nokey"),
+    ("spec-zoo-train", ["vocab", "nokey=1"], "nokey"),
 ]
 
 
@@ -489,3 +506,217 @@ def test_api_refuses_out_of_range_seeds_and_non_finite_numbers(no_model_load):
                         ({"top_p": float("inf")}, "generation.top_p")]:
         with pytest.raises(ConfigError, match=rf"^{re.escape(key)}: "):
             spec_zoo.generate("hi", **kwargs)
+
+
+# -- issue 42: model dirs that do not match their config, Ctrl-C, bounded reads, no empty out= -------------------
+
+
+def saved_model(path: Path, change=None, config=None, **fields) -> Path:
+    """A tiny Llama saved at ``path``; ``change(weights)`` edits its safetensors, ``config`` its config.json."""
+    from safetensors.torch import load_file, save_file
+
+    from tests.tiny import tiny_llama
+
+    tiny_llama(dtype=torch.float32, **fields).save_pretrained(path, safe_serialization=True)
+    if change is not None:
+        weights = load_file(str(path / "model.safetensors"))
+        change(weights)
+        save_file(weights, str(path / "model.safetensors"), metadata={"format": "pt"})
+    if config is not None:
+        data = json.loads((path / "config.json").read_text())
+        (path / "config.json").write_text(json.dumps({**data, **config}))
+    return path
+
+
+MISMATCHES = {  # name -> (saved_model arguments, what the one line must say)
+    "missing": ({"change": lambda w: w.pop("model.layers.1.mlp.up_proj.weight")},
+                "1 weight missing from the safetensors (model.layers.1.mlp.up_proj.weight)"),
+    "lm_head": ({"change": lambda w: w.pop("lm_head.weight")}, "(lm_head.weight)"),
+    "more_layers": ({"config": {"num_hidden_layers": 3}}, "config.json names 3 layers (num_hidden_layers), the "
+                    "weights hold 2"),
+    "fewer_layers": ({"config": {"num_hidden_layers": 1}}, "config.json names 1 layers (num_hidden_layers), the "
+                     "weights hold 2"),
+    "unexpected": ({"change": lambda w: w.update({"model.extra.weight": torch.zeros(3)})},
+                   "1 weight in the safetensors that the config has no place for (model.extra.weight)"),
+    "shape": ({"config": {"intermediate_size": 48}}, "shaped unlike the config says"),
+}
+
+
+@pytest.mark.parametrize("kind", MISMATCHES)
+def test_model_dir_not_matching_its_config_is_refused(kind, tmp_path):
+    from spec_zoo.models import load_causal_lm
+
+    arguments, says = MISMATCHES[kind]
+    path = saved_model(tmp_path / kind, **arguments)
+    with pytest.raises(ConfigError) as info:
+        load_causal_lm(path, key="drafter")
+    message = str(info.value)
+    assert message.startswith(f"drafter.path: {path} does not match its config.json (") and "\n" not in message
+    assert says in message and "re-save the model" in message
+
+
+def test_model_dir_with_tied_embeddings_loads(tmp_path):
+    """lm_head.weight is legitimately absent when the config ties it to the embeddings."""
+    from spec_zoo.models import load_causal_lm
+
+    path = saved_model(tmp_path / "tied", tie_word_embeddings=True)
+    model, _ = load_causal_lm(path)
+    assert model.lm_head.weight is model.model.embed_tokens.weight
+
+
+def test_console_refuses_a_target_dir_missing_weights(tmp_path, monkeypatch, capsys):
+    from spec_zoo.console import spec_zoo
+
+    path = saved_model(tmp_path / "missing", **MISMATCHES["missing"][0])
+    capsys.readouterr()  # the save's progress bars
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "argv", ["spec-zoo", "model=local", f"model.path={path}", "prompt=[3,4,5]",
+                                      "generation.max_new_tokens=2", "compare=false"])
+    before = snapshot(tmp_path)
+    with pytest.raises(SystemExit) as done:
+        spec_zoo()
+    assert done.value.code == 2
+    one_line_error(capsys.readouterr().err, "model.path")
+    assert snapshot(tmp_path) == before
+
+
+def test_small_model_draft_dir_missing_weights_is_refused_before_the_target_loads(no_model_load, tmp_path):
+    path = saved_model(tmp_path / "draft", **MISMATCHES["missing"][0])
+    message = rejects("drafter=small_model", match=r"^drafter\.path: .* does not match its config\.json",
+                      **{"drafter.path": str(path)})
+    assert "model.layers.1.mlp.up_proj.weight" in message
+
+
+CONSOLE = ["spec_zoo", "bench", "report", "project", "make_draft", "train"]
+COMMANDS = {"spec_zoo": "spec_zoo.cli.main", "bench": "spec_zoo.bench.cli.main", "report": "spec_zoo.report.cli.main",
+            "project": "spec_zoo.report.cli.project", "make_draft": "spec_zoo.cli.make_draft",
+            "train": "spec_zoo.train.cli.main"}
+
+
+def test_every_console_script_runs_under_the_wrapper():
+    import tomllib
+
+    scripts = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())["project"]["scripts"]
+    assert sorted(scripts.values()) == sorted(f"spec_zoo.console:{name}" for name in CONSOLE)
+
+
+@pytest.mark.parametrize("name", CONSOLE)
+def test_ctrl_c_in_any_console_script_is_one_line_and_exit_130(name, monkeypatch, capsys):
+    from spec_zoo import console
+
+    def interrupted(*_):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(COMMANDS[name], interrupted)
+    monkeypatch.setattr(sys, "argv", [name])
+    with pytest.raises(SystemExit) as done:
+        getattr(console, name)()
+    assert done.value.code == 130
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and re.match(r"^spec-zoo(-[\w-]+)?: interrupted; \S", lines[0]), lines
+
+
+def test_ctrl_c_from_the_terminal_ends_in_one_line(tmp_path):
+    """A real SIGINT to the console script, whenever it lands (imports, loading, decoding): one line, exit 130."""
+    import signal
+    import time
+
+    path = saved_model(tmp_path / "model")
+    exe = str(Path(sys.executable).with_name("spec-zoo"))
+    process = subprocess.Popen([exe, "model=local", f"model.path={path}", "prompt=[3,4,5]", "compare=false",
+                                "generation.max_new_tokens=400"], cwd=tmp_path, stdout=subprocess.DEVNULL,
+                               stderr=subprocess.PIPE, text=True)
+    time.sleep(3)
+    process.send_signal(signal.SIGINT)
+    _, stderr = process.communicate(timeout=120)
+    if process.returncode == 0:
+        pytest.skip("the run ended before the interrupt")
+    assert process.returncode == 130, stderr
+    assert "Traceback" not in stderr and stderr.strip().splitlines()[-1].startswith("spec-zoo: interrupted; ")
+
+
+def test_interrupted_bench_says_where_its_records_are(tmp_path, monkeypatch, capsys):
+    from spec_zoo import console
+
+    def interrupted(*_, **__):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr("spec_zoo.bench.cli._run", interrupted)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "argv", ["spec-zoo-bench", "out=runs", "methods=[ar]", "dataset.per_category=1"])
+    with pytest.raises(SystemExit) as done:
+        console.bench()
+    assert done.value.code == 130
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"spec-zoo-bench: interrupted; the records written so far stay in {Path('runs/results.jsonl')}; "
+                   "rerun the same command to resume"]
+    assert not (tmp_path / "runs").exists()  # made by this run, nothing written: removed
+
+
+@pytest.mark.parametrize("args, key", [
+    (["dataset=jsonl", "dataset.path=NOSUCH", "out=runs"], "dataset.path"),  # refused in bench(), Hydra started
+    (["dataset.categories=[nosuch]"], "dataset.categories"),  # the default out=outputs/bench/...
+    (["dataset=jsonl", "dataset.path=NOSUCH", "out=runs/a/b"], "dataset.path"),
+])
+def test_a_refused_bench_run_leaves_no_directory(args, key, tmp_path, monkeypatch, capsys):
+    from spec_zoo import console
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "argv", ["spec-zoo-bench", *(a.replace("NOSUCH", "no/such.jsonl") for a in args)])
+    with pytest.raises(SystemExit) as done:
+        console.bench()
+    assert done.value.code == 2
+    one_line_error(capsys.readouterr().err, key)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_refused_bench_run_keeps_an_existing_out_dir(tmp_path, monkeypatch, capsys):
+    from spec_zoo import console
+
+    (tmp_path / "runs").mkdir()
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "argv", ["spec-zoo-bench", "out=runs", "dataset=jsonl", "dataset.path=nosuch.jsonl"])
+    with pytest.raises(SystemExit):
+        console.bench()
+    assert (tmp_path / "runs").is_dir()
+
+
+@pytest.mark.parametrize("source, key, says", [
+    ("/dev/zero", "prompt_file", "more than 1 MiB"),
+    ("DIR", "prompt_file", "is a directory"),
+    ("STDIN", "prompt=-", "standard input holds more than 1 MiB"),
+])
+def test_prompt_reads_are_bounded(source, key, says, tmp_path, monkeypatch, no_model_load):
+    import io
+
+    if source == "/dev/zero" and not Path(source).exists():
+        pytest.skip("no /dev/zero here")
+    monkeypatch.setattr("spec_zoo.inputs.PROMPT_BYTES", 2**20)
+    if source == "STDIN":
+        monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"x" * (2**20 + 1))))
+        message = rejects(match=r"^prompt=-: ", prompt="-")
+    else:
+        monkeypatch.chdir(tmp_path)
+        (tmp_path / "DIR").mkdir()
+        message = rejects(match=rf"^{key}: ", prompt_file=source)
+    assert says in message
+
+
+def test_a_prompt_within_the_bound_is_read(tmp_path, monkeypatch):
+    from spec_zoo.api import read_prompt
+
+    monkeypatch.setattr("spec_zoo.inputs.PROMPT_BYTES", 2**20)
+    (tmp_path / "p.txt").write_text("x" * 2**20)
+    cfg = compose_config([f"prompt_file={tmp_path / 'p.txt'}"])
+    assert len(read_prompt(cfg)) == 2**20
+
+
+@pytest.mark.parametrize("name, says", [("DIR", "is a directory"), ("/dev/zero", "is not a regular file"),
+                                        ("nosuch.jsonl", "does not exist")])
+def test_dataset_path_messages_name_the_real_problem(name, says, tmp_path, monkeypatch):
+    from spec_zoo.bench.dataset import load_questions
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "DIR").mkdir()
+    with pytest.raises(ConfigError, match=rf"^dataset\.path: .*{says}.*; point it at a JSONL file"):
+        load_questions("jsonl", name)

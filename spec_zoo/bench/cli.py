@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 import sys
-from contextlib import ExitStack
+from contextlib import ExitStack, contextmanager, suppress
 from pathlib import Path
 from typing import cast
 
@@ -24,6 +24,7 @@ from spec_zoo.bench.runner import run_benchmark, run_context
 from spec_zoo.bench.specs import resolve_methods
 from spec_zoo.bench.summary import Summary, summarize, summarize_file
 from spec_zoo.cli import checked_command_line
+from spec_zoo.console import keep
 from spec_zoo.errors import ConfigError
 from spec_zoo.outputs import check_writable, one_writer
 from spec_zoo.registry import CONF_DIR
@@ -82,12 +83,29 @@ def bench(cfg: DictConfig) -> Summary:
     out = output_dir(cfg)
     results_path = out / "results.jsonl"
     with ExitStack() as held:
+        held.enter_context(removed_if_left_empty(out))
         if not cfg.get("dry_run"):  # one writer per results directory: a second run into it is refused
             check_writable(out, "out")
             held.enter_context(one_writer(out / LOCK_FILE, busy=(
                 f"out: {out} is being written by another spec-zoo-bench run (it holds {out / LOCK_FILE}); "
                 "wait for it to finish (a rerun then resumes), or give another out= directory.")))
+            keep(f"the records written so far stay in {results_path}; rerun the same command to resume")
         return _run(cfg, specs, questions, sampling, notes, out, results_path)
+
+
+@contextmanager
+def removed_if_left_empty(out: Path):
+    """``out`` removed again when this run made it and fails (or is interrupted) before writing
+    anything in it but its lock file: a failed run leaves no empty directory behind."""
+    made = not out.exists()
+    try:
+        yield
+    except BaseException:
+        if made and out.is_dir() and {p.name for p in out.iterdir()} <= {LOCK_FILE}:
+            (out / LOCK_FILE).unlink(missing_ok=True)
+            with suppress(OSError):  # another run got in meanwhile: its files stay
+                out.rmdir()
+        raise
 
 
 def _run(cfg: DictConfig, specs, questions, sampling: SamplingParams, notes: list[str], out: Path, results_path: Path):
@@ -233,8 +251,9 @@ def _hydra_main(cfg: DictConfig) -> None:
 
 def main() -> None:
     """Console script: ``--dry-run`` is accepted as ``dry_run=true`` (print the plan, run nothing).
-    The command line is validated first (one line, exit 2); ``summarize=`` alone writes next to
-    the results file, so Hydra gets the current dir as its run dir (no empty outputs/bench/)."""
+    The command line is validated first (one line, exit 2); Hydra gets the current dir as its run
+    dir (it writes nothing there), so ``out=`` is made by the run once validated, never by Hydra
+    before (a refused run leaves no empty ``out=`` or outputs/bench/)."""
     from spec_zoo.registry import register_plugins
 
     sys.argv = ["dry_run=true" if a in ("--dry-run", "--plan") else a for a in sys.argv]
@@ -255,8 +274,8 @@ def main() -> None:
     except ConfigError as err:
         print(f"spec-zoo-bench: error: {err}", file=sys.stderr)
         sys.exit(2)
-    if given.get("summarize") not in (None, "null") and "out" not in given:
-        sys.argv.append("hydra.run.dir=.")
+    if not any(a.lstrip("+").startswith(("hydra.run.dir=", "-m", "--multirun")) for a in sys.argv[1:]):
+        sys.argv.append("hydra.run.dir=.")  # Hydra would make out= before the run is validated; the run makes it
     _hydra_main()
 
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from spec_zoo.errors import ConfigError
-from spec_zoo.inputs import read_utf8
+from spec_zoo.inputs import file_problem, read_utf8
 
 #: datasets shipped with spec-zoo: name -> JSONL file (see data/SOURCE.md for origin and licence);
 #: repetitive is the cross-request reuse track (docs/suffix.md)
@@ -90,8 +90,8 @@ def load_questions(
             )
         path, where = DATASETS[name], f"dataset {name}"
     file = Path(path)
-    if not file.is_file():
-        raise ConfigError(f"{where}={path} does not exist; point it at a JSONL file of prompts.")
+    if problem := file_problem(file, "a JSONL file"):
+        raise ConfigError(f"{where}: {problem}; point it at a JSONL file of prompts.")
     spec_bench_format = name != "jsonl"
     questions = []
     text = read_utf8(file, "dataset.path" if where == "dataset.path" else "dataset.name")
@@ -126,7 +126,7 @@ def load_questions(
         known = sorted({q.category for q in questions})
         unknown = [c for c in categories if c not in known]
         if unknown:
-            raise ConfigError(f"dataset.categories has unknown {unknown}; {name} has: {', '.join(known)}.")
+            raise ConfigError(f"dataset.categories: {name} has no {unknown}; choose from {', '.join(known)}.")
         questions = [q for q in questions if q.category in categories]
     questions = subsample(questions, per_category)
     if not questions:

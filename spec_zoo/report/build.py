@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 from spec_zoo.bench.records import BASELINE, check_schema, method_label, read_records, unique_records
 from spec_zoo.bench.summary import NEAR_TIE, OVERALL, Summary, summarize
 from spec_zoo.errors import ConfigError
+from spec_zoo.inputs import file_problem
 
 if TYPE_CHECKING:  # matplotlib is imported when a figure is drawn
     from matplotlib.axes import Axes
@@ -41,7 +42,8 @@ def find_results(paths: Sequence) -> list[Path]:
         elif p.is_dir():
             found += sorted([*p.rglob("results.jsonl"), *p.rglob("results.jsonl.gz")])
         else:
-            raise ConfigError(f"paths: {p} does not exist; pass results.jsonl files or directories holding them.")
+            raise ConfigError(f"paths: {file_problem(p)}; pass results.jsonl files or "
+                              "directories holding them.")
     if not found:
         raise ConfigError(f"paths: no results.jsonl under {', '.join(map(str, paths))}; run spec-zoo-bench first "
                           "(its out= directory holds results.jsonl).")

@@ -30,7 +30,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from spec_zoo.errors import ConfigError
-from spec_zoo.inputs import read_utf8
+from spec_zoo.inputs import file_problem, read_utf8
 from spec_zoo.layers import final_logits
 
 PACKAGED_PROMPTS = Path(__file__).parent / "data" / "prompts.jsonl"
@@ -53,9 +53,9 @@ def prompts_path(path, key: str = "data.prompts") -> Path:
             raise ConfigError(f"{key}={str(path)!r} is not installed with spec-zoo (no licence lets it redistribute "
                               "that text): it lies in data/ of the spec-zoo source repository, read when spec-zoo "
                               "runs from a checkout (`pip install -e .`); or give the file's path.")
-    if not given.is_file():
+    if problem := file_problem(given, "a JSONL file"):
         names = ", ".join(sorted({p.name for p in PACKAGED_PROMPTS.parent.glob("*.jsonl")} | set(CHECKOUT_ONLY)))
-        raise ConfigError(f"{key}={str(path)!r} does not exist; give a JSONL file with a `prompt` field per line "
+        raise ConfigError(f"{key}: {problem}; give a JSONL file with a `prompt` field per line "
                           f"(or a file shipped with spec-zoo: {names}).")
     return given
 

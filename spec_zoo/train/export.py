@@ -36,6 +36,7 @@ def verifier_path(cfg: DictConfig) -> str:
 
 def export(cfg: DictConfig, target=None) -> Path:
     """Write ``cfg.export.source`` in layout ``cfg.export.format`` to ``cfg.export.out``."""
+    from spec_zoo.artefacts import check_out_dir
     from spec_zoo.drafters.eagle.formats import load_published, save_eagle3, sniff
     from spec_zoo.drafters.medusa.drafter import SHIPPED
     from spec_zoo.drafters.medusa.formats import save_medusa
@@ -57,6 +58,8 @@ def export(cfg: DictConfig, target=None) -> Path:
                 f"{found} head: spec-zoo's EAGLE head reads the target's last-layer state through a unit-RMS fc into "
                 "one normed block input, which the EAGLE-3 layout cannot express (docs/formats.md); --format medusa "
                 "exports spec-zoo's Medusa heads.")
+    # before the target loads (seconds to minutes); the writer checks again when it writes
+    check_out_dir(e.out, "config.json", "Medusa layout" if fmt == "medusa" else f"{fmt} layout", "export.out")
     target = target if target is not None else load_teacher_target(cfg)
     model = target.model
     if fmt == "medusa":

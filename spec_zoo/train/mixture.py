@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 
 from spec_zoo.errors import ConfigError
+from spec_zoo.inputs import file_problem
 from spec_zoo.train.data import PACKAGED_PROMPTS, encode_prompts, prompts_path, read_records
 
 _WORD = re.compile(r"[a-z0-9]+")  # a word, as prompts are compared: lower-cased alphanumeric
@@ -107,7 +108,7 @@ def describe(d, cats: dict) -> dict:
         return {"file": "data.token_ids", "sha256": digest, "categories": [["token_ids", 1.0, []]]}
     path = Path(d.prompts or PACKAGED_PROMPTS).expanduser()
     if not path.is_file():
-        raise ConfigError(f"data.prompts={str(path)!r} does not exist; "
+        raise ConfigError(f"data.prompts: {file_problem(path, 'a JSONL file')}; "
                           "give a JSONL file with a `prompt` field per line.")
     talks = any(c.get("follow_up") for c in cats.values())  # absent otherwise: older stores keep their identity
     return {"file": path.name, "sha256": file_digest(path),

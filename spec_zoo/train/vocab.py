@@ -31,6 +31,7 @@ from safetensors.torch import load_file
 
 from spec_zoo.bench.records import read_text
 from spec_zoo.errors import ConfigError
+from spec_zoo.inputs import file_problem
 from spec_zoo.target import Target
 from spec_zoo.train.batches import select_vocab
 from spec_zoo.train.data import from_parts
@@ -61,7 +62,8 @@ def bench_tokens(results, method: str) -> dict[str, torch.Tensor]:
     (question, turn) in a bench ``results.jsonl``, by category and ``all``."""
     path = Path(results).expanduser()
     if not path.is_file():
-        raise ConfigError(f"vocab.bench_results={str(path)!r} does not exist; give a bench run's results.jsonl.")
+        raise ConfigError(f"vocab.bench_results: {file_problem(path, 'a results.jsonl')}; "
+                          "give a bench run's results.jsonl.")
     seen: dict[tuple, tuple[str, list[int]]] = {}
     for line in read_text(path).splitlines():
         r = json.loads(line) if line.strip() else None

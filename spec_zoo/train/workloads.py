@@ -37,6 +37,7 @@ import torch
 
 from spec_zoo.bench.dataset import DATASETS
 from spec_zoo.errors import ConfigError
+from spec_zoo.inputs import file_problem
 from spec_zoo.train.data import (
     PACKAGED_PROMPTS,
     chat_ids,
@@ -53,7 +54,8 @@ def bench_ngrams(path, n: int) -> set[tuple[str, ...]]:
     None: the packaged Spec-Bench)."""
     path = Path(path).expanduser() if path else DATASETS["spec_bench"]
     if not path.is_file():
-        raise ConfigError(f"report.bench_questions={str(path)!r} does not exist; give the benchmark's question.jsonl "
+        problem = file_problem(path, "a JSONL file")
+        raise ConfigError(f"report.bench_questions: {problem}; give the benchmark's question.jsonl "
                           "(its prompts are kept out of the report's).")
     grams: set[tuple[str, ...]] = set()
     for line in path.read_text(encoding="utf-8").splitlines():
