@@ -338,7 +338,7 @@ def test_a_category_draws_from_its_own_file_or_a_packaged_one(tmp_path):
     assert all(r["prompt"].startswith("Translate German to English: ") for r in german)
     news = read_records("news_articles.jsonl")
     assert {r["source"] for r in news} == {"cnndm-val"} and all(r["prompt"].startswith("Summarize: ") for r in news)
-    with pytest.raises(ConfigError, match="data.mixture.mine.file='nothere.jsonl' does not exist.*human_german.jsonl"):
+    with pytest.raises(ConfigError, match="data.mixture.mine.file: nothere.jsonl does not exist.*human_german.jsonl"):
         mixture_prompts(_Tokenizer(), cfg.data, {**cats, "mine": {**cats["mine"], "file": "nothere.jsonl"}}, 8)
 
 
