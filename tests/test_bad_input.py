@@ -563,3 +563,57 @@ def test_spec_zoo_project_refuses_a_nan_table_instead_of_printing_nanx(tmp_path,
     assert project([str(run), "--costs", str(tmp_path / "nan.json")]) == 2
     out, err = capsys.readouterr()
     assert "nan" not in out and err.startswith("spec-zoo-project: error: --costs: ") and err.count("\n") == 1
+
+
+# -- issue 42: the suffix cache is saved as documented, and its path checked before decoding ---------------
+
+
+def test_the_suffix_cache_is_saved_when_a_request_ends(tmp_path):
+    """docs/suffix.md: "rewritten atomically after each request". It was filed only when the next
+    request began, so a one-prompt run (the CLI, `spec_zoo.generate`) never wrote it."""
+    import spec_zoo
+    from spec_zoo.testing import tiny_llama
+
+    target = Target(tiny_llama(6, sharpness=3.0))
+    path = tmp_path / "nosuch" / ".." / "cache.json"  # resolved: tmp_path/cache.json, no nosuch made
+    out = spec_zoo.generate([5, 6, 7, 5, 6, 7, 5, 6], drafter="suffix", model=target, max_new_tokens=8,
+                            cache_path=str(path))
+    saved = json.loads((tmp_path / "cache.json").read_text())
+    assert [o["tokens"] for o in saved["outputs"]] == [out.ids] and not (tmp_path / "nosuch").exists()
+    again = spec_zoo.generate([9, 8, 9, 8], drafter="suffix", model=target, max_new_tokens=8, cache_path=str(path))
+    saved = json.loads((tmp_path / "cache.json").read_text())
+    assert [o["tokens"] for o in saved["outputs"]] == [out.ids, again.ids]  # loaded, added to, saved again
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cache.json"]  # no temp file left
+
+
+def bad_cache_paths(tmp_path) -> dict:
+    """name -> (cache_path, what the message says); each one names something the user has."""
+    (tmp_path / "dir").mkdir()
+    (tmp_path / "dir" / "keep.txt").write_text("mine")
+    (tmp_path / "notes.txt").write_text("my notes")
+    (tmp_path / "link.json").symlink_to(tmp_path / "notes.txt")
+    (tmp_path / "list.json").write_text("[1, 2]")
+    (tmp_path / "other.json").write_text(json.dumps({"format": "pickle", "outputs": []}))
+    (tmp_path / "tokens.json").write_text(json.dumps({"format": "spec-zoo-suffix-cache-v1", "outputs": [
+        {"key": "k", "source": "s", "tokens": ["a"]}]}))
+    (tmp_path / "nooutputs.json").write_text(json.dumps({"format": "spec-zoo-suffix-cache-v1"}))
+    return {"a directory": (tmp_path / "dir", "is a directory"),
+            "a file as its directory": (tmp_path / "notes.txt" / "cache.json", "is a file"),
+            "read-only directory": (tmp_path / "READONLY" / "cache.json", "not writable"),
+            "a user's text file": (tmp_path / "notes.txt", "cannot be read as a suffix cache"),
+            "a link to a user's file": (tmp_path / "link.json", "notes.txt cannot be read"),
+            "a JSON list": (tmp_path / "list.json", "JSON list"),
+            "another format": (tmp_path / "other.json", "'pickle'"),
+            "tokens not ids": (tmp_path / "tokens.json", "not a token id"),
+            "no outputs": (tmp_path / "nooutputs.json", "outputs")}
+
+
+@pytest.mark.parametrize("case", ["a directory", "a file as its directory", "read-only directory", "a user's text file",
+                                  "a link to a user's file", "a JSON list", "another format", "tokens not ids",
+                                  "no outputs"])
+def test_a_bad_suffix_cache_path_is_refused_before_the_model_loads(case, tmp_path, no_model_load, read_only):
+    path, says = bad_cache_paths(tmp_path)[case]
+    before = snapshot(tmp_path)
+    message = rejects("drafter=suffix", f"drafter.cache_path={path}", match=f"^drafter.cache_path: .*{says}")
+    assert "\n" not in message and ";" in message  # the problem; the fix
+    assert snapshot(tmp_path) == before
