@@ -28,7 +28,7 @@ import torch
 
 from spec_zoo.draft import Draft
 from spec_zoo.errors import ConfigError, first_line
-from spec_zoo.outputs import atomic_write
+from spec_zoo.outputs import atomic_write, save_figure
 from spec_zoo.paths import cache_root
 
 CONTEXT_BUCKET = 64  # `CostTable.at` interpolates once per this many cached tokens
@@ -268,6 +268,6 @@ def plot_table(table: CostTable, path: Path, others: Sequence[CostTable] = ()) -
     ax.set_title(f"{table.model}, {table.threads} thread(s)", fontsize=9)
     ax.legend(fontsize=7)
     fig.tight_layout()
-    atomic_write(path, lambda tmp: fig.savefig(tmp, dpi=120, format="png"))
+    save_figure(fig, path, 120)
     plt.close(fig)
     return path

@@ -91,6 +91,15 @@ def check_replaceable(path, key: str, fix: str, overwrite: bool = False) -> Path
     return path
 
 
+def check_outputs(out_dir, names, key: str, fix: str) -> Path:
+    """``out_dir`` `resolved`, once each file ``names`` a command writes there may be written
+    (`check_replaceable`): called before the work, so a refusal costs nothing."""
+    out_dir = check_writable(out_dir, key)
+    for name in names:
+        check_replaceable(out_dir / name, key, fix)
+    return out_dir
+
+
 def umask() -> int:
     """The process's umask (read by setting it, then setting it back)."""
     mask = os.umask(0)
@@ -121,6 +130,12 @@ def atomic_write(path, content: str | bytes | Callable[[Path], object]) -> Path:
         tmp.unlink(missing_ok=True)
         raise
     return path
+
+
+def save_figure(fig, path, dpi: int) -> Path:
+    """A matplotlib figure as a PNG at ``path``, atomically, carrying `SIGNATURE` (a text chunk)
+    so a later run may replace it and no picture of the user's."""
+    return atomic_write(path, lambda tmp: fig.savefig(tmp, dpi=dpi, format="png", metadata={"Software": SIGNATURE}))
 
 
 def write_owned(path, text: str, key: str, fix: str, overwrite: bool = False) -> Path:

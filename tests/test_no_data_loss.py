@@ -403,3 +403,25 @@ def test_an_interrupted_atomic_write_keeps_the_previous_file(tmp_path):
     (tmp_path / "link.json").symlink_to(path)
     atomic_write(tmp_path / "link.json", "via link")  # written where the link points, the link kept
     assert (tmp_path / "link.json").is_symlink() and path.read_text() == "via link"
+
+
+@pytest.mark.parametrize("command, key, name", [("train_report", "report.out", "report.md"),
+                                                ("train_vocab", "vocab.out", "vocab.md")])
+def test_train_report_and_vocab_refuse_the_users_files_before_any_work(command, key, name, tmp_path, monkeypatch):
+    from hydra import compose, initialize_config_dir
+
+    from spec_zoo.registry import CONF_DIR
+    from spec_zoo.train.report import run_report
+    from spec_zoo.train.vocab import run_vocab
+
+    fail_if_loaded(monkeypatch)
+    monkeypatch.setattr("spec_zoo.train.loop.load_teacher_target", lambda cfg: pytest.fail("a target loaded"))
+    out = users_files(tmp_path / "A" / "mine")
+    (out / name).write_text("# my own notes")
+    before = snapshot(tmp_path)
+    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+        cfg = compose(command, overrides=[f"{key}={tmp_path}/A/nosuch/../mine", "vocab.bench_results=x"
+                                          if command == "train_vocab" else "report.per_category=1"])
+    with pytest.raises(ConfigError, match=f"^{key}: .*{name} exists and was not written by spec-zoo"):
+        (run_report if command == "train_report" else run_vocab)(cfg)
+    assert snapshot(tmp_path) == before and not (tmp_path / "A" / "nosuch").exists()

@@ -27,6 +27,7 @@ from spec_zoo.cli import checked_command_line
 from spec_zoo.errors import ConfigError
 from spec_zoo.outputs import (
     atomic_write,
+    check_outputs,
     check_replaceable,
     check_writable,
     one_writer,
@@ -45,8 +46,7 @@ OUT_FIX = "move it away, or give another out= directory"
 def check_out_files(out: Path, key: str = "out") -> None:
     """The files a run writes beside its records (summary.md, compile_s.json) may replace only
     what spec-zoo wrote there (`check_replaceable`): checked before any model loads."""
-    for name in ("summary.md", "compile_s.json"):
-        check_replaceable(Path(out) / name, key, OUT_FIX)
+    check_outputs(out, ("summary.md", "compile_s.json"), key, OUT_FIX)
 
 
 def write_summary(summary: Summary, out_dir, key: str = "out") -> Path:

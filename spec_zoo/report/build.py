@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 from spec_zoo.bench.records import BASELINE, check_schema, method_label, read_records, unique_records
 from spec_zoo.bench.summary import NEAR_TIE, OVERALL, Summary, summarize
 from spec_zoo.errors import ConfigError
-from spec_zoo.outputs import SIGNATURE, atomic_write, check_replaceable, resolved, signed_markdown, write_owned
+from spec_zoo.outputs import check_replaceable, resolved, save_figure, signed_markdown, write_owned
 
 if TYPE_CHECKING:  # matplotlib is imported when a figure is drawn
     from matplotlib.axes import Axes
@@ -607,6 +607,6 @@ def _records_reaching(records: Sequence[dict], label: Callable[[dict], str], row
 
 def _save(fig: Figure, path: Path) -> Path:
     """Atomically, signed (a PNG text chunk), so a later report replaces this figure and no other."""
-    atomic_write(path, lambda tmp: fig.savefig(tmp, dpi=DPI, format="png", metadata={"Software": SIGNATURE}))
+    save_figure(fig, path, DPI)
     _pyplot().close(fig)
     return path
