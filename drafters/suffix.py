@@ -145,10 +145,10 @@ class SuffixCache:
         except (OSError, ValueError) as err:
             raise ConfigError(f"drafter.cache_path: {path} cannot be read as a suffix cache ({first_line(err)}); "
                               f"{fix}.") from None
+        if not isinstance(body, dict) or body.get("format") != self.FORMAT:
+            found = f"format={body.get('format')!r:.40}" if isinstance(body, dict) else f"a JSON {type(body).__name__}"
+            raise ConfigError(f"drafter.cache_path: {path} holds {found}, not a suffix cache spec-zoo wrote; {fix}.")
         try:
-            if not isinstance(body, dict) or body.get("format") != self.FORMAT:
-                found = body.get("format") if isinstance(body, dict) else f"a JSON {type(body).__name__}"
-                raise ValueError(f"it holds {found!r:.40}, not a {self.FORMAT}")
             outputs = [(_text(o["key"]), _text(o["source"]), [_token(t) for t in o["tokens"]]) for o in body["outputs"]]
         except (ValueError, KeyError, TypeError) as err:
             raise ConfigError(f"drafter.cache_path: {path} is not a suffix cache spec-zoo wrote "
