@@ -174,6 +174,10 @@ class ComposedDrafter(Drafter):
         for member in self.members:
             member.begin(state)
 
+    def end(self, state: DecodeState) -> None:
+        for member in self.members:
+            member.end(state)
+
     def _collect(self, state: DecodeState) -> None:
         """Queue this step's target features for every member that reads them."""
         hidden = state.target_hidden

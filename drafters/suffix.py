@@ -20,9 +20,11 @@ c calibrating the counts' probabilities by what was accepted so far (one occurre
 ``alpha * p`` nodes whatever they cost.
 
 The cache is bounded (oldest requests evicted first, by count and by tokens) and can be
-persisted to a JSON file. A request's output is filed under the source the benchmark names
-(`DecodeState.request_id`); while a sequence of source s runs, everything s produced before is
-hidden, so a repeated measurement never drafts its own earlier answer.
+persisted to a JSON file (``cache_path``: checked when the drafter is built, before a model
+loads; loaded then, and rewritten atomically when each request ends, `Drafter.end`). A
+request's output is filed under the source the benchmark names (`DecodeState.request_id`);
+while a sequence of source s runs, everything s produced before is hidden, so a repeated
+measurement never drafts its own earlier answer.
 """
 
 from __future__ import annotations
@@ -40,8 +42,9 @@ from pathlib import Path
 import torch
 
 from spec_zoo.draft import ROOT, Draft
-from spec_zoo.errors import ConfigError
+from spec_zoo.errors import ConfigError, first_line
 from spec_zoo.interfaces import DecodeState, Drafter, Verdict
+from spec_zoo.outputs import atomic_write, check_writable, resolved
 from spec_zoo.stats import StepStats
 
 Occurrence = tuple[list[int], int]  # (a token sequence, index of the last matched token in it)
@@ -129,26 +132,52 @@ class SuffixCache:
 
     def save(self, path: str | os.PathLike) -> None:
         """Write the outputs (oldest first) as JSON, atomically."""
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
         body = {"format": self.FORMAT, "outputs": [
             {"key": key, "source": source, "tokens": tokens} for key, source, tokens in self.outputs.values()]}
-        tmp = path.with_suffix(path.suffix + ".tmp")
-        tmp.write_text(json.dumps(body))
-        tmp.replace(path)
+        atomic_write(path, json.dumps(body))
 
     def load(self, path: str | os.PathLike) -> None:
-        """Add the outputs saved by `save`."""
+        """Add the outputs saved by `save`; a file that is not one (unreadable, not JSON, another
+        format, a field of the wrong type) raises a one-line `ConfigError` and is left as it is."""
+        fix = "point drafter.cache_path at a new file, or delete this one if spec-zoo wrote it"
         try:
-            body = json.loads(Path(path).read_text())
-            if body.get("format") != self.FORMAT:
-                raise ValueError(f"format {body.get('format')!r}, expected {self.FORMAT!r}")
-            outputs = [(str(o["key"]), str(o["source"]), [int(t) for t in o["tokens"]]) for o in body["outputs"]]
-        except (OSError, ValueError, KeyError, TypeError) as err:
-            raise ConfigError(f"drafter.cache_path={path} is not a suffix cache ({err}); "
-                              "delete it or point cache_path elsewhere.") from None
+            body = json.loads(Path(path).read_text(encoding="utf-8"))
+        except (OSError, ValueError) as err:
+            raise ConfigError(f"drafter.cache_path: {path} cannot be read as a suffix cache ({first_line(err)}); "
+                              f"{fix}.") from None
+        if not isinstance(body, dict) or body.get("format") != self.FORMAT:
+            found = f"format={body.get('format')!r:.40}" if isinstance(body, dict) else f"a JSON {type(body).__name__}"
+            raise ConfigError(f"drafter.cache_path: {path} holds {found}, not a suffix cache spec-zoo wrote; {fix}.")
+        try:
+            outputs = [(_text(o["key"]), _text(o["source"]), [_token(t) for t in o["tokens"]]) for o in body["outputs"]]
+        except (ValueError, KeyError, TypeError) as err:
+            raise ConfigError(f"drafter.cache_path: {path} is not a suffix cache spec-zoo wrote "
+                              f"({first_line(err)}); {fix}.") from None
         for key, source, tokens in outputs:
             self.add(tokens, source, key)
+
+
+def _text(value) -> str:
+    if not isinstance(value, str):
+        raise TypeError(f"a key or source is {value!r:.30}, not text")
+    return value
+
+
+def _token(value) -> int:
+    if type(value) is not int or value < 0:
+        raise TypeError(f"a token is {value!r:.30}, not a token id")
+    return value
+
+
+def check_cache_path(cache_path) -> Path:
+    """``drafter.cache_path`` `resolved`, checked before any decoding (and before a model loads):
+    a file (not a directory) in a directory the cache can be written to. Loading it checks the rest."""
+    path = resolved(cache_path)
+    if path.is_dir():
+        raise ConfigError(f"drafter.cache_path: {path} is a directory; give a JSON file path, e.g. "
+                          f"drafter.cache_path={path / 'suffix_cache.json'}.")
+    check_writable(path.parent, "drafter.cache_path")
+    return path
 
 
 class _SequenceIndex:
@@ -271,9 +300,9 @@ class SuffixDrafter(Drafter):
         self.max_match, self.alpha, self.offset, self.max_spec = max_match, alpha, offset, max_spec
         self.min_token_prob, self.branching, self.max_occurrences = min_token_prob, tree, max_occurrences
         self.cache = SuffixCache(max_requests, max_tokens)
-        self.cache_path = cache_path
-        if cache_path and Path(cache_path).is_file():
-            self.cache.load(cache_path)
+        self.cache_path = check_cache_path(cache_path) if cache_path else None
+        if self.cache_path is not None and self.cache_path.exists():
+            self.cache.load(self.cache_path)
         self._request: tuple[list[int], int, Hashable, Hashable] | None = None  # tokens, prompt_len, source, key
         self._own = _SequenceIndex()
         self._hidden: Hashable | None = None
@@ -297,8 +326,12 @@ class SuffixDrafter(Drafter):
         self._request = (state.tokens, state.prompt_len, source, key)
         self._own = _SequenceIndex()
 
+    def end(self, state: DecodeState) -> None:
+        self.finish()
+
     def finish(self) -> None:
-        """File the last sequence's output in the cache (the next `begin` does it too)."""
+        """File the last sequence's output in the cache and save it (`end` calls it when the
+        sequence ends; the next `begin` does for one that did not end)."""
         if self._request is None:
             return
         tokens, prompt_len, source, key = self._request

@@ -4,7 +4,8 @@ the target it was trained for (a fingerprint checked at load time).
 Every artefact directory spec-zoo writes (drafts, heads, adapters, converted models) goes
 through `write_artefact`: the whole directory atomically (a temp dir, then one rename: an
 interrupted save never leaves half an artefact), replacing only a previous artefact, never
-the user's files (`check_out_dir`, also called before the work starts). Records are read
+the user's files (`check_out_dir`, also called before the work starts). Both judge and write
+the directory `spec_zoo.outputs.resolved` (symlinks and ``..`` applied), never the path as typed. Records are read
 back with their format and version checked.
 """
 
@@ -20,7 +21,7 @@ from pathlib import Path
 import torch
 
 from spec_zoo.errors import ConfigError
-from spec_zoo.outputs import check_writable
+from spec_zoo.outputs import check_writable, resolved, umask
 
 #: every file an artefact directory may hold: JSON records and configs, safetensors weights,
 #: tokenizer files (what ``save_pretrained`` writes). A directory holding anything else is the
@@ -60,15 +61,16 @@ def check_out_dir(out_dir, record_name: str, fmt: str, key: str, overwrite: bool
     (under a writable one), or one holding exactly a previous artefact of the same format
     (its record ``record_name`` says so); with ``overwrite``, any spec-zoo artefact or model
     dir. Never a directory with other files, the current directory or one of its parents.
-    Called before the work that makes the artefact, and again just before it is written."""
-    out_dir = Path(out_dir).expanduser()
+    Called before the work that makes the artefact, and again just before it is written.
+    Returns ``out_dir`` `resolved`: what was judged, and all that may be written."""
+    out_dir = resolved(out_dir)
     flag = f"{key.rsplit('.', 1)[0]}.overwrite=true" if "." in key else "--overwrite"
     where, fresh = f"{key}: {str(out_dir)!r}", f"choose a new directory for {key}"
     here = Path.cwd().resolve()
-    if out_dir.resolve() in (here, *here.parents):
+    if out_dir in (here, *here.parents):
         raise ConfigError(f"{where} is the current directory or one of its parents, which is never replaced; "
                           f"{fresh}.")
-    if out_dir.is_symlink() or (out_dir.exists() and not out_dir.is_dir()):
+    if out_dir.exists() and not out_dir.is_dir():
         raise ConfigError(f"{where} exists and is not a directory; {fresh}, or move it away.")
     check_writable(out_dir.parent, key)  # the temp dir is made beside out_dir
     if not out_dir.is_dir() or not any(out_dir.iterdir()):
@@ -136,11 +138,10 @@ def _usual_modes(tmp: Path) -> None:
     """Give the directory and its files the modes of any new file under the user's umask:
     `tempfile.mkdtemp` makes the directory private (0700) and safetensors writes 0600, so
     an artefact would otherwise be unreadable to the other users of a shared model dir."""
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(tmp, 0o777 & ~umask)
+    mask = umask()
+    os.chmod(tmp, 0o777 & ~mask)
     for f in tmp.iterdir():
-        os.chmod(f, 0o666 & ~umask)
+        os.chmod(f, 0o666 & ~mask)
 
 
 def read_record(file: Path, fmt: str, version: int, what: str, fix: str) -> dict:

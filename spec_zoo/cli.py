@@ -121,11 +121,13 @@ def runtime_command(command: str, overrides: list[str]) -> None:
     measured before: added to the stored table, whose t(M) is measured only when there is none
     yet), save it where the adaptive draft length finds it, and plot it (PNG next to the JSON)."""
     from spec_zoo.api import build_decoder, compiled_parts, compose_config, load_checked_target
-    from spec_zoo.costs import cached_table, measure, measure_draft, plot_table, table_path
+    from spec_zoo.costs import cached_table, measure, measure_draft, plot_table, set_aside_unreadable, table_path
 
     cfg = compose_config(overrides)
     with quiet_loading():
         target = load_checked_target(cfg.model)
+    if command == "costs" and (aside := set_aside_unreadable(table_path(target))):  # the way out it names
+        print(f"the stored cost table failed to load; kept it as {aside} and measuring a new one", file=sys.stderr)
     if command == "warmup":
         if not hasattr(target, "warm_up"):
             raise ConfigError("spec-zoo warmup: model.runtime=eager has nothing to compile; "

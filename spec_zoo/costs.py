@@ -6,26 +6,34 @@ then a jump; a GPU: flat to dozens), which no straight-line fit expresses. The t
 measured once per machine, model shape, runtime, dtype and thread count, cached as JSON
 under ``$SPEC_ZOO_CACHE/costs/`` (`table_path`) and re-measured with ``spec-zoo costs``
 (which also plots it); whoever builds a decoder passes the table in (`cached_table`; `spec_zoo.api.build_decoder` does).
+A table is written atomically and checked field by field when read (`table_problem`): a NaN
+timing would otherwise price every draft as free or unaffordable and silently change what is
+drafted. `spec-zoo costs` measures a new table over one that fails the check, keeping the bad
+one aside (`set_aside_unreadable`).
 """
 
 from __future__ import annotations
 
 import json
+import math
+import os
 import platform
 import statistics
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 import torch
 
 from spec_zoo.draft import Draft
-from spec_zoo.errors import ConfigError
+from spec_zoo.errors import ConfigError, first_line
+from spec_zoo.outputs import atomic_write, save_figure
 from spec_zoo.paths import cache_root
 
 CONTEXT_BUCKET = 64  # `CostTable.at` interpolates once per this many cached tokens
 CONTEXTS = (100, 500, 1500)  # cached tokens `measure` times t(M) after: short, mid, Spec-Bench's long prompts
+REMEASURE = "re-measure it with `spec-zoo costs` (which keeps the bad table aside)"
 
 
 @dataclass
@@ -86,20 +94,70 @@ class CostTable:
         return (t[-1] + slope * (tokens - len(t))) / t[0]
 
     def save(self, path: Path) -> Path:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(asdict(self), indent=1))  # fields only: the `at` memo stays out
-        return path
+        """Atomically: a reader never sees half a table."""
+        return atomic_write(path, json.dumps(asdict(self), indent=1))  # fields only: the `at` memo stays out
 
     @classmethod
-    def load(cls, path: Path) -> CostTable:
+    def load(cls, path, key: str = "cost table", fix: str = REMEASURE) -> CostTable:
+        """The table at ``path``; one that cannot be read or fails `table_problem` raises a one-line
+        `ConfigError` naming ``key``, the path, what is wrong and ``fix``."""
         try:
-            table = cls(**json.loads(Path(path).read_text()))
-        except (OSError, ValueError, TypeError) as err:
-            raise ConfigError(f"cost table {path} cannot be read ({err}); "
-                              "re-measure it with `spec-zoo costs`.") from None
-        if any(not curve or min(curve) <= 0 for curve in table.curves().values()):
-            raise ConfigError(f"cost table {path} holds no positive timings; re-measure it with `spec-zoo costs`.")
-        return table
+            raw = json.loads(Path(path).read_text(encoding="utf-8"))
+        except (OSError, ValueError) as err:
+            raise ConfigError(f"{key}: {path} cannot be read ({first_line(err)}); {fix}.") from None
+        if problem := table_problem(raw):
+            raise ConfigError(f"{key}: {path}: {problem}; {fix}.")
+        return cls(**raw)
+
+
+def _positive(x) -> bool:
+    return type(x) in (int, float) and math.isfinite(x) and x > 0
+
+
+def table_problem(raw) -> str | None:
+    """What makes the JSON value ``raw`` no `CostTable` (None: nothing): every timing and drafting
+    cost a positive finite number, curves non-empty lists, contexts keyed by cached tokens, the
+    descriptive fields text and the counts integers."""
+    if not isinstance(raw, dict):
+        return f"it holds a JSON {type(raw).__name__}, not a table (an object)"
+    known = {f.name for f in fields(CostTable)}
+    if unknown := sorted(set(raw) - known):
+        return f"it has unknown field(s) {', '.join(map(repr, unknown))[:80]}"
+    if missing := [n for n in ("seconds", "model", "runtime", "dtype", "threads", "machine") if n not in raw]:
+        return f"it lacks {', '.join(missing)}"
+    if bad := next((n for n in ("model", "runtime", "dtype", "machine") if not isinstance(raw[n], str)), None):
+        return f"{bad}={raw[bad]!r:.40} is not text"
+    for n, low in (("threads", 0), ("past", 1)):
+        if n in raw and (type(raw[n]) is not int or raw[n] < low):
+            return f"{n}={raw[n]!r:.40} is not an integer >= {low}"
+    contexts, drafts = raw.get("contexts", {}), raw.get("drafts", {})
+    if not isinstance(contexts, dict) or not all(str(c).isdigit() and int(c) > 0 for c in contexts):
+        return f"contexts={contexts!r:.60} is not an object of curves by cached tokens ({{\"500\": [...]}})"
+    for name, curve in (("seconds", raw["seconds"]), *((f"contexts[{c}]", v) for c, v in contexts.items())):
+        if not isinstance(curve, list) or not curve:
+            return f"{name}={curve!r:.40} is not a non-empty list of timings"
+        if (i := next((i for i, x in enumerate(curve) if not _positive(x)), None)) is not None:
+            return f"{name}[{i}]={curve[i]!r:.20} is not a positive finite time in seconds"
+    if not isinstance(drafts, dict):
+        return f"drafts={drafts!r:.40} is not an object of drafting costs by drafter"
+    if bad := next((k for k, v in drafts.items() if not _positive(v)), None):
+        return f"drafts[{bad!r}]={drafts[bad]!r:.20} is not a positive finite cost (in target steps)"
+    return None
+
+
+def set_aside_unreadable(path: Path) -> Path | None:
+    """Move the stored table at ``path`` aside (``<name>.corrupt-<time>.json``) when it fails to
+    load, so `spec-zoo costs` can measure a new one in its place without losing it; where it went,
+    or None when there is nothing to move."""
+    if not path.exists() and not path.is_symlink():
+        return None
+    try:
+        CostTable.load(path)
+        return None
+    except ConfigError:
+        aside = path.with_name(f"{path.stem}.corrupt-{time.strftime('%Y%m%d-%H%M%S')}{path.suffix}")
+        os.replace(path, aside)
+        return aside
 
 
 def _what_costs(target) -> tuple[str, str, str]:
@@ -210,6 +268,6 @@ def plot_table(table: CostTable, path: Path, others: Sequence[CostTable] = ()) -
     ax.set_title(f"{table.model}, {table.threads} thread(s)", fontsize=9)
     ax.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    save_figure(fig, path, 120)
     plt.close(fig)
     return path

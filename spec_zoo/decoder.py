@@ -205,6 +205,7 @@ class SpeculativeDecoder:
                 break
         stats.new_tokens = len(generated)
         stats.wall_s = time.perf_counter() - start
+        self.drafter.end(state)  # after the clock: what a drafter files (a suffix cache saved) is not decoding
         text = self.target.tokenizer.decode(generated, skip_special_tokens=True) if self.target.tokenizer else None
         return Output(generated, text, stats, finish, prompt_ids)
 

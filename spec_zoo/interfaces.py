@@ -113,6 +113,10 @@ class Drafter(ABC):
     def begin(self, state: DecodeState) -> None:
         """Called at the start of each sequence, before the first ``propose``."""
 
+    def end(self, state: DecodeState) -> None:
+        """Called when a sequence has ended (its last tokens committed): where a drafter files
+        what the sequence produced (SuffixDecoding's cache, saved to its ``cache_path``)."""
+
     @abstractmethod
     def propose(self, state: DecodeState) -> Draft:
         """Return the draft to score after ``state.tokens`` (may be empty)."""

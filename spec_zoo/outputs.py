@@ -1,14 +1,35 @@
-"""Output paths checked before the work that fills them: a directory files can be written
-in (`check_writable`), and one writer at a time (`one_writer`: an advisory lock file, so two
-runs into one place never interleave or overwrite each other)."""
+"""Every path spec-zoo writes goes through here, so one set of rules serves every writer.
+
+A path is judged and written as the file system will reach it (`resolved`: ``~``, symlinks and
+``..`` applied first; ``A/nosuch/../../B`` is ``B`` once ``A/nosuch`` exists, so judging the
+path as typed let a writer replace a directory it never checked). Then: a directory files can be
+written in (`check_writable`); a file replaced only when spec-zoo wrote it (`check_replaceable`:
+its `SIGNATURE`, or a JSON ``format`` naming spec-zoo), never the user's; every persistent
+file written whole or not at all (`atomic_write`: a temp file beside it, then one rename); and
+one writer at a time (`one_writer`: an advisory lock file, so two runs into one place never
+interleave or overwrite each other)."""
 
 from __future__ import annotations
 
+import json
+import os
 import tempfile
+from collections.abc import Callable
 from contextlib import contextmanager
 from pathlib import Path
 
 from spec_zoo.errors import ConfigError
+
+#: what marks a file spec-zoo wrote (a markdown comment on its first line, a PNG's text chunk),
+#: so a later run replaces its own file and refuses the user's
+SIGNATURE = "written by spec-zoo"
+
+
+def resolved(path) -> Path:
+    """``path`` as writing it will reach it: ``~`` expanded, symlinks followed and ``..`` applied
+    after them, the missing tail normalised (`os.path.realpath`, not strict). Judge this one and
+    write this one: the path as typed can name another place once its missing parts are made."""
+    return Path(os.path.realpath(Path(path).expanduser()))
 
 
 def writable(path: Path) -> bool:
@@ -23,8 +44,8 @@ def writable(path: Path) -> bool:
 
 def check_writable(path, key: str) -> Path:
     """``path``, a directory (existing or to be made) where files can be written; else a
-    one-line `ConfigError` naming ``key`` and the fix, before any work."""
-    path = Path(path).expanduser()
+    one-line `ConfigError` naming ``key`` and the fix, before any work. Returns it `resolved`."""
+    path = resolved(path)
     anchor = next(p for p in (path, *path.parents) if p.exists())
     if not anchor.is_dir():
         raise ConfigError(f"{key}: {str(path)!r} cannot be made: {anchor} is a file; give a directory path.")
@@ -32,6 +53,97 @@ def check_writable(path, key: str) -> Path:
         raise ConfigError(f"{key}: {str(path)!r} is not writable ({anchor} is read-only); give a directory you "
                           "can write to.")
     return path
+
+
+def signed_markdown(text: str, tool: str) -> str:
+    """``text`` with a first line saying spec-zoo's ``tool`` wrote it (an HTML comment, hidden
+    when rendered): what lets the next run replace it, and only it (`written_by_spec_zoo`)."""
+    return f"<!-- {SIGNATURE} ({tool}); running it again replaces this file -->\n{text}"
+
+
+def written_by_spec_zoo(path: Path) -> bool:
+    """Whether spec-zoo wrote the file ``path``: `SIGNATURE` near its top (markdown, figures),
+    or, for JSON, an object whose ``format`` names spec-zoo (its records and tables)."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(8192)
+        if SIGNATURE.encode() in head:
+            return True
+        if path.suffix != ".json":
+            return False
+        value = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(value, dict) and str(value.get("format", "")).startswith("spec-zoo-")
+
+
+def check_replaceable(path, key: str, fix: str, overwrite: bool = False) -> Path:
+    """``path`` `resolved`, if a file may be written there: new (in a directory that is or can
+    be made writable), or one spec-zoo wrote (with ``overwrite``, any file). Else a one-line
+    `ConfigError` naming ``key``, the path and ``fix`` (e.g. "give -o a new path, or pass
+    --overwrite"). Called before the work, and again by the writer."""
+    path = resolved(path)
+    if path.is_dir():
+        raise ConfigError(f"{key}: {path} is a directory, not a file; {fix}.")
+    check_writable(path.parent, key)
+    if path.exists() and not overwrite and not written_by_spec_zoo(path):
+        raise ConfigError(f"{key}: {path} exists and was not written by spec-zoo, so it is not replaced; {fix}.")
+    return path
+
+
+def check_outputs(out_dir, names, key: str, fix: str) -> Path:
+    """``out_dir`` `resolved`, once each file ``names`` a command writes there may be written
+    (`check_replaceable`): called before the work, so a refusal costs nothing."""
+    out_dir = check_writable(out_dir, key)
+    for name in names:
+        check_replaceable(out_dir / name, key, fix)
+    return out_dir
+
+
+def umask() -> int:
+    """The process's umask (read by setting it, then setting it back)."""
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def atomic_write(path, content: str | bytes | Callable[[Path], object]) -> Path:
+    """Write the file ``path`` (`resolved`) whole or not at all: ``content`` (text, bytes, or a
+    function that writes the path it is given: safetensors, torch.save, savefig) goes to a temp
+    file beside it, which then replaces ``path`` in one rename. An interrupted write leaves
+    the previous file; the new one gets the modes of any file under the user's umask."""
+    path = resolved(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    tmp = Path(name)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            if isinstance(content, str):
+                f.write(content.encode("utf-8"))
+            elif isinstance(content, bytes):
+                f.write(content)
+        if callable(content):
+            content(tmp)
+        os.chmod(tmp, 0o666 & ~umask())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return path
+
+
+def save_figure(fig, path, dpi: int) -> Path:
+    """A matplotlib figure as a PNG at ``path``, atomically, carrying `SIGNATURE` (a text chunk)
+    so a later run may replace it and no picture of the user's."""
+    return atomic_write(path, lambda tmp: fig.savefig(tmp, dpi=dpi, format="png", metadata={"Software": SIGNATURE}))
+
+
+def write_owned(path, text: str, key: str, fix: str, overwrite: bool = False) -> Path:
+    """`atomic_write` ``text`` to ``path`` once `check_replaceable` allows it: how spec-zoo
+    writes a file into a place the user chose (reports, summaries). ``text`` should carry
+    the mark of `signed_markdown` (or be JSON with a spec-zoo ``format``), so a later run
+    may replace it."""
+    return atomic_write(check_replaceable(path, key, fix, overwrite), text)
 
 
 @contextmanager

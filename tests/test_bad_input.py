@@ -227,6 +227,16 @@ TABLE = [  # (console script, arguments, the key the one-line error must name)
     ("spec-zoo-project", ["NANWALL", "--costs", "COSTS"], "results.jsonl"),
     ("spec-zoo-project", ["RESULTS", "--costs", "COSTS", "--max-nodes", "100000"], "--max-nodes"),
     ("spec-zoo-project", ["RESULTS", "--costs", "COSTS", "--max-width", "100000"], "--max-width"),
+    # issue 42: a cost table of NaNs (or of another shape) is refused, not projected as `nanx`
+    ("spec-zoo-project", ["RESULTS", "--costs", "NANCOSTS"], "--costs"),
+    ("spec-zoo-project", ["RESULTS", "--costs", "LISTCOSTS"], "--costs"),
+    ("spec-zoo-report", ["RESULTS", "-o", "USERDIR/precious.txt"], "-o"),
+    ("spec-zoo-report", ["RESULTS", "-o", "notes.md"], "-o"),
+    ("spec-zoo-report", ["RESULTS", "-o", "USERDIR/nosuch/../../notes.md"], "-o"),
+    ("spec-zoo-make-draft", ["--layers", "1", "--out", "USERDIR/nosuch/../../mine"], "--out"),
+    ("spec-zoo-make-draft", ["--layers", "1", "--out", "USERLINK"], "--out"),
+    ("spec-zoo-train", ["medusa", "output.dir=USERDIR/nosuch/../../mine"], "output.dir"),
+    ("spec-zoo-bench", ["summarize=USERSUMMARY/results.jsonl"], "summarize"),
     ("spec-zoo-make-draft", ["--layers", "1", "--out", "USERDIR"], "--out"),
     ("spec-zoo-make-draft", ["--layers", "1", "--out", "."], "--out"),
     ("spec-zoo-make-draft", ["--layers", "1", "--out", "HEAD"], "--out"),
@@ -302,7 +312,7 @@ def read_only(tmp_path, monkeypatch):
 
 
 PLACEHOLDERS = re.compile(r"\b(EMPTY|GARBAGE|NOWEIGHTS|CORRUPT|FILE|LATIN1|USERDIR|READONLY|RESULTS|NOMETHOD|BADTYPE|"
-                          r"NANWALL|COSTS|HEAD)\b")
+                          r"NANWALL|COSTS|NANCOSTS|LISTCOSTS|HEAD|USERLINK|USERSUMMARY)\b")
 
 
 def concrete(args: list[str], tmp_path) -> list[str]:
@@ -323,6 +333,16 @@ def concrete(args: list[str], tmp_path) -> list[str]:
     results_dir(tmp_path / "NANWALL", result_record(wall_s=float("nan")))
     (tmp_path / "COSTS").write_text(json.dumps({"seconds": [0.01] * 16, "model": "m", "runtime": "eager",
                                                 "dtype": "float32", "threads": 1, "machine": "x"}))
+    (tmp_path / "NANCOSTS").write_text(json.dumps({"seconds": [float("nan")] * 16, "model": "m", "runtime": "eager",
+                                                   "dtype": "float32", "threads": 1, "machine": "x"}))
+    (tmp_path / "LISTCOSTS").write_text("[0.01, 0.02]")
+    (tmp_path / "notes.md").write_text("# my notes")  # a file of the user's, not a report spec-zoo wrote
+    (tmp_path / "mine" / "sub").mkdir(parents=True, exist_ok=True)  # a directory of the user's files
+    (tmp_path / "mine" / "todo.txt").write_text("mine")
+    if not (tmp_path / "USERLINK").is_symlink():
+        (tmp_path / "USERLINK").symlink_to(tmp_path / "USERDIR")
+    results_dir(tmp_path / "USERSUMMARY", result_record())
+    (tmp_path / "USERSUMMARY" / "summary.md").write_text("my summary")
     (tmp_path / "HEAD").mkdir(exist_ok=True)
     (tmp_path / "HEAD" / "eagle.json").write_text('{"format": "spec-zoo-eagle-head"}')
     (tmp_path / "HEAD" / "eagle.safetensors").write_text("")
@@ -720,3 +740,135 @@ def test_dataset_path_messages_name_the_real_problem(name, says, tmp_path, monke
     (tmp_path / "DIR").mkdir()
     with pytest.raises(ConfigError, match=rf"^dataset\.path: .*{says}.*; point it at a JSONL file"):
         load_questions("jsonl", name)
+
+
+# -- issue 42: stored files validated on read; the way out works -------------------------------------------
+
+GOOD_TABLE = {"seconds": [0.01, 0.012, 0.02], "model": "m", "runtime": "eager", "dtype": "float32", "threads": 1,
+              "machine": "x", "past": 100, "drafts": {"eagle": 0.2}, "contexts": {"500": [0.02, 0.03, 0.04]}}
+BAD_TABLES = {  # name -> (the stored JSON text, what the message names)
+    "nan seconds": ({**GOOD_TABLE, "seconds": [float("nan")] * 3}, r"seconds\[0\]=nan"),
+    "inf seconds": ({**GOOD_TABLE, "seconds": [0.01, float("inf")]}, r"seconds\[1\]=inf"),
+    "negative": ({**GOOD_TABLE, "seconds": [-0.01]}, r"seconds\[0\]=-0.01"),
+    "zero": ({**GOOD_TABLE, "seconds": [0.0, 0.01]}, r"seconds\[0\]=0.0"),
+    "text timings": ({**GOOD_TABLE, "seconds": ["a"]}, r"seconds\[0\]='a'"),
+    "bool timing": ({**GOOD_TABLE, "seconds": [True]}, r"seconds\[0\]=True"),
+    "empty": ({**GOOD_TABLE, "seconds": []}, "seconds=.* non-empty list"),
+    "seconds an object": ({**GOOD_TABLE, "seconds": {"1": 0.01}}, "seconds="),
+    "nan context": ({**GOOD_TABLE, "contexts": {"500": [float("nan")]}}, r"contexts\[500\]\[0\]=nan"),
+    "contexts a list": ({**GOOD_TABLE, "contexts": [1, 2]}, "contexts="),
+    "context key not a count": ({**GOOD_TABLE, "contexts": {"long": [0.01]}}, "contexts="),
+    "nan draft cost": ({**GOOD_TABLE, "drafts": {"eagle": float("nan")}}, r"drafts\['eagle'\]=nan"),
+    "drafts a list": ({**GOOD_TABLE, "drafts": [0.2]}, "drafts="),
+    "threads text": ({**GOOD_TABLE, "threads": "two"}, "threads='two'"),
+    "past zero": ({**GOOD_TABLE, "past": 0}, "past=0"),
+    "model a number": ({**GOOD_TABLE, "model": 3}, "model=3"),
+    "missing seconds": ({k: v for k, v in GOOD_TABLE.items() if k != "seconds"}, "lacks seconds"),
+    "unknown field": ({**GOOD_TABLE, "secs": [1]}, "unknown field"),
+    "a list": ([0.01, 0.02], "JSON list"),
+    "torn": (json.dumps(GOOD_TABLE)[:30], "cannot be read"),
+}
+
+
+@pytest.mark.parametrize("name", BAD_TABLES)
+def test_a_bad_cost_table_is_refused_in_one_line(name, tmp_path):
+    from spec_zoo.costs import CostTable
+
+    value, names = BAD_TABLES[name]
+    path = tmp_path / "t.json"
+    path.write_text(value if isinstance(value, str) else json.dumps(value))
+    with pytest.raises(ConfigError, match=names) as info:
+        CostTable.load(path)
+    message = str(info.value)
+    assert message.startswith(f"cost table: {path}") and "spec-zoo costs" in message and "\n" not in message
+    assert CostTable.load(CostTable(**GOOD_TABLE).save(path)) == CostTable(**GOOD_TABLE)  # a good one reads back
+
+
+def test_spec_zoo_costs_measures_over_a_corrupt_table_keeping_it_aside(tmp_path, monkeypatch, capsys):
+    """Every command says "re-measure it with `spec-zoo costs`": that command must then work."""
+    from spec_zoo.api import build_decoder, compose_config
+    from spec_zoo.cli import runtime_command
+    from spec_zoo.costs import cached_table, table_path
+    from spec_zoo.testing import tiny_llama
+
+    monkeypatch.setenv("SPEC_ZOO_CACHE", str(tmp_path / "cache"))
+    tiny_llama(3, dtype=torch.float32, max_position_embeddings=2048).save_pretrained(tmp_path / "m")
+    model = ["model=local", f"model.path={tmp_path / 'm'}"]
+    target = Target(tiny_llama(3, dtype=torch.float32, max_position_embeddings=2048))
+    stored = table_path(target)
+    stored.parent.mkdir(parents=True)
+    bad = json.dumps({**GOOD_TABLE, "seconds": [float("nan")] * 3})
+    stored.write_text(bad)
+    with pytest.raises(ConfigError, match="spec-zoo costs"):  # what every other command says
+        build_decoder(compose_config(model), target=target)
+    runtime_command("costs", model)
+    said = [line for line in capsys.readouterr().err.splitlines() if "cost table" in line and "%" not in line]
+    [aside] = stored.parent.glob("*.corrupt-*.json")
+    assert aside.read_text() == bad and len(said) == 1 and str(aside) in said[0]  # one line (the rest: progress)
+    table = cached_table(target)
+    assert table is not None and len(table.seconds) == 32
+
+
+def test_spec_zoo_project_refuses_a_nan_table_instead_of_printing_nanx(tmp_path, capsys):
+    from spec_zoo.report.cli import project
+    from tests.test_projection import AR, CHAIN, write_run
+
+    run = write_run(tmp_path / "run", {"ar": (AR, 0.75), "chain": (CHAIN, 1.06)})
+    (tmp_path / "nan.json").write_text(json.dumps({**GOOD_TABLE, "seconds": [float("nan")] * 16, "contexts": {}}))
+    assert project([str(run), "--costs", str(tmp_path / "nan.json")]) == 2
+    out, err = capsys.readouterr()
+    assert "nan" not in out and err.startswith("spec-zoo-project: error: --costs: ") and err.count("\n") == 1
+
+
+# -- issue 42: the suffix cache is saved as documented, and its path checked before decoding ---------------
+
+
+def test_the_suffix_cache_is_saved_when_a_request_ends(tmp_path):
+    """docs/suffix.md: "rewritten atomically after each request". It was filed only when the next
+    request began, so a one-prompt run (the CLI, `spec_zoo.generate`) never wrote it."""
+    import spec_zoo
+    from spec_zoo.testing import tiny_llama
+
+    target = Target(tiny_llama(6, sharpness=3.0))
+    path = tmp_path / "nosuch" / ".." / "cache.json"  # resolved: tmp_path/cache.json, no nosuch made
+    out = spec_zoo.generate([5, 6, 7, 5, 6, 7, 5, 6], drafter="suffix", model=target, max_new_tokens=8,
+                            cache_path=str(path))
+    saved = json.loads((tmp_path / "cache.json").read_text())
+    assert [o["tokens"] for o in saved["outputs"]] == [out.ids] and not (tmp_path / "nosuch").exists()
+    again = spec_zoo.generate([9, 8, 9, 8], drafter="suffix", model=target, max_new_tokens=8, cache_path=str(path))
+    saved = json.loads((tmp_path / "cache.json").read_text())
+    assert [o["tokens"] for o in saved["outputs"]] == [out.ids, again.ids]  # loaded, added to, saved again
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cache.json"]  # no temp file left
+
+
+def bad_cache_paths(tmp_path) -> dict:
+    """name -> (cache_path, what the message says); each one names something the user has."""
+    (tmp_path / "dir").mkdir()
+    (tmp_path / "dir" / "keep.txt").write_text("mine")
+    (tmp_path / "notes.txt").write_text("my notes")
+    (tmp_path / "link.json").symlink_to(tmp_path / "notes.txt")
+    (tmp_path / "list.json").write_text("[1, 2]")
+    (tmp_path / "other.json").write_text(json.dumps({"format": "pickle", "outputs": []}))
+    (tmp_path / "tokens.json").write_text(json.dumps({"format": "spec-zoo-suffix-cache-v1", "outputs": [
+        {"key": "k", "source": "s", "tokens": ["a"]}]}))
+    (tmp_path / "nooutputs.json").write_text(json.dumps({"format": "spec-zoo-suffix-cache-v1"}))
+    return {"a directory": (tmp_path / "dir", "is a directory"),
+            "a file as its directory": (tmp_path / "notes.txt" / "cache.json", "is a file"),
+            "read-only directory": (tmp_path / "READONLY" / "cache.json", "not writable"),
+            "a user's text file": (tmp_path / "notes.txt", "cannot be read as a suffix cache"),
+            "a link to a user's file": (tmp_path / "link.json", "notes.txt cannot be read"),
+            "a JSON list": (tmp_path / "list.json", "JSON list"),
+            "another format": (tmp_path / "other.json", "'pickle'"),
+            "tokens not ids": (tmp_path / "tokens.json", "not a token id"),
+            "no outputs": (tmp_path / "nooutputs.json", "outputs")}
+
+
+@pytest.mark.parametrize("case", ["a directory", "a file as its directory", "read-only directory", "a user's text file",
+                                  "a link to a user's file", "a JSON list", "another format", "tokens not ids",
+                                  "no outputs"])
+def test_a_bad_suffix_cache_path_is_refused_before_the_model_loads(case, tmp_path, no_model_load, read_only):
+    path, says = bad_cache_paths(tmp_path)[case]
+    before = snapshot(tmp_path)
+    message = rejects("drafter=suffix", f"drafter.cache_path={path}", match=f"^drafter.cache_path: .*{says}")
+    assert "\n" not in message and ";" in message  # the problem; the fix
+    assert snapshot(tmp_path) == before

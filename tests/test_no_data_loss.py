@@ -235,3 +235,193 @@ def test_duplicate_records_are_counted_once_and_said_so(tmp_path):
         warnings.simplefilter("always")
         assert len(load_results([tmp_path])) == 2
     assert any("2 duplicate record(s)" in str(w.message) for w in caught)
+
+
+# -- issue 42: every writer judges and writes the resolved path -------------------------------------------
+
+PATH_FORMS = {  # name -> (how the path is written, given tmp_path); each one names the user's directory B
+    "relative A/nosuch/../../B": lambda t: "A/nosuch/../../B",
+    "absolute A/nosuch/../../B": lambda t: f"{t}/A/nosuch/../../B",
+    "nested A/x/y/../../../B": lambda t: "A/x/y/../../../B",
+    "symlink to B": lambda t: "LINK",
+    "symlink then ..: L/../B": lambda t: "L/../B",
+}
+
+
+def escape_setup(tmp_path, monkeypatch):
+    """A (an empty directory), B (the user's files), LINK -> B, and L -> A/inner (so L/../B is A/B,
+    the user's files there too)."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "A" / "inner").mkdir(parents=True)
+    users_files(tmp_path / "B")
+    users_files(tmp_path / "A" / "B")
+    (tmp_path / "LINK").symlink_to(tmp_path / "B")
+    (tmp_path / "L").symlink_to(tmp_path / "A" / "inner")
+    return snapshot(tmp_path), sorted(str(p) for p in tmp_path.rglob("*"))
+
+
+@pytest.mark.parametrize("form", PATH_FORMS)
+def test_write_artefact_judges_the_path_it_writes(form, tmp_path, monkeypatch):
+    """The bug: A/nosuch did not exist, so A/nosuch/../../B was judged "a new directory";
+    the writer then made A/nosuch, and the same string named B, which it replaced."""
+    files, paths = escape_setup(tmp_path, monkeypatch)
+    for key, fmt in (("output.dir", None), ("export.out", "eagle3 layout")):
+        with pytest.raises(ConfigError, match=f"{key}: .*other files"):
+            write_artefact(PATH_FORMS[form](tmp_path), "config.json", {"format": "x"},
+                           lambda tmp: (tmp / "w.safetensors").write_bytes(b"x"), key=key, fmt=fmt or "spec-zoo-x")
+    assert snapshot(tmp_path) == files and sorted(str(p) for p in tmp_path.rglob("*")) == paths  # no A/nosuch either
+
+
+def test_a_new_artefact_through_dotdot_is_written_where_the_path_resolves(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "A").mkdir()
+    out = write(tmp_path / "A" / "nosuch" / ".." / ".." / "new")
+    assert out == tmp_path / "new" and (tmp_path / "new" / "eagle.json").is_file()
+    assert not (tmp_path / "A" / "nosuch").exists()
+
+
+@pytest.mark.parametrize("form", PATH_FORMS)
+def test_make_draft_through_dotdot_or_a_symlink_is_refused_before_loading(form, tmp_path, monkeypatch, capsys):
+    fail_if_loaded(monkeypatch)
+    files, paths = escape_setup(tmp_path, monkeypatch)
+    assert make_draft("--layers", "1", "--out", PATH_FORMS[form](tmp_path), "--overwrite") == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: --out: ") and "other files" in err and err.count("\n") == 1
+    assert snapshot(tmp_path) == files and sorted(str(p) for p in tmp_path.rglob("*")) == paths
+
+
+@pytest.mark.parametrize("form", ["relative A/nosuch/../../B", "symlink to B"])
+def test_train_output_dir_through_dotdot_is_refused_before_training(form, tmp_path, monkeypatch, capsys):
+    from spec_zoo.train.cli import main
+
+    fail_if_loaded(monkeypatch)
+    files, paths = escape_setup(tmp_path, monkeypatch)
+    monkeypatch.setattr(sys, "argv", ["spec-zoo-train", "medusa", f"output.dir={PATH_FORMS[form](tmp_path)}"])
+    with pytest.raises(SystemExit) as done:
+        main()
+    assert done.value.code == 2 and "output.dir: " in capsys.readouterr().err
+    assert snapshot(tmp_path) == files and sorted(str(p) for p in tmp_path.rglob("*")) == paths
+
+
+# -- issue 42: a file spec-zoo did not write is not replaced --------------------------------------------------
+
+
+def report(*argv) -> int:
+    from spec_zoo.report.cli import main
+
+    return main(list(argv))
+
+
+def test_report_never_replaces_the_users_markdown(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    results_dir(tmp_path / "RUN", result_record(), result_record(method="ngram", config_hash="n", wall_s=0.25))
+    (tmp_path / "A").mkdir()
+    (tmp_path / "notes.md").write_text("# my notes\n")
+    (tmp_path / "mine.md").write_text("# mine\n")
+    (tmp_path / "LINK.md").symlink_to(tmp_path / "mine.md")
+    before = snapshot(tmp_path)
+    for out in ("notes.md", str(tmp_path / "notes.md"), "A/nosuch/../../notes.md", "LINK.md"):
+        assert report("RUN", "-o", out) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("spec-zoo-report: error: -o: ") and "not written by spec-zoo" in err, err
+        assert "--overwrite" in err and err.count("\n") == 1
+        assert snapshot(tmp_path) == before and not (tmp_path / "A" / "nosuch").exists()
+    assert report("RUN", "-o", "out.md") == 0  # a new file: written, and marked as spec-zoo's
+    assert report("RUN", "-o", "out.md") == 0  # its own report: replaced
+    assert (tmp_path / "out.md").read_text().startswith("<!-- written by spec-zoo")
+    assert report("RUN", "-o", "notes.md", "--overwrite") == 0  # asked for
+    assert (tmp_path / "notes.md").read_text() != "# my notes\n" and (tmp_path / "mine.md").read_text() == "# mine\n"
+
+
+def test_report_never_replaces_a_figure_it_did_not_draw(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    results_dir(tmp_path / "RUN", result_record(), result_record(method="ngram", config_hash="n", wall_s=0.25))
+    assert report("RUN", "-o", "rep") == 0
+    drawn = sorted((tmp_path / "rep" / "figures").glob("*.png"))
+    assert drawn and report("RUN", "-o", "rep") == 0  # its own figures: replaced
+    drawn[0].write_bytes(b"my picture")
+    (tmp_path / "rep" / "report.md").unlink()
+    before = snapshot(tmp_path)
+    assert report("RUN", "-o", "rep") == 2
+    assert drawn[0].name in capsys.readouterr().err and snapshot(tmp_path) == before
+
+
+def test_bench_summary_never_replaces_the_users_summary(tmp_path, monkeypatch):
+    from spec_zoo.bench.cli import bench
+    from tests.test_bench import bench_config
+
+    run = tmp_path / "run"
+    results_dir(run, result_record(), result_record(method="ngram", config_hash="n", wall_s=0.25))
+    (run / "summary.md").write_text("my summary\n")
+    (run / "todo.txt").write_text("mine")
+    (tmp_path / "mine.md").write_text("mine\n")
+    before = snapshot(tmp_path)
+    fail_if_loaded(monkeypatch)
+    with pytest.raises(ConfigError, match=r"summarize: .*summary.md exists and was not written by spec-zoo"):
+        bench(bench_config(f"summarize={run / 'results.jsonl'}"))
+    with pytest.raises(ConfigError, match=r"^out: .*summary.md exists and was not written by spec-zoo.*out="):
+        bench(bench_config("methods=[ngram]", f"out={run}", "dataset.per_category=1"))
+    assert snapshot(tmp_path) == before
+    (run / "summary.md").unlink()
+    (run / "summary.md").symlink_to(tmp_path / "mine.md")  # a link to the user's file: judged as that file
+    before = snapshot(tmp_path)
+    with pytest.raises(ConfigError, match="summarize: .*mine.md exists and was not written by spec-zoo"):
+        bench(bench_config(f"summarize={run / 'results.jsonl'}"))
+    assert snapshot(tmp_path) == before
+    (run / "summary.md").unlink()
+    bench(bench_config(f"summarize={run / 'results.jsonl'}"))  # new: written; then its own: replaced
+    bench(bench_config(f"summarize={run / 'results.jsonl'}"))
+    assert (run / "summary.md").read_text().startswith("<!-- written by spec-zoo")
+    assert (run / "todo.txt").read_text() == "mine" and (tmp_path / "mine.md").read_text() == "mine\n"
+
+
+# -- issue 42: one atomic writer ----------------------------------------------------------------------------
+
+
+def test_an_interrupted_atomic_write_keeps_the_previous_file(tmp_path):
+    import os
+    import stat
+
+    from spec_zoo.outputs import atomic_write
+
+    path = tmp_path / "table.json"
+    atomic_write(path, "old")
+
+    def broken(tmp):
+        tmp.write_text("half")
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        atomic_write(path, broken)
+    assert path.read_text() == "old" and sorted(p.name for p in tmp_path.iterdir()) == ["table.json"]
+    old = os.umask(0o022)
+    try:
+        atomic_write(path, b"new")
+    finally:
+        os.umask(old)
+    assert path.read_bytes() == b"new" and stat.S_IMODE(path.stat().st_mode) == 0o644
+    (tmp_path / "link.json").symlink_to(path)
+    atomic_write(tmp_path / "link.json", "via link")  # written where the link points, the link kept
+    assert (tmp_path / "link.json").is_symlink() and path.read_text() == "via link"
+
+
+@pytest.mark.parametrize("command, key, name", [("train_report", "report.out", "report.md"),
+                                                ("train_vocab", "vocab.out", "vocab.md")])
+def test_train_report_and_vocab_refuse_the_users_files_before_any_work(command, key, name, tmp_path, monkeypatch):
+    from hydra import compose, initialize_config_dir
+
+    from spec_zoo.registry import CONF_DIR
+    from spec_zoo.train.report import run_report
+    from spec_zoo.train.vocab import run_vocab
+
+    fail_if_loaded(monkeypatch)
+    monkeypatch.setattr("spec_zoo.train.loop.load_teacher_target", lambda cfg: pytest.fail("a target loaded"))
+    out = users_files(tmp_path / "A" / "mine")
+    (out / name).write_text("# my own notes")
+    before = snapshot(tmp_path)
+    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+        cfg = compose(command, overrides=[f"{key}={tmp_path}/A/nosuch/../mine", "vocab.bench_results=x"
+                                          if command == "train_vocab" else "report.per_category=1"])
+    with pytest.raises(ConfigError, match=f"^{key}: .*{name} exists and was not written by spec-zoo"):
+        (run_report if command == "train_report" else run_vocab)(cfg)
+    assert snapshot(tmp_path) == before and not (tmp_path / "A" / "nosuch").exists()

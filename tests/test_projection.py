@@ -158,7 +158,7 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys):
     cases = {
         "cannot be read": [str(run), "--costs", str(tmp_path / "missing.json")],
         "spec-zoo costs": [str(run), "--costs", str(wrong)],
-        "list of numbers": [str(run), "--costs", str(strings)],
+        "seconds[0]='fast' is not a positive finite time": [str(run), "--costs", str(strings)],
         "traces=true": [str(untraced), "--costs", str(good)],
         "does not exist": [str(tmp_path / "nowhere"), "--costs", str(good)],
     }

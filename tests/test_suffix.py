@@ -169,8 +169,7 @@ def test_cache_persists_as_json_and_refuses_other_files(tmp_path):
     model = tiny_llama(6, sharpness=3.0)
     drafter = SuffixDrafter(cache_path=str(path))
     out = _decoder(model, drafter).generate(repetitive_prompt(6), max_new_tokens=12, eos_token_ids=[],
-                                            request_id=7)  # a bench question id
-    drafter.finish()
+                                            request_id=7)  # a bench question id: saved as it ends
     saved = json.loads(path.read_text())
     assert saved["outputs"][0]["tokens"] == out.ids
     again = SuffixDrafter(cache_path=str(path))  # a resumed run: question 7 still cannot read its own output

@@ -26,17 +26,35 @@ from spec_zoo.bench.summary import Summary, summarize, summarize_file
 from spec_zoo.cli import checked_command_line
 from spec_zoo.console import keep
 from spec_zoo.errors import ConfigError
-from spec_zoo.outputs import check_writable, one_writer
+from spec_zoo.outputs import (
+    atomic_write,
+    check_outputs,
+    check_replaceable,
+    check_writable,
+    one_writer,
+    resolved,
+    signed_markdown,
+    write_owned,
+)
 from spec_zoo.registry import CONF_DIR
 from spec_zoo.sampling import SamplingParams
 from spec_zoo.schema import locate, validate
 
+#: what to do when out= holds a summary.md or compile_s.json spec-zoo did not write
+OUT_FIX = "move it away, or give another out= directory"
 
-def write_summary(summary: Summary, out_dir) -> Path:
-    """Write ``summary.md`` into ``out_dir``, print it, and return its path."""
-    path = Path(out_dir) / "summary.md"
+
+def check_out_files(out: Path, key: str = "out") -> None:
+    """The files a run writes beside its records (summary.md, compile_s.json) may replace only
+    what spec-zoo wrote there (`check_replaceable`): checked before any model loads."""
+    check_outputs(out, ("summary.md", "compile_s.json"), key, OUT_FIX)
+
+
+def write_summary(summary: Summary, out_dir, key: str = "out") -> Path:
+    """Write ``summary.md`` into ``out_dir`` (atomically, replacing only a summary spec-zoo
+    wrote), print it, and return its path."""
     text = summary.to_markdown()
-    path.write_text(text, encoding="utf-8")
+    path = write_owned(Path(out_dir) / "summary.md", signed_markdown(text, "spec-zoo-bench"), key, OUT_FIX)
     print(text)
     print(f"summary written to {path}")
     return path
@@ -46,11 +64,13 @@ def bench(cfg: DictConfig) -> Summary:
     """Run (or, with ``summarize=PATH``, only summarize) the benchmark described by ``cfg``."""
     validate(cfg, "bench")
     if cfg.summarize:
-        results = Path(cfg.summarize)
+        results = resolved(cfg.summarize)
         if not results.is_file():
             raise ConfigError(f"summarize: {cfg.summarize} is not a file; pass the path of a results.jsonl.")
+        check_replaceable(results.parent / "summary.md", "summarize", OUT_FIX.replace(
+            "give another out= directory", "copy the results file elsewhere and summarize that copy"))
         summary = summarize_file(results)
-        write_summary(summary, results.parent)
+        write_summary(summary, results.parent, "summarize")
         return summary
 
     from spec_zoo.models import check_model_config, check_runtime
@@ -86,6 +106,7 @@ def bench(cfg: DictConfig) -> Summary:
         held.enter_context(removed_if_left_empty(out))
         if not cfg.get("dry_run"):  # one writer per results directory: a second run into it is refused
             check_writable(out, "out")
+            check_out_files(out)
             held.enter_context(one_writer(out / LOCK_FILE, busy=(
                 f"out: {out} is being written by another spec-zoo-bench run (it holds {out / LOCK_FILE}); "
                 "wait for it to finish (a rerun then resumes), or give another out= directory.")))
@@ -178,8 +199,9 @@ def report_compile_times(targets: dict, methods, out: Path) -> None:
     if times:
         print("compile time (s, not in any speedup): " + ", ".join(f"{k} {v:.0f}" for k, v in times.items()))
         path = out / "compile_s.json"
-        old = json.loads(path.read_text()) if path.is_file() else {}
-        path.write_text(json.dumps({**old, **times}, indent=1))
+        old = json.loads(path.read_text()) if path.is_file() else {}  # ours (check_out_files): merged
+        atomic_write(check_replaceable(path, "out", OUT_FIX), json.dumps(
+            {**old, **times, "format": "spec-zoo-compile-times"}, indent=1))
 
 
 def name_custom_drafters(specs):
@@ -218,7 +240,7 @@ def output_dir(cfg: DictConfig) -> Path:
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 
-    out = Path(cfg.out)
+    out = resolved(cfg.out)
     if not HydraConfig.initialized():
         return out
     hc = HydraConfig.get()
@@ -249,6 +271,15 @@ def _hydra_main(cfg: DictConfig) -> None:
         sys.exit(2)
 
 
+def _with_value(arg: str, key: str, value: str) -> str:
+    """``arg`` with ``value`` for ``key`` when it sets ``key`` (``key=``, ``+key=``), quoted for
+    Hydra's override grammar."""
+    name, _, _ = arg.partition("=")
+    if "=" not in arg or name.lstrip("+~") != key:
+        return arg
+    return f"{name}={value!r}" if any(c in value for c in " ,'\"()[]{}=:$\\") else f"{name}={value}"
+
+
 def main() -> None:
     """Console script: ``--dry-run`` is accepted as ``dry_run=true`` (print the plan, run nothing).
     The command line is validated first (one line, exit 2); Hydra gets the current dir as its run
@@ -268,9 +299,10 @@ def main() -> None:
         print(f"spec-zoo-bench: error: out: {given['out']} is a file; give a directory (results.jsonl and "
               "summary.md go in it).", file=sys.stderr)
         sys.exit(2)
-    try:  # Hydra makes out= (its run dir) before bench() runs
+    try:  # Hydra makes out= (its run dir) before bench() runs: the resolved one, never A/nosuch of A/nosuch/..
         if given.get("out"):
-            check_writable(given["out"], "out")
+            out = check_writable(given["out"], "out")
+            sys.argv = [_with_value(a, "out", str(out)) for a in sys.argv]
     except ConfigError as err:
         print(f"spec-zoo-bench: error: {err}", file=sys.stderr)
         sys.exit(2)

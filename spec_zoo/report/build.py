@@ -23,6 +23,7 @@ from spec_zoo.bench.records import BASELINE, check_schema, method_label, read_re
 from spec_zoo.bench.summary import NEAR_TIE, OVERALL, Summary, summarize
 from spec_zoo.errors import ConfigError
 from spec_zoo.inputs import file_problem
+from spec_zoo.outputs import check_replaceable, resolved, save_figure, signed_markdown, write_owned
 
 if TYPE_CHECKING:  # matplotlib is imported when a figure is drawn
     from matplotlib.axes import Axes
@@ -100,20 +101,41 @@ def _num_draft(r: dict) -> float | None:
     return None
 
 
+#: what to do when -o names a file spec-zoo did not write
+REPORT_FIX = "give -o a new directory or .md path, or pass --overwrite to replace it"
+
+
+def report_paths(out_dir, overwrite: bool = False) -> tuple[Path, Path]:
+    """(the markdown, the figures directory) a report into ``out_dir`` writes (a directory,
+    or a .md path), `resolved` and checked before any work: each file it would replace (the
+    markdown, a figure of the same name) must be one spec-zoo wrote, unless ``overwrite``;
+    a directory's other files are never touched."""
+    out = resolved(out_dir)
+    md = out if out.suffix == ".md" else out / "report.md"
+    figures = md.parent / "figures"
+    for path in (md.parent, figures):
+        if path.exists() and not path.is_dir():
+            raise ConfigError(f"-o: {path} exists and is not a directory; give a new directory (report.md and "
+                              "figures/ go in it) or a .md path.")
+    check_replaceable(md, "-o", REPORT_FIX, overwrite)
+    for png in sorted(figures.glob("*.png")) if figures.is_dir() else ():
+        check_replaceable(png, "-o", f"{REPORT_FIX} (figures/ holds a {png.name} spec-zoo did not draw)", overwrite)
+    return md, figures
+
+
 def build_report(paths: Sequence, out_dir, title: str = "Benchmark report", seed: int = 0,
-                 figures: bool = True, note: str | None = None) -> Path:
+                 figures: bool = True, note: str | None = None, overwrite: bool = False) -> Path:
     """Write ``out_dir/report.md`` (or the file ``out_dir`` when it ends in .md) and its
     figures (``figures/`` next to it); return the markdown path. The page leads with the
     answer (a sentence, the ranked speedups, the method x category heatmap); the protocol
-    and the detailed tables follow."""
+    and the detailed tables follow. Only files spec-zoo wrote are replaced (`report_paths`),
+    each atomically."""
+    md_path, fig_dir = report_paths(out_dir, overwrite)
     records = load_results(paths)
     label = labeller(records)
     summary = summarize(records, label=label, seed=seed)
-    out = Path(out_dir)
-    md_path = out if out.suffix == ".md" else out / "report.md"
-    md_path.parent.mkdir(parents=True, exist_ok=True)
     context = run_context(records)
-    data = FigureData(summary, records, label, md_path.parent / "figures", context)
+    data = FigureData(summary, records, label, fig_dir, context)
     plots = _plots(data) if figures else {}
 
     def image(key: str, alt: str) -> list[str]:
@@ -150,8 +172,7 @@ def build_report(paths: Sequence, out_dir, title: str = "Benchmark report", seed
     lines += summary.table("Output equal to the baseline", "equality", "{}")
     lines += _mismatch_list(records, label)
     lines += ["## Sources", ""] + [f"- `{s}`" for s in sorted({r["_source"] for r in records})] + [""]
-    md_path.write_text("\n".join(lines), encoding="utf-8")
-    return md_path
+    return write_owned(md_path, signed_markdown("\n".join(lines), "spec-zoo-report"), "-o", REPORT_FIX, overwrite)
 
 
 def ranked(summary: Summary) -> list[tuple[str, float]]:
@@ -587,6 +608,7 @@ def _records_reaching(records: Sequence[dict], label: Callable[[dict], str], row
 
 
 def _save(fig: Figure, path: Path) -> Path:
-    fig.savefig(path, dpi=DPI)
+    """Atomically, signed (a PNG text chunk), so a later report replaces this figure and no other."""
+    save_figure(fig, path, DPI)
     _pyplot().close(fig)
     return path

@@ -28,6 +28,9 @@ def main(argv=None) -> int:
     parser.add_argument("-o", "--out", default=None,
                         help="output directory (report.md + figures/) or a .md path; default: the first path's "
                              "directory + /report")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="replace an existing file at -o (report.md, a figure) that spec-zoo did not write; "
+                             "other files there are never touched")
     parser.add_argument("--title", default="Benchmark report", help="title of the report")
     parser.add_argument("--seed", type=int, default=0, help="seed of the bootstrap")
     parser.add_argument("--note", default=None,
@@ -51,8 +54,8 @@ def main(argv=None) -> int:
     first = Path(args.paths[0])
     out = Path(args.out or ((first if first.is_dir() else first.parent) / "report"))
     try:
-        check_report_path(out)
-        path = build_report(args.paths, out, args.title, args.seed, note=note)
+        check_report_path(out, args.overwrite)
+        path = build_report(args.paths, out, args.title, args.seed, note=note, overwrite=args.overwrite)
     except ConfigError as err:
         print(f"spec-zoo-report: error: {err}", file=sys.stderr)
         return 2
@@ -60,16 +63,13 @@ def main(argv=None) -> int:
     return 0
 
 
-def check_report_path(out) -> None:
-    """``-o``: a directory (made if new) or a .md file, where report.md and figures/ can be written."""
-    from spec_zoo.outputs import check_writable
+def check_report_path(out, overwrite: bool = False) -> None:
+    """``-o``: a directory (made if new) or a .md file, where report.md and figures/ can be
+    written without replacing a file spec-zoo did not write (`report_paths`), before the
+    results are read."""
+    from spec_zoo.report.build import report_paths
 
-    md = out if out.suffix == ".md" else out / "report.md"
-    for path, is_dir in ((md.parent, True), (md, False), (md.parent / "figures", True)):
-        if path.exists() and path.is_dir() != is_dir:
-            raise ConfigError(f"-o: {path} exists and is not a {'directory' if is_dir else 'file'}; give a new "
-                              "directory (report.md and figures/ go in it) or a .md path.")
-    check_writable(md.parent, "-o")
+    report_paths(out, overwrite)
 
 
 #: the projection's search bounds: a rank's prior acceptance halves per rank (2^-64 is nothing), and

@@ -37,11 +37,7 @@ from spec_zoo.trees import RankAcceptance, Relative, best_tree
 
 def load_table(path) -> CostTable:
     """The cost table at ``path`` (`CostTable` JSON), refused in one line when it is not one."""
-    try:
-        return CostTable.load(Path(path))
-    except TypeError:  # read, but its timings are not numbers
-        raise ConfigError(f"--costs {path}: `seconds` must be a list of numbers (t(M) for M = 1, 2, ...); "
-                          "give a table `spec-zoo costs` wrote, or docs/trees/roofline_gpu.json.") from None
+    return CostTable.load(Path(path), "--costs", "give a table `spec-zoo costs` wrote, or docs/trees/roofline_gpu.json")
 
 
 def traced_records(paths: Sequence) -> list[dict]:

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,6 +31,7 @@ from safetensors.torch import load_file, save_file
 from spec_zoo.errors import ConfigError
 from spec_zoo.inputs import file_problem, read_utf8
 from spec_zoo.layers import final_logits
+from spec_zoo.outputs import atomic_write
 
 PACKAGED_PROMPTS = Path(__file__).parent / "data" / "prompts.jsonl"
 #: text spec-zoo may not redistribute (data/SOURCE.md): in the repository's data/ folder, read
@@ -308,10 +308,7 @@ def score_continuations(model, prompts: list[list[int]], continuations: list[lis
 def _save_parts(parts: list[dict], path: Path) -> TeacherData:
     """Join batches into one shard, write it atomically to ``path`` and return it."""
     part = join_batches(parts)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    save_file(part, str(tmp))
-    os.replace(tmp, path)
+    atomic_write(path, lambda tmp: save_file(part, str(tmp)))
     return from_parts([part])
 
 

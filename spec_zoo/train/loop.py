@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import sys
 import time
 from collections.abc import Sequence
@@ -30,6 +29,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from spec_zoo.errors import ConfigError
+from spec_zoo.outputs import atomic_write, resolved
 from spec_zoo.target import Target
 from spec_zoo.train.batches import evaluate
 from spec_zoo.train.data import TeacherData, concat_data, data_key, forced_data, read_records, student_data
@@ -100,9 +100,7 @@ def _save_checkpoint(path: Path, student: Student, opt: torch.optim.Optimizer, s
         "vocab_ids": student.vocab_ids,
         "history": json.dumps(history),
     }
-    tmp = path.with_suffix(".tmp")
-    torch.save(state, tmp)
-    os.replace(tmp, path)
+    atomic_write(path, lambda tmp: torch.save(state, tmp))
 
 
 def _load_checkpoint(path: Path, student: Student, opt: torch.optim.Optimizer,
@@ -254,7 +252,7 @@ def train_student(cfg: DictConfig, recipe: Recipe, student: Student, split: Teac
     params = recipe.trainable(student, cfg)
     opt = torch.optim.AdamW(params, lr=float(cfg.train.lr), weight_decay=float(cfg.train.weight_decay))
     gen = torch.Generator().manual_seed(int(cfg.train.seed))
-    out_dir = Path(cfg.output.dir).expanduser()
+    out_dir = resolved(cfg.output.dir)  # what check_out_dir judged: the checkpoints go beside it
     ckpt = out_dir.parent / f".{out_dir.name}.checkpoints" / "last.pt"
     step = 0
     history: list[dict] = []  # one record per held-out evaluation

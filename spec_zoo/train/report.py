@@ -33,6 +33,7 @@ import torch
 from omegaconf import DictConfig
 
 from spec_zoo.errors import ConfigError
+from spec_zoo.outputs import atomic_write, check_outputs, save_figure, signed_markdown
 from spec_zoo.target import Target
 from spec_zoo.train.batches import teacher_positions
 from spec_zoo.train.bench_match import bench_position1, closeness
@@ -121,6 +122,8 @@ def run_report(cfg: DictConfig, target: Target | None = None) -> Path:
     if not buckets or buckets[0] != 0 or buckets != sorted(set(buckets)):
         raise ConfigError(f"report.depth_buckets={list(buckets)}; give increasing continuation positions starting "
                           "at 0, e.g. [0, 32, 64, 96].")
+    out = check_outputs(r.out, ("acceptance.json", "report.md", "acceptance.png", "against_bench.png"), "report.out",
+                        "give report.out a new directory, or move that file away")  # before any work
     paths = [Path(p).expanduser() for p in r.artefacts] if r.artefacts else shipped()
     if not paths:
         raise ConfigError("report.artefacts: no artefacts given and none shipped; give report.artefacts=[DIR, ...].")
@@ -154,8 +157,6 @@ def run_report(cfg: DictConfig, target: Target | None = None) -> Path:
                                       "position1": bench[path.name],
                                       **closeness(ours, theirs)}
         print(f"{path.name}: position 1 alpha {_alpha(results[name]['alpha']['all'][0]):.3f}", file=sys.stderr)
-    out = Path(r.out).expanduser()
-    out.mkdir(parents=True, exist_ok=True)
     sizes = {n: sum(1 for c in teacher.categories if teacher.names[c] == n) for n in teacher.names}
     meta = {"prompts": sizes, "max_new_tokens": int(cfg.data.max_new_tokens), "depth": int(r.depth),
             "positions": data.positions, "prompts_file": str(cfg.data.prompts or "packaged"),
@@ -165,9 +166,10 @@ def run_report(cfg: DictConfig, target: Target | None = None) -> Path:
                 "bench_ngram": int(r.bench_ngram), "train_overlap_dropped": given.seen,
                 "train_ngram": int(r.get("train_ngram", 0))} if given is not None else {}),
             **({"compare": {n: {"results": run, "method": m} for n, (run, m) in compare.items()}} if compare else {})}
-    (out / "acceptance.json").write_text(json.dumps({"settings": meta, "artefacts": results}, indent=1))
-    md = out / "report.md"
-    md.write_text(_markdown(results, meta, teacher.names))
+    atomic_write(out / "acceptance.json", json.dumps(
+        {"format": "spec-zoo-acceptance-report", "settings": meta, "artefacts": results}, indent=1))
+    md = atomic_write(out / "report.md",
+                      signed_markdown(_markdown(results, meta, teacher.names), "spec-zoo-train report"))
     _plot(results, out / "acceptance.png")
     if compare:
         plot_against_bench(results, out / "against_bench.png")
@@ -283,7 +285,7 @@ def _plot(results: dict, path: Path) -> None:
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    save_figure(fig, path, 110)
     plt.close(fig)
 
 
@@ -315,5 +317,5 @@ def plot_against_bench(results: dict, path: Path, band: float = 0.05) -> None:
     ax.set_aspect("equal")
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1))
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    save_figure(fig, path, 110)
     plt.close(fig)

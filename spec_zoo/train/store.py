@@ -20,7 +20,6 @@
 from __future__ import annotations
 
 import json
-import os
 import re
 import sys
 from pathlib import Path
@@ -31,6 +30,7 @@ from safetensors.torch import load_file, save_file
 
 from spec_zoo.artefacts import describe_target, fingerprint_matches, read_record
 from spec_zoo.errors import ConfigError
+from spec_zoo.outputs import atomic_write, resolved
 from spec_zoo.train.data import TeacherData, from_parts, generate_batch, join_batches, second_turn_ids, stop_and_pad_ids
 from spec_zoo.train.mixture import FollowUp, categories, describe, mixture_prompts, text_digest
 from spec_zoo.train.workloads import Workloads, bench_ngrams, refuse_bench_overlap
@@ -48,7 +48,7 @@ class TeacherStore:
 
     @classmethod
     def open(cls, root, identity: dict) -> TeacherStore:
-        root = Path(root).expanduser()
+        root = resolved(root)
         root.mkdir(parents=True, exist_ok=True)
         manifest = root / "manifest.json"
         fix = f"set data.store to another directory (or delete {root} to regenerate it)"
@@ -255,15 +255,11 @@ def _batched(model, prompts, batch_size, g: dict, eos_ids, pad_id, seed) -> dict
 
 
 def _save(tensors: dict, path: Path) -> None:
-    tmp = path.with_suffix(".tmp")
-    save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp))
-    os.replace(tmp, path)
+    atomic_write(path, lambda tmp: save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp)))
 
 
 def _write_json(path: Path, data: dict) -> None:
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(data, indent=1))
-    os.replace(tmp, path)
+    atomic_write(path, json.dumps(data, indent=1))
 
 
 def _check(manifest: dict, identity: dict, root: Path, fix: str) -> None:

@@ -25,6 +25,7 @@ import torch
 from omegaconf import DictConfig
 
 from spec_zoo.errors import ConfigError
+from spec_zoo.outputs import atomic_write, resolved
 from spec_zoo.train.data import PACKAGED_PROMPTS, encode_prompts, generate_batch, read_records, stop_and_pad_ids
 
 SOURCE = "synthetic-translation-de-en"
@@ -91,7 +92,7 @@ def make_translations(cfg: DictConfig, target=None) -> Path:
     from spec_zoo.train.loop import load_teacher_target
 
     t = cfg.translations
-    out = Path(t.out).expanduser()
+    out = resolved(t.out)
     src = Path(cfg.data.prompts or PACKAGED_PROMPTS).expanduser()
     if out.resolve() == src.resolve():
         raise ConfigError(f"translations.out={str(out)!r} is data.prompts itself; write to another file.")
@@ -115,13 +116,8 @@ def make_translations(cfg: DictConfig, target=None) -> Path:
                  for i, (s, g) in enumerate(zip(chunk, german)) if g is not None]
         pos += len(chunk)
     made = made[:num]
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_suffix(".tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(src.read_text(encoding="utf-8").rstrip("\n") + "\n")
-        for rec in made:
-            f.write(json.dumps(rec, ensure_ascii=False) + "\n")
-    tmp.replace(out)
+    atomic_write(out, src.read_text(encoding="utf-8").rstrip("\n") + "\n"
+                 + "".join(json.dumps(rec, ensure_ascii=False) + "\n" for rec in made))
     print(f"{len(made)} translation prompts (of {len(sentences)} sentences available) after the "
           f"{len(records)} records of {src.name}", file=sys.stderr)
     return out

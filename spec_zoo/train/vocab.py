@@ -32,6 +32,7 @@ from safetensors.torch import load_file
 from spec_zoo.bench.records import read_text
 from spec_zoo.errors import ConfigError
 from spec_zoo.inputs import file_problem
+from spec_zoo.outputs import atomic_write, check_outputs, signed_markdown
 from spec_zoo.target import Target
 from spec_zoo.train.batches import select_vocab
 from spec_zoo.train.data import from_parts
@@ -121,6 +122,8 @@ def run_vocab(cfg, target: Target | None = None) -> Path:
     if not v.bench_results:
         raise ConfigError("vocab.bench_results is not set; give a bench run's results.jsonl (e.g. "
                           "docs/retrained/results.jsonl.gz): its answers are the tokens to cover.")
+    out = check_outputs(v.out, ("vocab.json", "vocab.md"), "vocab.out",
+                        "give vocab.out a new directory, or move that file away")  # before any work
     bench = bench_tokens(v.bench_results, str(v.bench_method))
     torch.set_num_threads(int(cfg.threads))
     target = target or load_teacher_target(cfg)
@@ -142,14 +145,13 @@ def run_vocab(cfg, target: Target | None = None) -> Path:
         name = f"{path.name} ({len(ids) if ids is not None else V})"
         table[name] = {k: coverage(ids, t, V) for k, t in bench.items()}
     costs = draft_costs(target, vocabs, int(v.context), int(v.repeats))
-    out = Path(v.out).expanduser()
-    out.mkdir(parents=True, exist_ok=True)
     meta: dict[str, Any] = {
             "store": str(v.store or cfg.data.store), "store_tokens": {k: int(c.sum()) for k, c in counts.items()},
             "bench_results": str(v.bench_results), "bench_tokens": {k: len(t) for k, t in bench.items()},
             "context": int(v.context), "repeats": int(v.repeats), "threads": int(cfg.threads),
             "load_average": list(os.getloadavg())}
-    (out / "vocab.json").write_text(json.dumps({"settings": meta, "coverage": table, "cost_s": costs}, indent=1))
+    atomic_write(out / "vocab.json", json.dumps(
+        {"format": "spec-zoo-vocab-report", "settings": meta, "coverage": table, "cost_s": costs}, indent=1))
     md = out / "vocab.md"
     cats = list(bench)
     lines = ["# Draft vocabulary: coverage and cost per size", "",
@@ -165,7 +167,7 @@ def run_vocab(cfg, target: Target | None = None) -> Path:
               "| vocabulary | draft token (ms) | / target forward |", "|---|---|---|"]
     lines += [f"| {k} | {costs[k] * 1e3:.2f} | {costs[k] / costs['target']:.3f} |" for k in vocabs]
     lines += [f"| target forward | {costs['target'] * 1e3:.2f} | 1 |", ""]
-    md.write_text("\n".join(lines))
+    atomic_write(md, signed_markdown("\n".join(lines), "spec-zoo-train vocab"))
     return md
 
 
