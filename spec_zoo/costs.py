@@ -26,6 +26,7 @@ from pathlib import Path
 
 import torch
 
+from spec_zoo.cpp_kernels import host_isa
 from spec_zoo.draft import Draft
 from spec_zoo.errors import ConfigError, first_line
 from spec_zoo.outputs import atomic_write, save_figure
@@ -165,7 +166,8 @@ def _what_costs(target) -> tuple[str, str, str]:
     the threads), the weights' values aside."""
     c = target.config
     shape = f"{c.model_type}-{c.num_hidden_layers}x{c.hidden_size}-v{target.vocab_size}"
-    runtime = target.runtime + ("-skinny" if getattr(target, "gemm", None) == "skinny" else "")  # another curve
+    gemm = getattr(target, "gemm", None)
+    runtime = target.runtime + (f"-{gemm}" if gemm not in (None, "inductor") else "")  # another GEMM, another curve
     return shape, runtime, str(target.dtype).removeprefix("torch.")
 
 
@@ -217,7 +219,7 @@ def measure(target, max_tokens: int = 32, repeats: int = 9, contexts: Sequence[i
             curves[past] = [statistics.median(samples[m]) for m in samples]
     first, *others = contexts
     return CostTable(curves[first], *_what_costs(target), torch.get_num_threads(),
-                     platform.processor() or platform.machine(), first,
+                     f"{platform.processor() or platform.machine()} {host_isa()}", first,
                      contexts={str(c): curves[c] for c in others})
 
 

@@ -35,6 +35,17 @@ def cpu_flags() -> str:
     return platform.processor() or platform.machine()
 
 
+def host_isa() -> str:
+    """The widest matrix or vector unit this CPU offers spec-zoo's kernels and PyTorch's: ``amx``
+    (AMX-BF16 tiles), ``avx512-bf16``, ``avx512``, ``avx2`` or ``portable``. Recorded beside every
+    timing (cost tables, bench records), since which one ran decides what a figure means."""
+    flags = set(cpu_flags().split())
+    for isa, flag in (("amx", "amx_bf16"), ("avx512-bf16", "avx512_bf16"), ("avx512", "avx512f"), ("avx2", "avx2")):
+        if flag in flags:
+            return isa
+    return "portable"
+
+
 def build(source: str, setting: str, fix: str) -> None:
     """Build and load ``source`` (a .cpp file beside this module) as a torch library; a missing
     compiler or a failed build is a `ConfigError` naming ``setting`` and the ``fix``."""

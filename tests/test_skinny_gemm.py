@@ -86,13 +86,14 @@ def test_no_compiler_is_one_clear_error(monkeypatch):
         skinny_gemm.load.__wrapped__()
 
 
-def test_a_skinny_target_prices_with_a_cost_table_of_its_own():
-    """The two GEMMs have different t(M) curves: a table measured on one never prices the other."""
+def test_each_gemm_prices_with_a_cost_table_of_its_own():
+    """The GEMMs have different t(M) curves: a table measured on one never prices another."""
     from types import SimpleNamespace
 
     from spec_zoo.costs import table_path
 
     config = SimpleNamespace(model_type="llama", num_hidden_layers=2, hidden_size=8)
     paths = {gemm: table_path(SimpleNamespace(config=config, vocab_size=10, runtime="compiled", dtype=torch.float32,
-                                              gemm=gemm)).name for gemm in ("skinny", "inductor")}
+                                              gemm=gemm)).name for gemm in ("skinny", "inductor", "amx")}
     assert "-compiled-skinny-float32-" in paths["skinny"] and "-compiled-float32-" in paths["inductor"]
+    assert "-compiled-amx-float32-" in paths["amx"]

@@ -30,6 +30,7 @@ from spec_zoo.bench.records import (
     read_records,
     record_key,
 )
+from spec_zoo.cpp_kernels import host_isa
 from spec_zoo.target import Target
 
 #: (user turns so far, this method's answers to the earlier ones) -> prompt token ids
@@ -46,14 +47,14 @@ def run_context(model: str, dataset: str, temperature: float, device) -> dict:
 
 
 def machine() -> str:
-    """Host name, CPU model and core count (plus the GPU name on CUDA): where timings were taken."""
+    """Host name, CPU model, core count and ISA (`host_isa`; plus the GPU name on CUDA): where timings were taken."""
     cpu = platform.processor() or platform.machine()
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as f:
             cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu)
     except OSError:
         pass
-    text = f"{platform.node()} | {cpu} x{os.cpu_count()}"
+    text = f"{platform.node()} | {cpu} x{os.cpu_count()} | {host_isa()}"
     if torch.cuda.is_available():
         text += f" | {torch.cuda.get_device_name()}"
     return text
