@@ -96,7 +96,7 @@ def test_dataset_errors(tmp_path):
     empty.write_text("")
     with pytest.raises(ConfigError, match="no questions"):
         load_questions(path=str(empty))
-    with pytest.raises(ConfigError, match="unknown"):
+    with pytest.raises(ConfigError, match=r"dataset.categories: spec_bench has no \['poetry'\]; choose from .*qa"):
         load_questions(categories=["poetry"])
     with pytest.raises(ConfigError, match="per_category"):
         load_questions(per_category=0)
@@ -284,7 +284,7 @@ def bench_config(*overrides):
 @pytest.mark.parametrize(
     "override, message",
     [("methods=[nope]", "'nope' is unknown; available"), ("dataset.name=nope", "available: spec_bench"),
-     ("dataset.categories=[poetry]", "unknown"), ("repeats=0", "repeats")],
+     ("dataset.categories=[poetry]", "has no \\['poetry'\\]; choose from"), ("repeats=0", "repeats")],
 )
 def test_cli_rejects_bad_input_before_loading_a_model(override, message, tmp_path, monkeypatch):
     from spec_zoo.bench.cli import bench as run_cli

@@ -249,7 +249,7 @@ def test_prompt_dash_reads_stdin(tiny_llama, monkeypatch):
 
 
 @pytest.mark.parametrize("content, problem",
-                         [(None, "cannot read"), ("  \n", "is empty"), (b"\xff\xfe\xfa", "cannot read")])
+                         [(None, "does not exist"), ("  \n", "is empty"), (b"\xff\xfe\xfa", "is not UTF-8 text")])
 def test_bad_prompt_files_are_named(no_model_load, tmp_path, content, problem):
     path = tmp_path / "p.txt"
     if isinstance(content, bytes):

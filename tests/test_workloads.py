@@ -131,7 +131,7 @@ def test_a_workload_takes_the_form_real_requests_take(tmp_path):
     theirs = {tuple(tok.apply_chat_template([{"role": "user", "content": json.loads(x)["prompt"]}]))
               for x in other.read_text().splitlines()}
     assert set(long) <= theirs
-    with pytest.raises(ConfigError, match="report.workloads.long.file='nope.jsonl' does not exist"):
+    with pytest.raises(ConfigError, match="report.workloads.long.file: nope.jsonl does not exist"):
         workload_prompts(_target(), _cfg(tmp_path, "+report.workloads.long.file=nope.jsonl"), frozenset())
     with pytest.raises(ConfigError, match=r"report.workloads.long.form: .* has no \{prompt\}"):
         workload_prompts(_target(), _cfg(tmp_path, "+report.workloads.long.form='Summarize:'"), frozenset())
