@@ -668,7 +668,8 @@ def test_interrupted_bench_says_where_its_records_are(tmp_path, monkeypatch, cap
         console.bench()
     assert done.value.code == 130
     err = capsys.readouterr().err.strip().splitlines()
-    assert err == [f"spec-zoo-bench: interrupted; the records written so far stay in {tmp_path.resolve() / 'runs/results.jsonl'}; "
+    records = tmp_path.resolve() / "runs" / "results.jsonl"
+    assert err == [f"spec-zoo-bench: interrupted; the records written so far stay in {records}; "
                    "rerun the same command to resume"]
     assert not (tmp_path / "runs").exists()  # made by this run, nothing written: removed
 

@@ -224,8 +224,10 @@ class Window:
             return Synced(Target(model))
         import spec_zoo.runtime as compiled
 
-        # random weights: the compile cache keys them by shape and seed, not by hashing GBs of values
-        compiled.fingerprint = lambda module: f"window-{shape}-{self.dry}-seed0"
+        if not self.dry:  # the window's own process: random weights, keyed by shape and seed, not by hashing GBs;
+            # never in the dry run, which shares a process with the test suite (every later compile of a model of
+            # that shape would be served this one's graph)
+            compiled.fingerprint = lambda module: f"window-{shape}-seed0"
         cache = 64 if self.dry else 2048
         if self.dry:  # the CPU runtime as shipped, minus the C++ attention kernel's build (minutes on a CPU)
             target = compiled.CompiledTarget(model, max_cache_len=cache, attention="inductor", fallback=False)
