@@ -291,15 +291,17 @@ def load_target(
     trust_remote_code: bool = False,
     runtime: str = "eager",
     device_map=None,
+    key: str = "model",
     **compiled,
 ) -> Target:
     """The target model: ``path`` when given, else the embedded model ``name``, on
     ``runtime`` (``compiled`` takes the `CompiledTarget` settings: max_cache_len, buckets, ...);
-    ``device_map`` (eager only) is transformers' placement of the weights, replacing ``device``."""
+    ``device_map`` (eager only) is transformers' placement of the weights, replacing ``device``.
+    ``key``: the config section errors name (``target`` in training)."""
     check_model_config({"name": name, "path": path, "dtype": dtype, "device": device, "runtime": runtime,
-                        "device_map": device_map})
+                        "device_map": device_map}, key)
     model_dir = path if path is not None else embedded_model_dir(name)
-    loaded = load_causal_lm(model_dir, dtype, device, trust_remote_code, device_map=device_map)
+    loaded = load_causal_lm(model_dir, dtype, device, trust_remote_code, key=key, device_map=device_map)
     return on_runtime(runtime, *loaded, **compiled)
 
 

@@ -575,6 +575,18 @@ def test_model_dir_not_matching_its_config_is_refused(kind, tmp_path):
     assert says in message and "re-save the model" in message
 
 
+def test_a_training_target_dir_not_matching_its_config_names_target_path(tmp_path):
+    """spec-zoo-train reads its target from ``target.path``: the refusal names that key, not model.path."""
+    from omegaconf import OmegaConf
+
+    from spec_zoo.train.loop import load_teacher_target
+
+    path = saved_model(tmp_path / "missing", **MISMATCHES["missing"][0])
+    cfg = OmegaConf.create({"target": {"name": None, "path": str(path), "dtype": "float32"}, "device": "cpu"})
+    with pytest.raises(ConfigError, match=rf"^target\.path: {path} does not match its config\.json"):
+        load_teacher_target(cfg)
+
+
 def test_model_dir_with_tied_embeddings_loads(tmp_path):
     """lm_head.weight is legitimately absent when the config ties it to the embeddings."""
     from spec_zoo.models import load_causal_lm

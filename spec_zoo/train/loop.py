@@ -77,7 +77,8 @@ def load_teacher_target(cfg: DictConfig) -> Target:
     from spec_zoo.models import load_target, resolve_device
 
     t = cfg.target
-    return load_target(name=t.name, path=t.path, dtype=t.dtype, device=resolve_device(str(cfg.get("device", "cpu"))))
+    return load_target(name=t.name, path=t.path, dtype=t.dtype, device=resolve_device(str(cfg.get("device", "cpu"))),
+                       key="target")
 
 
 def _lr(step: int, cfg: DictConfig, steps: int) -> float:
