@@ -13,9 +13,12 @@ import hashlib
 import os
 import platform
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
+from torch.overrides import TorchFunctionMode
 
 from spec_zoo.errors import ConfigError, first_line
 from spec_zoo.paths import cache_root
@@ -68,3 +71,22 @@ def build(source: str, setting: str, fix: str) -> None:
     except (RuntimeError, OSError, ImportError) as err:
         raise ConfigError(f"{setting}: building its C++ kernel in {directory} failed ({first_line(err)}); "
                           f"{fix}.") from None
+
+
+class RoutedLinears(TorchFunctionMode):
+    """While active (and while dynamo traces under it), ``F.linear`` without a bias on a 2-D weight
+    and an input of ``dtype`` runs ``linear(x, weight)`` (one of spec-zoo's GEMMs, built and laid out
+    before any tracing: dynamo must not trace a build); any other linear runs as it would."""
+
+    def __init__(self, dtype: torch.dtype, linear: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]):
+        super().__init__()
+        self.dtype, self.linear = dtype, linear
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is F.linear:
+            x, weight, *rest = args
+            bias = rest[0] if rest else kwargs.get("bias")
+            if bias is None and weight.dtype == self.dtype and x.dtype == self.dtype and weight.dim() == 2:
+                return self.linear(x, weight)
+        return func(*args, **kwargs)

@@ -16,9 +16,8 @@ import functools
 
 import torch
 import torch.nn.functional as F
-from torch.overrides import TorchFunctionMode
 
-from spec_zoo.cpp_kernels import build
+from spec_zoo.cpp_kernels import RoutedLinears, build
 
 
 @functools.cache
@@ -57,19 +56,11 @@ def skinny_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     return torch.ops.spec_zoo.skinny_linear(x, packed, weight.shape[0])
 
 
-class SkinnyLinears(TorchFunctionMode):
+class SkinnyLinears(RoutedLinears):
     """While active (and while dynamo traces under it), ``F.linear`` on float32 weights without a
     bias runs `skinny_linear`; any other linear runs as it would."""
 
     def __init__(self):
-        super().__init__()
-        self.layout = layout()  # plain ints, read while dynamo traces (it must not trace the build)
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        if func is F.linear:
-            x, weight, *rest = args
-            bias = rest[0] if rest else kwargs.get("bias")
-            if bias is None and weight.dtype == torch.float32 and x.dtype == torch.float32 and weight.dim() == 2:
-                return torch.ops.spec_zoo.skinny_linear(x, pack(weight, *self.layout), weight.shape[0])
-        return func(*args, **kwargs)
+        lanes, block = layout()  # plain ints, read before dynamo traces (it must not trace the build)
+        super().__init__(torch.float32, lambda x, weight: torch.ops.spec_zoo.skinny_linear(
+            x, pack(weight, lanes, block), weight.shape[0]))
