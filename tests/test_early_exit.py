@@ -245,3 +245,16 @@ def test_sampling_with_the_adapter_runs_on_the_real_target(smollm2_target):
                                sampling=SamplingParams(temperature=0.7)).generate("Name three colours.",
                                                                                 max_new_tokens=24, seed=1)
     assert again.ids == out.ids  # seeded
+
+
+def test_kv_reuse_on_a_compiled_bfloat16_target_is_refused_with_the_fix(tiny_llama):
+    """Reusing the eager draft's shallow KV makes the verify resume eagerly from layer E: in bf16 that is
+    not the compiled graph's arithmetic (on the real target 9 of 13 outputs differed from plain decoding),
+    so it is refused, not run; reuse_kv=false is accepted. Nothing compiles (attach comes first)."""
+    from spec_zoo.runtime import CompiledTarget
+
+    target = CompiledTarget(tiny_llama(layers=3, dtype=torch.float32).to(torch.bfloat16), max_cache_len=64)
+    with pytest.raises(ConfigError, match=r"^drafter.reuse_kv=true on a compiled bfloat16 target .* set "
+                                          r"drafter.reuse_kv=false"):
+        EarlyExitDrafter(2, reuse_kv=True).attach(target)
+    EarlyExitDrafter(2, reuse_kv=False).attach(target)

@@ -134,6 +134,14 @@ class EarlyExitDrafter(ChainDrafter):
     def attach(self, target: Target) -> None:
         self.stack = target.stack  # refuses a family its layer-by-layer forward would get wrong
         check_exit_layer(self.exit_layer, self.stack.num_layers)
+        if self.reuse_kv and target.runtime == "compiled" and target.dtype == torch.bfloat16:
+            # the verify would resume eagerly from layer E over the eager draft's shallow KV: in bf16 that
+            # arithmetic is not the compiled graph's, and the output stops being plain decoding's (4 of 13
+            # Spec-Bench prompts equal on the real target)
+            raise ConfigError("drafter.reuse_kv=true on a compiled bfloat16 target verifies eagerly from layer "
+                              f"{self.exit_layer}, which does not reproduce the compiled graph's bf16 arithmetic (the "
+                              "output would differ from plain decoding); set drafter.reuse_kv=false (and "
+                              "drafter.runtime=compiled for speed).")
         source = self.adapter_source
         if isinstance(source, CompiledExit):  # a compiled draft handed in: its graph is shared
             if source.head.exit_layer != self.exit_layer:
