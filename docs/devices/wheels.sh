@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Before a GPU window, here (with network): the Python packages the window's machine lacks, as wheels in .whl/
-# (ignored: `echo /.whl/ >> .git/info/exclude`; the window's `run` carries it). That machine has Python 3.12,
+# (ignored by .gitignore; the window's `run` carries it). That machine has Python 3.12,
 # torch and most of transformers' needs, but transformers 5.17 (spec-zoo needs >= 5.20: with 5.17 EAGLE and
 # lookahead fail and suffix decoding leaves plain greedy output) and no hydra-core or omegaconf. About 18 MB.
 set -eu
