@@ -79,6 +79,13 @@ def read_text(path) -> str:
     return path.read_text(encoding="utf-8")
 
 
+def beside(folder, name: str) -> Path:
+    """``folder/name``, or its gzipped copy ``name.gz`` where only that is kept (`read_text` reads both)."""
+    path = Path(folder) / name
+    gz = path.with_name(f"{name}.gz")
+    return gz if not path.exists() and gz.exists() else path
+
+
 def read_records(path) -> list[dict]:
     """All records of a results file ([] when it does not exist); a line cut short by an
     interrupted write is skipped with a warning (its record is measured again on resume)."""

@@ -27,7 +27,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from spec_zoo.bench.records import BASELINE, TRACE_FILE, read_traces, record_key
+from spec_zoo.bench.records import BASELINE, TRACE_FILE, beside, read_traces, record_key
 from spec_zoo.bench.summary import prompt_key
 from spec_zoo.costs import CostTable
 from spec_zoo.errors import ConfigError
@@ -44,8 +44,8 @@ def traced_records(paths: Sequence) -> list[dict]:
     """The records under ``paths`` that have a trace (in ``_steps``); an error naming the fix
     when ``ar`` or every other method has none."""
     records = load_results(paths)
-    traces = {source: read_traces(Path(source).parent / (TRACE_FILE + Path(source).suffix.replace(".jsonl", "")))
-              for source in {r["_source"] for r in records}}  # beside its results file, gzipped where that is
+    sources = {r["_source"] for r in records}
+    traces = {source: read_traces(beside(Path(source).parent, TRACE_FILE)) for source in sources}
     traced = [{**r, "_steps": traces[r["_source"]][record_key(r)]} for r in records
               if record_key(r) in traces[r["_source"]]]
     if not {BASELINE} < {r["method"] for r in traced}:

@@ -14,7 +14,7 @@ import json
 from collections import defaultdict
 from pathlib import Path
 
-from spec_zoo.bench.records import read_text
+from spec_zoo.bench.records import beside, read_text
 from spec_zoo.errors import ConfigError
 
 
@@ -22,7 +22,7 @@ def bench_position1(run, method: str) -> dict[str, tuple[int, int]]:
     """(accepted, reached) at position 1 per category of ``method`` in a bench run directory,
     plus ``all`` and, per turn after the first, ``<category> turn <t>``."""
     run = Path(run).expanduser()
-    files = [run / name if (run / name).is_file() else run / f"{name}.gz" for name in ("results.jsonl", "traces.jsonl")]
+    files = [beside(run, name) for name in ("results.jsonl", "traces.jsonl")]
     if not all(f.is_file() for f in files):
         raise ConfigError(f"report.compare.results={str(run)!r} needs results.jsonl and traces.jsonl (a bench run "
                           "with traces=true; or both gzipped, .jsonl.gz).")
