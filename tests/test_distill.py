@@ -112,6 +112,39 @@ def test_same_seed_same_draft_and_resume(tmp_path):
     assert all(torch.equal(sa[k], sa2[k]) for k in sa)
 
 
+class _Killed(Exception):
+    """The run stopped right after a checkpoint, as a killed process would."""
+
+
+def test_interrupted_run_resumed_equals_the_uninterrupted_one(tmp_path, monkeypatch, capsys):
+    """Same config both times: the resumed run restores weights, optimizer, sampler position and
+    the loss average, so its draft and its history are bit-for-bit those of a run never stopped."""
+    from safetensors.torch import load_file
+
+    import spec_zoo.train.loop as loop
+
+    model = _teacher()
+    args = ("train.steps=12", "train.ckpt_every=4", "train.eval_every=3")
+    a = distill(_cfg(tmp_path / "a", *args), target=Target(model))
+    save = loop._save_checkpoint
+
+    def save_then_die(*a_, **k):
+        save(*a_, **k)
+        raise _Killed
+
+    monkeypatch.setattr(loop, "_save_checkpoint", save_then_die)
+    with pytest.raises(_Killed):
+        distill(_cfg(tmp_path / "b", *args), target=Target(model))
+    monkeypatch.setattr(loop, "_save_checkpoint", save)
+    capsys.readouterr()
+    b = distill(_cfg(tmp_path / "b", *args), target=Target(model))
+    assert "at step 4" in capsys.readouterr().err  # it resumed, not started over
+    sa, sb = load_file(a / "model.safetensors"), load_file(b / "model.safetensors")
+    assert sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
+    ra, rb = (json.loads((d / "distill.json").read_text()) for d in (a, b))
+    assert ra["history"] == rb["history"] and ra["heldout_after"] == rb["heldout_after"]
+
+
 @pytest.mark.parametrize("loss", ["fkl", "rkl", "tvd"])
 def test_losses_are_zero_at_the_teacher_and_positive_elsewhere(loss):
     logits = torch.randn(5, 10) * 2

@@ -92,9 +92,10 @@ def _lr(step: int, cfg: DictConfig, steps: int) -> float:
 
 
 def _save_checkpoint(path: Path, student: Student, opt: torch.optim.Optimizer, step: int, gen: torch.Generator,
-                     history: list) -> None:
+                     history: list, ema: float | None) -> None:
     state = {
         "step": step,
+        "ema": ema,  # the loss average the history records: a resumed run writes the same history
         "model": {k: v for k, v in student.lm.state_dict().items()},
         "optimizer": opt.state_dict(),
         "generator": gen.get_state(),
@@ -105,7 +106,7 @@ def _save_checkpoint(path: Path, student: Student, opt: torch.optim.Optimizer, s
 
 
 def _load_checkpoint(path: Path, student: Student, opt: torch.optim.Optimizer,
-                     gen: torch.Generator) -> tuple[int, list]:
+                     gen: torch.Generator) -> tuple[int, list, float | None]:
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:
@@ -123,7 +124,7 @@ def _load_checkpoint(path: Path, student: Student, opt: torch.optim.Optimizer,
         raise ConfigError(f"checkpoint {path} does not match the student of this config ({str(e)[:160]}); "
                           "delete it or set train.resume=false.") from None
     gen.set_state(state["generator"])
-    return int(state["step"]), json.loads(state.get("history", "[]"))
+    return int(state["step"]), json.loads(state.get("history", "[]")), state.get("ema")
 
 
 @dataclass
@@ -257,8 +258,9 @@ def train_student(cfg: DictConfig, recipe: Recipe, student: Student, split: Teac
     ckpt = out_dir.parent / f".{out_dir.name}.checkpoints" / "last.pt"
     step = 0
     history: list[dict] = []  # one record per held-out evaluation
+    ema: float | None = None
     if bool(cfg.train.resume) and ckpt.is_file():
-        step, history = _load_checkpoint(ckpt, student, opt, gen)
+        step, history, ema = _load_checkpoint(ckpt, student, opt, gen)
         print(f"resumed from {ckpt} at step {step}", file=sys.stderr)
     budget = StepBudget(int(cfg.train.steps), float(cfg.train.get("max_seconds", 0) or 0), step)
     last_eval = history[-1]["alpha_greedy"] if history else before["alpha_greedy"]
@@ -266,7 +268,6 @@ def train_student(cfg: DictConfig, recipe: Recipe, student: Student, split: Teac
     plateau = Plateau(int(cfg.train.get("patience", 0) or 0), last_eval, step, params)
     bar = tqdm(total=budget.steps, initial=step, desc=f"{recipe.desc} ({kind})", disable=not cfg.progress,
                dynamic_ncols=True)
-    ema = None
     while step < budget.steps:
         student.lm.train()
         rows = torch.randint(0, len(train), (bs,), generator=gen)
@@ -293,7 +294,7 @@ def train_student(cfg: DictConfig, recipe: Recipe, student: Student, split: Teac
                 break
         if step % int(cfg.train.ckpt_every) == 0 and step < budget.steps:
             ckpt.parent.mkdir(parents=True, exist_ok=True)
-            _save_checkpoint(ckpt, student, opt, step, gen, history)
+            _save_checkpoint(ckpt, student, opt, step, gen, history, ema)
         if budget.after_step(step):
             bar.total = budget.steps
             print(f"train.max_seconds={budget.max_seconds:g}: {budget.steps} steps fit "
