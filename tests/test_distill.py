@@ -96,15 +96,14 @@ def test_untrained_is_the_initialisation(trained, tmp_path):
                        model.model.layers[0].mlp.up_proj.weight)
 
 
-def test_same_seed_same_draft_and_resume(tmp_path):
+def test_same_seed_same_draft_and_a_changed_config_is_not_resumed(tmp_path):
     model = _teacher()
     a = distill(_cfg(tmp_path / "a", "train.steps=12"), target=Target(model))
     b1 = distill(_cfg(tmp_path / "b", "train.steps=8", "train.keep_checkpoints=true", "train.ckpt_every=4"),
                  target=Target(model))
     assert (b1.parent / ".draft.checkpoints" / "last.pt").is_file()
-    b = distill(_cfg(tmp_path / "b", "train.steps=12"), target=Target(model))  # resumes at step 8
-    rec = json.loads((b / "distill.json").read_text())
-    assert rec["steps"] == 12 and rec["history"][0]["step"] == 10
+    with pytest.raises(ConfigError, match=r"another config \(train.steps=8 there, 12 here\).*train.resume=false"):
+        distill(_cfg(tmp_path / "b", "train.steps=12"), target=Target(model))  # another LR schedule
     a2 = distill(_cfg(tmp_path / "a2", "train.steps=12"), target=Target(model))
     from safetensors.torch import load_file
 
@@ -143,6 +142,30 @@ def test_interrupted_run_resumed_equals_the_uninterrupted_one(tmp_path, monkeypa
     assert sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
     ra, rb = (json.loads((d / "distill.json").read_text()) for d in (a, b))
     assert ra["history"] == rb["history"] and ra["heldout_after"] == rb["heldout_after"]
+
+
+def test_a_run_in_stretches_of_train_budget_s_equals_one_run(tmp_path, capsys):
+    """``train.budget_s`` stops (checkpointed) after every step here; rerunning the same command
+    continues, until the draft is written: the one an uninterrupted run writes."""
+    from safetensors.torch import load_file
+
+    model = _teacher()
+    args = ("train.steps=5", "train.eval_every=2")
+    a = distill(_cfg(tmp_path / "a", *args), target=Target(model))
+    stretches = 0
+    while (out := distill(_cfg(tmp_path / "b", *args, "train.budget_s=1e-9"), target=Target(model))).name == "last.pt":
+        stretches += 1
+        assert "rerun the same command" in capsys.readouterr().err
+    assert stretches == 4  # steps 1..4 each end a stretch; step 5 ends the run
+    sa, sb = load_file(a / "model.safetensors"), load_file(out / "model.safetensors")
+    assert all(torch.equal(sa[k], sb[k]) for k in sa)
+    assert not (out.parent / ".draft.checkpoints").exists()  # the finished run cleans up
+
+
+@pytest.mark.parametrize("other", ["train.patience=2", "train.max_seconds=60"])
+def test_budget_s_refuses_what_a_checkpoint_does_not_keep(tmp_path, other):
+    with pytest.raises(ConfigError, match="train.budget_s .*not checkpointed.*train.budget_s=0"):
+        distill(_cfg(tmp_path, "train.budget_s=30", other), target=Target(_teacher()))
 
 
 @pytest.mark.parametrize("loss", ["fkl", "rkl", "tvd"])

@@ -241,9 +241,10 @@ def test_same_seed_same_heads_resume_and_soft_labels(trained, tmp_path):
     b1 = train_medusa(_cfg(tmp_path / "b", "train.steps=8", "train.keep_checkpoints=true", "train.ckpt_every=4"),
                       target=Target(model))
     assert (b1.parent / f".{b1.name}.checkpoints" / "last.pt").is_file()
-    b = train_medusa(_cfg(tmp_path / "b", "train.steps=12"), target=Target(model))  # resumes at step 4
+    b = train_medusa(_cfg(tmp_path / "b", "train.steps=8", "train.keep_checkpoints=true", "train.ckpt_every=4"),
+                     target=Target(model))  # the same command again: resumes at the checkpoint of step 4
     record = json.loads((b / "medusa.json").read_text())
-    assert record["steps"] == 12 and record["history"][0]["step"] == 10
+    assert record["steps"] == 8 and record["history"][0]["step"] == 8
     soft = train_medusa(_cfg(tmp_path / "soft", "heads.labels=distributions", "train.steps=10"), target=Target(model))
     record = json.loads((soft / "medusa.json").read_text())
     assert record["config"]["heads"]["labels"] == "distributions"

@@ -23,6 +23,7 @@ LIMITS: dict[str, Limit] = {
     "data.heldout": UNIT,
     "train.steps": NON_NEGATIVE,
     "train.max_seconds": NON_NEGATIVE,
+    "train.budget_s": NON_NEGATIVE,
     "train.batch_size": POSITIVE,
     "train.lr": Limit(low=0, low_open=True, example="1e-3"),
     "train.min_lr_ratio": Limit(low=0, high=1),

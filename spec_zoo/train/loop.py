@@ -49,6 +49,12 @@ def check_config(cfg: DictConfig, recipe: Recipe) -> None:
     for key in ("train.batch_size", "data.batch_size", "data.max_new_tokens", "data.max_prompt_tokens"):
         if int(OmegaConf.select(cfg, key)) < 1:
             raise ConfigError(f"{key}={OmegaConf.select(cfg, key)}; it must be a positive integer.")
+    if float(cfg.train.get("budget_s", 0) or 0) and (float(cfg.train.get("max_seconds", 0) or 0)
+                                                   or int(cfg.train.get("patience", 0) or 0)):
+        raise ConfigError("train.budget_s (checkpoint and stop, resume later) with train.max_seconds or "
+                          "train.patience: their step estimate and best weights are not checkpointed, so a resumed "
+                          "run would differ; "
+                          "set train.max_seconds=0 train.patience=0, or train.budget_s=0.")
     if int(cfg.data.get("forced_prompts", 0)) < 0:
         raise ConfigError(f"data.forced_prompts={cfg.data.forced_prompts}; use 0 or more prompts.")
     if not 0.0 <= float(cfg.data.get("student_fraction", 0.0)) <= 1.0:
@@ -91,10 +97,42 @@ def _lr(step: int, cfg: DictConfig, steps: int) -> float:
     return float(t.lr) * (floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress)))
 
 
+# keys that leave a run's result as it is: a resume may change them (every other key must stay)
+_RESUMABLE = ("train.resume", "train.budget_s", "train.keep_checkpoints", "train.ckpt_every", "progress",
+              "output.dir", "output.overwrite", "data.cache_dir")
+
+
+def _result_config(cfg: DictConfig) -> dict[str, str]:
+    """The config as flat ``key -> value`` (JSON), less `_RESUMABLE`: what a checkpoint's run depended on."""
+    flat: dict[str, str] = {}
+
+    def walk(node: object, prefix: str) -> None:
+        if isinstance(node, dict) and node:
+            for k, v in node.items():
+                walk(v, f"{prefix}{k}.")
+        elif prefix[:-1] not in _RESUMABLE:
+            flat[prefix[:-1]] = json.dumps(node)
+
+    walk(OmegaConf.to_container(cfg, resolve=True), "")
+    return flat
+
+
+def _check_same_config(path: Path, saved: dict[str, str], now: dict[str, str]) -> None:
+    """A resume continues the checkpoint's run only under its config; anything else is refused, naming the keys."""
+    diff = sorted(k for k in saved.keys() | now.keys() if saved.get(k) != now.get(k))
+    if diff:
+        shown = "; ".join(f"{k}={saved.get(k, '(unset)')} there, {now.get(k, '(unset)')} here" for k in diff[:4])
+        raise ConfigError(f"checkpoint {path} was made with another config ({shown}"
+                          f"{'; ...' if len(diff) > 4 else ''}): resuming would not give the run it started; "
+                          "rerun with the checkpoint's values, or set train.resume=false (or another output.dir) "
+                          "to start over.")
+
+
 def _save_checkpoint(path: Path, student: Student, opt: torch.optim.Optimizer, step: int, gen: torch.Generator,
-                     history: list, ema: float | None) -> None:
+                     history: list, ema: float | None, cfg: DictConfig) -> None:
     state = {
         "step": step,
+        "config": json.dumps(_result_config(cfg)),
         "ema": ema,  # the loss average the history records: a resumed run writes the same history
         "model": {k: v for k, v in student.lm.state_dict().items()},
         "optimizer": opt.state_dict(),
@@ -106,12 +144,13 @@ def _save_checkpoint(path: Path, student: Student, opt: torch.optim.Optimizer, s
 
 
 def _load_checkpoint(path: Path, student: Student, opt: torch.optim.Optimizer,
-                     gen: torch.Generator) -> tuple[int, list, float | None]:
+                     gen: torch.Generator, cfg: DictConfig) -> tuple[int, list, float | None]:
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:
         raise ConfigError(f"checkpoint {path} is corrupt ({type(e).__name__}); "
                           "delete it or set train.resume=false.") from None
+    _check_same_config(path, json.loads(state.get("config", "{}")), _result_config(cfg))
     saved_vocab, vocab = state.get("vocab_ids"), student.vocab_ids
     if not ((saved_vocab is None and vocab is None)
             or (saved_vocab is not None and vocab is not None and torch.equal(saved_vocab, vocab))):
@@ -156,6 +195,7 @@ class Fit:
     history: list[dict]
     seconds: float
     checkpoint: Path
+    paused: bool = False  # train.budget_s ran out: checkpointed, to be resumed
 
 
 def train_module(cfg: DictConfig, recipe: Recipe, target: Target | None = None) -> Path:
@@ -175,6 +215,8 @@ def train_module(cfg: DictConfig, recipe: Recipe, target: Target | None = None) 
         return split.teacher.store.root
     add_student_data(cfg, student, target, split)
     fit = train_student(cfg, recipe, student, split, target.vocab_size)
+    if fit.paused:
+        return fit.checkpoint
     return write_artefact(cfg, recipe, student, split, fit, time.time() - t0)
 
 
@@ -260,12 +302,13 @@ def train_student(cfg: DictConfig, recipe: Recipe, student: Student, split: Teac
     history: list[dict] = []  # one record per held-out evaluation
     ema: float | None = None
     if bool(cfg.train.resume) and ckpt.is_file():
-        step, history, ema = _load_checkpoint(ckpt, student, opt, gen)
+        step, history, ema = _load_checkpoint(ckpt, student, opt, gen, cfg)
         print(f"resumed from {ckpt} at step {step}", file=sys.stderr)
     budget = StepBudget(int(cfg.train.steps), float(cfg.train.get("max_seconds", 0) or 0), step)
     last_eval = history[-1]["alpha_greedy"] if history else before["alpha_greedy"]
     bs = int(cfg.train.batch_size)
     plateau = Plateau(int(cfg.train.get("patience", 0) or 0), last_eval, step, params)
+    stretch = float(cfg.train.get("budget_s", 0) or 0)  # this stretch's wall seconds (0 = to the end)
     bar = tqdm(total=budget.steps, initial=step, desc=f"{recipe.desc} ({kind})", disable=not cfg.progress,
                dynamic_ncols=True)
     while step < budget.steps:
@@ -294,7 +337,14 @@ def train_student(cfg: DictConfig, recipe: Recipe, student: Student, split: Teac
                 break
         if step % int(cfg.train.ckpt_every) == 0 and step < budget.steps:
             ckpt.parent.mkdir(parents=True, exist_ok=True)
-            _save_checkpoint(ckpt, student, opt, step, gen, history, ema)
+            _save_checkpoint(ckpt, student, opt, step, gen, history, ema, cfg)
+        if stretch and step < budget.steps and time.time() - budget.start >= stretch:
+            ckpt.parent.mkdir(parents=True, exist_ok=True)
+            _save_checkpoint(ckpt, student, opt, step, gen, history, ema, cfg)
+            bar.close()
+            print(f"train.budget_s={stretch:g}: stopped at step {step} of {budget.steps}, checkpointed in {ckpt}; "
+                  "rerun the same command (train.resume=true) to continue", file=sys.stderr)
+            return Fit(step, before, {}, history, time.time() - budget.start, ckpt, paused=True)
         if budget.after_step(step):
             bar.total = budget.steps
             print(f"train.max_seconds={budget.max_seconds:g}: {budget.steps} steps fit "
