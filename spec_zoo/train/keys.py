@@ -9,6 +9,9 @@ import functools
 from spec_zoo.schema import NON_NEGATIVE, POSITIVE, SEED, UNIT, Keys, Limit
 from spec_zoo.train.losses import LOSSES
 
+# the training loop's compute dtype (`spec_zoo.train.loop.compute_dtype`); weights stay float32
+TRAIN_DTYPES = ("float32", "bfloat16", "auto")
+
 LIMITS: dict[str, Limit] = {
     "train.seed": SEED,
     "data.seed": SEED,
@@ -50,5 +53,6 @@ def pipeline_keys() -> Keys:
     from spec_zoo.models import DEVICES, DTYPES
     from spec_zoo.schema import core_keys
 
-    words = {"target.dtype": tuple(DTYPES), "device": tuple(DEVICES), "output.dtype": tuple(DTYPES), "loss": LOSSES}
+    words = {"target.dtype": tuple(DTYPES), "device": tuple(DEVICES), "output.dtype": tuple(DTYPES), "loss": LOSSES,
+             "train.dtype": TRAIN_DTYPES}
     return core_keys() | Keys(LIMITS, TYPES, words)

@@ -78,6 +78,20 @@ def check_config(cfg: DictConfig, recipe: Recipe) -> None:
         raise ConfigError("device=cuda but CUDA is not available here; use device=cpu or device=auto.")
 
 
+def compute_dtype(cfg: DictConfig, device: torch.device) -> torch.dtype:
+    """``train.dtype``: bfloat16 runs the forward/backward under autocast (the matrix engine's
+    dtype; the weights and the optimizer stay float32); auto takes it where the hardware has a
+    bf16 unit (CPU: AMX or AVX512-BF16, `spec_zoo.cpp_kernels.host_isa`), since elsewhere bf16 is emulated."""
+    want = str(cfg.train.get("dtype", "float32"))
+    if want == "auto":
+        if device.type == "cuda":
+            return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float32
+        from spec_zoo.cpp_kernels import host_isa
+
+        return torch.bfloat16 if host_isa() in ("amx", "avx512-bf16") else torch.float32
+    return torch.bfloat16 if want == "bfloat16" else torch.float32
+
+
 def load_teacher_target(cfg: DictConfig) -> Target:
     """The target of ``cfg.target`` on ``cfg.device``."""
     from spec_zoo.models import load_target, resolve_device
@@ -305,10 +319,18 @@ def train_student(cfg: DictConfig, recipe: Recipe, student: Student, split: Teac
         step, history, ema = _load_checkpoint(ckpt, student, opt, gen, cfg)
         print(f"resumed from {ckpt} at step {step}", file=sys.stderr)
     budget = StepBudget(int(cfg.train.steps), float(cfg.train.get("max_seconds", 0) or 0), step)
+    first, t_first = step, time.time()
     last_eval = history[-1]["alpha_greedy"] if history else before["alpha_greedy"]
     bs = int(cfg.train.batch_size)
     plateau = Plateau(int(cfg.train.get("patience", 0) or 0), last_eval, step, params)
     stretch = float(cfg.train.get("budget_s", 0) or 0)  # this stretch's wall seconds (0 = to the end)
+    device = next(student.lm.parameters()).device
+    dtype = compute_dtype(cfg, device)
+    from spec_zoo.cpp_kernels import host_isa
+
+    print(f"training path: {device.type}, host ISA {host_isa()}, train.dtype={cfg.train.get('dtype', 'float32')} "
+          f"-> {str(dtype).removeprefix('torch.')}; {budget.steps - step} steps to run, their cost timed over steps "
+          f"{step + 2}..{step + 3}", file=sys.stderr)
     bar = tqdm(total=budget.steps, initial=step, desc=f"{recipe.desc} ({kind})", disable=not cfg.progress,
                dynamic_ncols=True)
     while step < budget.steps:
@@ -316,15 +338,22 @@ def train_student(cfg: DictConfig, recipe: Recipe, student: Student, split: Teac
         rows = torch.randint(0, len(train), (bs,), generator=gen)
         for g in opt.param_groups:
             g["lr"] = _lr(step, cfg, budget.steps)
-        loss = metrics(student, train, rows, full_vocab, kind)["loss"].mean()
-        if (extra := recipe.extra_loss(student, cfg)) is not None:  # a recipe's own term next to the distillation loss
-            loss = loss + extra
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=dtype == torch.bfloat16):
+            loss = metrics(student, train, rows, full_vocab, kind)["loss"].float().mean()
+            if (extra := recipe.extra_loss(student, cfg)) is not None:  # a recipe's own term beside the distillation
+                loss = loss + extra
         opt.zero_grad(set_to_none=True)
         loss.backward()
         if float(cfg.train.grad_clip) > 0:
             torch.nn.utils.clip_grad_norm_(params, float(cfg.train.grad_clip))
         opt.step()
         step += 1
+        if step == first + 3:  # the cost, once the first steps (allocations, caches) are behind
+            per_step = (time.time() - t_first) / 2
+            print(f"training path: {per_step:.3g} s/step, ~{per_step * (budget.steps - step) / 60:.1f} min for the "
+                  f"{budget.steps - step} steps left", file=sys.stderr)
+        elif step == first + 1:
+            t_first = time.time()
         value = float(loss.detach())
         ema = value if ema is None else 0.9 * ema + 0.1 * value
         if step % int(cfg.train.eval_every) == 0 or step == budget.steps:
