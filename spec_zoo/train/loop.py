@@ -116,8 +116,9 @@ _RESUMABLE = ("train.resume", "train.budget_s", "train.keep_checkpoints", "train
               "output.dir", "output.overwrite", "data.cache_dir")
 
 
-def _result_config(cfg: DictConfig) -> dict[str, str]:
-    """The config as flat ``key -> value`` (JSON), less `_RESUMABLE`: what a checkpoint's run depended on."""
+def _result_config(cfg: DictConfig, dtype: torch.dtype) -> dict[str, str]:
+    """The config as flat ``key -> value`` (JSON), less `_RESUMABLE`, with ``train.dtype`` as resolved
+    (auto differs between hosts): what a checkpoint's run depended on."""
     flat: dict[str, str] = {}
 
     def walk(node: object, prefix: str) -> None:
@@ -128,7 +129,7 @@ def _result_config(cfg: DictConfig) -> dict[str, str]:
             flat[prefix[:-1]] = json.dumps(node)
 
     walk(OmegaConf.to_container(cfg, resolve=True), "")
-    return flat
+    return flat | {"train.dtype": json.dumps(str(dtype).removeprefix("torch."))}
 
 
 def _check_same_config(path: Path, saved: dict[str, str], now: dict[str, str]) -> None:
@@ -143,10 +144,10 @@ def _check_same_config(path: Path, saved: dict[str, str], now: dict[str, str]) -
 
 
 def _save_checkpoint(path: Path, student: Student, opt: torch.optim.Optimizer, step: int, gen: torch.Generator,
-                     history: list, ema: float | None, cfg: DictConfig) -> None:
+                     history: list, ema: float | None, run: dict[str, str]) -> None:
     state = {
         "step": step,
-        "config": json.dumps(_result_config(cfg)),
+        "config": json.dumps(run),
         "ema": ema,  # the loss average the history records: a resumed run writes the same history
         "model": {k: v for k, v in student.lm.state_dict().items()},
         "optimizer": opt.state_dict(),
@@ -158,13 +159,13 @@ def _save_checkpoint(path: Path, student: Student, opt: torch.optim.Optimizer, s
 
 
 def _load_checkpoint(path: Path, student: Student, opt: torch.optim.Optimizer,
-                     gen: torch.Generator, cfg: DictConfig) -> tuple[int, list, float | None]:
+                     gen: torch.Generator, run: dict[str, str]) -> tuple[int, list, float | None]:
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:
         raise ConfigError(f"checkpoint {path} is corrupt ({type(e).__name__}); "
                           "delete it or set train.resume=false.") from None
-    _check_same_config(path, json.loads(state.get("config", "{}")), _result_config(cfg))
+    _check_same_config(path, json.loads(state.get("config", "{}")), run)
     saved_vocab, vocab = state.get("vocab_ids"), student.vocab_ids
     if not ((saved_vocab is None and vocab is None)
             or (saved_vocab is not None and vocab is not None and torch.equal(saved_vocab, vocab))):
@@ -312,11 +313,14 @@ def train_student(cfg: DictConfig, recipe: Recipe, student: Student, split: Teac
     gen = torch.Generator().manual_seed(int(cfg.train.seed))
     out_dir = resolved(cfg.output.dir)  # what check_out_dir judged: the checkpoints go beside it
     ckpt = out_dir.parent / f".{out_dir.name}.checkpoints" / "last.pt"
+    device = next(student.lm.parameters()).device
+    dtype = compute_dtype(cfg, device)
+    run = _result_config(cfg, dtype)  # what a checkpoint must share with this run to be resumed by it
     step = 0
     history: list[dict] = []  # one record per held-out evaluation
     ema: float | None = None
     if bool(cfg.train.resume) and ckpt.is_file():
-        step, history, ema = _load_checkpoint(ckpt, student, opt, gen, cfg)
+        step, history, ema = _load_checkpoint(ckpt, student, opt, gen, run)
         print(f"resumed from {ckpt} at step {step}", file=sys.stderr)
     budget = StepBudget(int(cfg.train.steps), float(cfg.train.get("max_seconds", 0) or 0), step)
     first, t_first = step, time.time()
@@ -324,8 +328,6 @@ def train_student(cfg: DictConfig, recipe: Recipe, student: Student, split: Teac
     bs = int(cfg.train.batch_size)
     plateau = Plateau(int(cfg.train.get("patience", 0) or 0), last_eval, step, params)
     stretch = float(cfg.train.get("budget_s", 0) or 0)  # this stretch's wall seconds (0 = to the end)
-    device = next(student.lm.parameters()).device
-    dtype = compute_dtype(cfg, device)
     from spec_zoo.cpp_kernels import host_isa
 
     print(f"training path: {device.type}, host ISA {host_isa()}, train.dtype={cfg.train.get('dtype', 'float32')} "
@@ -366,10 +368,10 @@ def train_student(cfg: DictConfig, recipe: Recipe, student: Student, split: Teac
                 break
         if step % int(cfg.train.ckpt_every) == 0 and step < budget.steps:
             ckpt.parent.mkdir(parents=True, exist_ok=True)
-            _save_checkpoint(ckpt, student, opt, step, gen, history, ema, cfg)
+            _save_checkpoint(ckpt, student, opt, step, gen, history, ema, run)
         if stretch and step < budget.steps and time.time() - budget.start >= stretch:
             ckpt.parent.mkdir(parents=True, exist_ok=True)
-            _save_checkpoint(ckpt, student, opt, step, gen, history, ema, cfg)
+            _save_checkpoint(ckpt, student, opt, step, gen, history, ema, run)
             bar.close()
             print(f"train.budget_s={stretch:g}: stopped at step {step} of {budget.steps}, checkpointed in {ckpt}; "
                   "rerun the same command (train.resume=true) to continue", file=sys.stderr)
