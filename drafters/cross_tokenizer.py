@@ -52,7 +52,9 @@ class CrossTokenizerDrafter(ChainDrafter):
     """A chain drafted by a causal LM of any vocabulary, re-tokenized into the target's.
 
     path:             the draft model: a local HF model directory (with its tokenizer), a loaded
-                      model, or a `Target` wrapping one.
+                      model, or a `Target` wrapping one; None: ``small_model``'s default draft (the
+                      default target's first ``draft_layers`` layers, the same vocabulary: a check of
+                      the text path, not a reason to use it).
     draft_tokenizer:  the draft model's tokenizer when ``path`` does not carry one (a loaded model).
     target_tokenizer: the target's tokenizer when the target carries none (a bare model).
     num_draft:        draft-model tokens generated per step (the starting length when ``adaptive``);
@@ -77,14 +79,12 @@ class CrossTokenizerDrafter(ChainDrafter):
         sample: str | bool = "auto",
         dtype: str = "float32",
         device: str = "cpu",
+        draft_layers: int = 4,
         runtime: str = "eager",
     ):
-        if path is None:
-            raise ConfigError("drafter=cross_tokenizer needs drafter.path=DIR: a causal LM directory with its "
-                              "tokenizer (any vocabulary).")
         self.length = DraftLength(num_draft, adaptive, max_draft, token_cost, learn_cost)
         self.sample_mode = check_sample_mode(sample)
-        self.runner, self.source = draft_runner(path, dtype, device, 0, runtime)
+        self.runner, self.source = draft_runner(path, dtype, device, draft_layers, runtime)
         self.draft_tok = draft_tokenizer or self.runner.tokenizer
         self.target_tok = target_tokenizer
 
@@ -108,7 +108,7 @@ class CrossTokenizerDrafter(ChainDrafter):
         special = set(self.target_tok.all_special_ids)
         target_of: dict[str, int] = {}
         for i, text in enumerate(texts(self.target_tok, min(len(self.target_tok), self.target_vocab))):
-            if text and i not in special:
+            if text and "\ufffd" not in text and i not in special:  # not a partial character
                 target_of.setdefault(text, i)
         pairs: dict[int, int] = {}  # target id -> the first draft id of its text
         special = set(self.draft_tok.all_special_ids)
