@@ -1,11 +1,11 @@
 """Draft with a causal LM of another tokenizer: through text (string-level matching).
 
-Today's ``small_model`` needs the target's vocabulary; this drafter talks to its draft model
-in text instead. Each step it decodes the committed target tokens to text, re-tokenizes that
+``small_model`` needs the target's vocabulary; this drafter talks to its draft model in text
+instead. Each step it decodes the committed target tokens to text, re-tokenizes that
 text into the draft's vocabulary (the draft's KV cache follows the shared prefix, as
-``small_model``'s does, through `Target.score`), drafts greedily, decodes the draft's new
-tokens to text, and re-tokenizes that continuation into the target's vocabulary: a chain
-`Draft` in target ids.
+``small_model``'s does, through `Target.score`), then drafts: by its argmax, decoding the new
+tokens to text and re-tokenizing that continuation into the target's vocabulary, or, when
+sampling, by token-level intersection. Either way a chain `Draft` in target ids.
 
 Why it is lossless:
 
