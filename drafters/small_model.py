@@ -86,7 +86,8 @@ class SmallModelDrafter(ChainDrafter):
                 f"drafter.path={self.source} has a vocabulary of {mine} tokens "
                 f"({'same' if same_tokenizer else 'different'} tokenizer) but the target has {theirs}: "
                 "a draft model must share the target's tokenizer. Pick a draft from the same model family "
-                "(e.g. `spec-zoo-make-draft` builds one from the target itself)."
+                "(e.g. `spec-zoo-make-draft` builds one from the target itself), or draft across vocabularies "
+                "with drafter=cross_tokenizer."
             )
         file_costs(self)
 

@@ -54,7 +54,7 @@ SHAPES = {
 VERIFIERS = {"greedy": GreedyVerifier, "rejection": RejectionVerifier, "block": BlockVerifier,
              "typical": TypicalVerifier}
 DRAFTERS = ["ngram", "small_model", "distilled", "eagle", "medusa", "hydra", "mlp_speculator", "parallel", "early_exit",
-            "cascade", "merge"]
+            "cascade", "merge", "cross_tokenizer"]
 # drafters with a tree policy
 TREE_DRAFTERS = {"small_model", "distilled", "eagle", "medusa", "hydra", "mlp_speculator", "parallel", "early_exit"}
 
@@ -88,6 +88,14 @@ def parts() -> dict:
             "parallel": parallel_draft(model)}
 
 
+@functools.cache
+def cross_tokenizer_draft():
+    """(draft model, its tokenizer) of another vocabulary: "a", "b" and the merged "ab", "ba"."""
+    from tests.drafts import merged_draft
+
+    return merged_draft(["a", "b"], [("a", "b"), ("b", "a")], sharpness=6.0)
+
+
 def drafter_factory(drafter: str, shape: str):
     """(target model -> a fresh drafter), or None where the drafter has no such shape."""
     from spec_zoo.drafters.cascade import CascadeDrafter
@@ -100,6 +108,14 @@ def drafter_factory(drafter: str, shape: str):
     from spec_zoo.drafters.ngram import NgramDrafter
     from spec_zoo.drafters.small_model import SmallModelDrafter
 
+    if drafter == "cross_tokenizer":  # TLI when sampling, text drafting at T=0
+        if shape != "chain":
+            return None
+        from spec_zoo.drafters.cross_tokenizer import CrossTokenizerDrafter
+        from tests.drafts import char_tokenizer
+
+        draft, tokenizer = cross_tokenizer_draft()
+        return lambda m: CrossTokenizerDrafter(draft, tokenizer, char_tokenizer(["a", "b"]), num_draft=2)
     p = parts()
     if drafter == "ngram":
         kw = {"chain": {}, "static": {"branches": 2, "max_nodes": 4}}.get(shape)

@@ -27,7 +27,39 @@ from spec_zoo.drafters.ngram import NgramDrafter
 from spec_zoo.drafters.none import NoDrafter
 from spec_zoo.drafters.parallel.drafter import ParallelDrafter
 from spec_zoo.drafters.small_model import SmallModelDrafter
+from spec_zoo.testing import tiny_llama
 from spec_zoo.trees import Static
+
+
+def char_tokenizer(symbols: list[str], merges: list[tuple[str, str]] | None = None):
+    """A fast BPE tokenizer over "<s>", "</s>" and ``symbols`` (ids in that order), merging
+    ``merges`` (each pair's join must be a symbol): tiny vocabularies for cross-tokenizer tests."""
+    from tokenizers import Tokenizer, decoders, models
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {s: i for i, s in enumerate(["<s>", "</s>", *symbols])}
+    tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=merges or []))
+    tokenizer.decoder = decoders.Fuse()  # text is the tokens' strings joined, no spaces
+    return PreTrainedTokenizerFast(tokenizer_object=tokenizer, bos_token="<s>", eos_token="</s>")
+
+
+def mirrored_draft(model, symbols: list[str]):
+    """(draft model, its tokenizer): the target itself under a vocabulary with ``symbols`` in
+    reverse order: another tokenizer whose drafts the target always accepts at T=0."""
+    mirror = symbols[::-1]
+    perm = torch.tensor([0, 1] + [2 + symbols.index(s) for s in mirror])
+    draft = copy.deepcopy(model)
+    with torch.no_grad():
+        draft.model.embed_tokens.weight.copy_(model.model.embed_tokens.weight[perm])
+        draft.lm_head.weight.copy_(model.lm_head.weight[perm])
+    return draft, char_tokenizer(mirror)
+
+
+def merged_draft(symbols: list[str], merges: list[tuple[str, str]], seed: int = 7, sharpness: float = 3.0):
+    """(draft model, its tokenizer): a random model over ``symbols`` plus the joins of ``merges``
+    (multi-character tokens the target's vocabulary lacks)."""
+    tokenizer = char_tokenizer(symbols + [a + b for a, b in merges], merges)
+    return tiny_llama(seed, vocab=len(tokenizer), sharpness=sharpness), tokenizer
 
 
 def noisy_copy(model, noise: float, seed: int = 123):

@@ -131,6 +131,7 @@ CI_CELLS = [
     ("merge", "chain", "rejection", "T=0.7 top-k 3 top-p 0.75"),
     ("merge", "chain", "block", "T=1"),
     ("small_model", "chain", "greedy", "T=1"),
+    ("cross_tokenizer", "chain", "rejection", "T=0.7 top-k 3 top-p 0.75"),
 ]
 
 
