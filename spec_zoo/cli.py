@@ -215,27 +215,30 @@ def show_option(choice: str) -> str:
 
 
 def make_draft(argv: list[str] | None = None) -> None:
-    """``spec-zoo-make-draft``: save the default target cut to its first N layers, the
-    untrained default draft of ``drafter=small_model`` (made on first use anyway; this makes
-    it ahead of time, or with another N). The trained draft ships as ``drafter=distilled``."""
+    """``spec-zoo-make-draft``: save an embedded target cut to its first N layers, the
+    untrained default draft of ``drafter=small_model`` (made on first use anyway for the default
+    target; this makes it ahead of time, with another N, or for ``--model gemma3-270m``, whose
+    draft ``drafter.path`` then names). The trained draft ships as ``drafter=distilled``."""
     from spec_zoo.artefacts import check_out_dir
-    from spec_zoo.models import MODEL_RECORD, TRUNCATED, load_target, make_truncated_draft
+    from spec_zoo.models import EMBEDDED, MODEL_RECORD, TRUNCATED, load_target, make_truncated_draft
     from spec_zoo.paths import cache_root
 
     parser = argparse.ArgumentParser(prog="spec-zoo-make-draft", description=make_draft.__doc__)
     parser.add_argument("--layers", type=int, default=4, help="layers to keep (default: 4)")
-    parser.add_argument("--out", help="output dir (default: <cache>/smollm2-135m-trunc<N>): new, empty, or a "
+    parser.add_argument("--model", default="smollm2-135m", choices=list(EMBEDDED),
+                        help="the embedded target to cut (default: smollm2-135m)")
+    parser.add_argument("--out", help="output dir (default: <cache>/<model>-trunc<N>): new, empty, or a "
                                       "previous truncated draft (a directory with other files is refused)")
     parser.add_argument("--overwrite", action="store_true",
                         help="also replace another spec-zoo artefact or model dir at --out (never other files)")
     args = parser.parse_args(argv)
     if args.layers < 1:  # before the model loads (the upper bound needs the target)
         _fail(ConfigError(f"--layers={args.layers}; keep at least 1 layer, e.g. --layers 4."))
-    out = args.out or cache_root() / f"smollm2-135m-trunc{args.layers}"
+    out = args.out or cache_root() / f"{args.model}-trunc{args.layers}"
     try:
         check_out_dir(out, MODEL_RECORD, TRUNCATED, "--out", args.overwrite)  # before the target loads
         with quiet_loading():
-            target = load_target()
+            target = load_target(args.model)
             path = make_truncated_draft(target.model, args.layers, out, tokenizer=target.tokenizer,
                                         overwrite=args.overwrite)
     except ConfigError as e:

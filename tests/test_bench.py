@@ -89,6 +89,21 @@ def test_spec_bench_groups_mt_bench_and_subsamples_deterministically():
     assert {q.category for q in load_questions(per_category=1, categories=["qa", "rag"])} == {"qa", "rag"}
 
 
+def test_the_continuation_track_is_plain_text_for_a_base_model():
+    """Documents and code cut mid-way, one turn each; a tokenizer without a chat template gets the text as is."""
+    questions = load_questions("continuation")
+    assert {q.category for q in questions} == {"document", "code"} and all(len(q.turns) == 1 for q in questions)
+
+    class Decoder:
+        target = type("T", (), {"tokenizer": type("Tok", (), {"chat_template": None})()})()
+
+        def encode(self, text, chat):
+            assert not chat
+            return [len(text)]
+
+    assert prompt_encoder(Decoder())(questions[0].turns, []) == [len(questions[0].turns[0])]
+
+
 def test_dataset_errors(tmp_path):
     with pytest.raises(ConfigError, match="available: spec_bench"):
         load_questions("nope")
