@@ -3,6 +3,7 @@ its output decoded alone, at every batch size, for every drafter (docs/batching.
 
 import pytest
 
+import spec_zoo
 from spec_zoo import SamplingParams, SpeculativeDecoder, Target
 from spec_zoo.drafters.ngram import NgramDrafter
 from spec_zoo.errors import ConfigError
@@ -76,3 +77,11 @@ def test_bad_batch_arguments_are_refused_before_decoding(case):
         decoder.generate_batch(PROMPTS[:2], seeds=[1])
     with pytest.raises(ConfigError, match="empty"):
         decoder.generate_batch([PROMPTS[0], []])
+
+
+def test_the_one_call_api_takes_a_list_of_prompts(case):
+    model, _, _ = case
+    target = Target(model)
+    outs = spec_zoo.generate(PROMPTS[:3], drafter="ngram", model=target, max_new_tokens=MAX_NEW, batch_size=2)
+    alone = [spec_zoo.generate(p, drafter="ngram", model=target, max_new_tokens=MAX_NEW) for p in PROMPTS[:3]]
+    assert isinstance(outs, list) and [o.ids for o in outs] == [o.ids for o in alone]
