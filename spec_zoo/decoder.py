@@ -52,7 +52,7 @@ class _Sequence:
     drafter: Drafter  # the decoder's, or its `for_sequence` fork when requests interleave
     generated: list[int] = field(default_factory=list)
     finish: str = "length"
-    target_state: dict = field(default_factory=dict)
+    target_state: dict | None = None  # its target cache while other sequences are served
     start: float = 0.0
     stats: RunStats = field(init=False)
 
@@ -169,7 +169,7 @@ class SpeculativeDecoder:
     def slots(self, batch_size: int) -> int:
         """How many requests decode at once: ``batch_size`` when the target holds several caches
         and the drafter keeps per-sequence state (`Drafter.batches`), else 1 (one after another)."""
-        return batch_size if self.target.holds_many and self.drafter.batches else 1
+        return batch_size if batch_size > 1 and self.target.holds_many and self.drafter.batches else 1
 
     def _run(self, requests: list[_Sequence], batch_size: int) -> Generator[tuple[int, list[int]], None, list[Output]]:
         """The loop: each step advances every live sequence by draft -> score -> verify -> commit,
@@ -195,13 +195,15 @@ class SpeculativeDecoder:
     def _begin(self, seq: _Sequence, fork: bool) -> None:
         seq.drafter = self.drafter.for_sequence() if fork else self.drafter
         self.target.reset()
-        seq.target_state = self.target.sequence()
+        if fork:  # alone, the target holds the one live sequence: nothing to swap
+            seq.target_state = self.target.sequence()
         seq.start = time.perf_counter()
         seq.drafter.begin(seq.state)
 
     def _step(self, seq: _Sequence) -> list[int]:
         state, drafter, tokens, generated = seq.state, seq.drafter, seq.state.tokens, seq.generated
-        self.target.use(seq.target_state)
+        if seq.target_state is not None:
+            self.target.use(seq.target_state)
         state.max_depth = seq.max_new_tokens - len(generated) - 1
         if self.cost_table is not None:
             state.cost_table = self.cost_table.at(len(tokens))  # scoring is dearer after a longer context
@@ -212,7 +214,8 @@ class SpeculativeDecoder:
         scores = self.target.score(tokens, draft, hidden=drafter.needs_target_hidden)
         verdict = self.verifier.verify(draft, scores.logits, self.sampling, state.generator)
         self.target.commit(verdict.path)
-        seq.target_state = self.target.sequence()  # scoring and commit may replace what it holds
+        if seq.target_state is not None:
+            seq.target_state = self.target.sequence()  # scoring and commit may replace what it holds
         t2 = time.perf_counter()
         if drafter.needs_target_hidden:
             m = scores.new_committed
