@@ -7,6 +7,8 @@ summarisation, extraction, code editing, RAG.
 
 from __future__ import annotations
 
+import copy
+
 import torch
 
 from spec_zoo.costs import file_costs
@@ -76,6 +78,15 @@ class NgramDrafter(Drafter):
     @property  # computes the attribute Drafter declares (ComposedDrafter sets it per instance)
     def drafts_trees(self) -> bool:  # type: ignore[override]
         return self.branches > 1
+
+    batches = True
+
+    def for_sequence(self) -> Drafter:
+        """Its own index, match state and draft-length estimates; the settings are shared."""
+        twin = copy.copy(self)
+        twin.length = copy.deepcopy(self.length)
+        twin._index, twin._indexed, twin._matched = {}, 0, 0
+        return twin
 
     def begin(self, state: DecodeState) -> None:
         self._index.clear()

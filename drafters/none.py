@@ -8,6 +8,10 @@ class NoDrafter(Drafter):
     """Proposes nothing, so the target commits exactly one token per forward (tau = 1)."""
 
     name = "none"
+    batches = True
+
+    def for_sequence(self) -> Drafter:
+        return self  # stateless
 
     def propose(self, state: DecodeState) -> Draft:
         return Draft.empty()

@@ -178,7 +178,7 @@ def compose_config(overrides: Sequence[str] = ()) -> DictConfig:
 
 
 def generate(
-    prompt: str | Sequence[int],
+    prompt: str | Sequence[int] | Sequence[str | Sequence[int]],
     drafter: str | Drafter = "none",
     verifier: str | Verifier | None = None,
     model: str | Target = "smollm2-135m",
@@ -186,9 +186,14 @@ def generate(
     temperature: float = 0.0,
     overrides: Sequence[str] = (),
     on_text: Callable[[str], None] | None = None,
+    batch_size: int | None = None,
     **kw,
-) -> Output:
+) -> Output | list[Output]:
     """Speculative generation in one call.
+
+    prompt:    text or token ids; or a list of them, a batch: one `Output` each, in order, each
+               exactly what that prompt gives alone (`SpeculativeDecoder.generate_batch`,
+               ``batch_size`` at a time; docs/batching.md).
 
     drafter:   a config name (``"none"``, ``"ngram"``, ``"small_model"``, ...) or a `Drafter`.
     verifier:  a config name, a `Verifier`, or None (``"auto"``): greedy at temperature 0, else rejection.
@@ -208,7 +213,9 @@ def generate(
     if isinstance(overrides, str):
         raise fail("overrides", "a single string, not a list", f"pass a list, e.g. overrides=[{overrides!r}]")
     cfg = compose_config([c for c in choices if c] + list(overrides))
-    values = {"prompt": prompt, "generation.max_new_tokens": max_new_tokens, "generation.temperature": temperature}
+    batch = _batch(prompt)
+    values = {"prompt": batch[0] if batch else prompt, "generation.max_new_tokens": max_new_tokens,
+              "generation.temperature": temperature}
     if model_dir:
         values["model.path"] = model_dir
     drafter_keys = _drafter_keys(cfg, drafter)
@@ -232,7 +239,18 @@ def generate(
             drafter=None if isinstance(drafter, str) else drafter,
             verifier=None if isinstance(verifier, str) or verifier is None else verifier,
         )
-    return run(cfg, decoder, on_text)
+    if batch is None:
+        return run(cfg, decoder, on_text)
+    gen = cfg.generation
+    ids = [decoder.encode(p if isinstance(p, str) else list(p), chat=gen.chat) for p in batch]
+    return decoder.generate_batch(ids, gen.max_new_tokens, gen.stop_strings, batch_size=batch_size)
+
+
+def _batch(prompt) -> list | None:
+    """The prompts of a batch (a non-empty list of texts or id lists), None for one prompt."""
+    if isinstance(prompt, (list, tuple)) and prompt and all(isinstance(p, (str, list, tuple)) for p in prompt):
+        return list(prompt)
+    return None
 
 
 def _choice(group: str, value, cls: type) -> str | None:

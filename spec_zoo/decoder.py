@@ -10,7 +10,7 @@ import operator
 import sys
 import time
 from collections.abc import Callable, Generator, Hashable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import torch
@@ -37,6 +37,27 @@ class Output:
     stats: RunStats
     finish_reason: str  # "eos", "stop_string" or "length"
     prompt_ids: list[int]
+
+
+@dataclass
+class _Sequence:
+    """One request in flight: its committed tokens (``state.tokens``), generator
+    (``state.generator``), target cache, drafter and counts; nothing here is shared."""
+
+    prompt_ids: list[int]
+    state: DecodeState
+    max_new_tokens: int
+    eos: set[int]
+    stop_strings: list[str]
+    drafter: Drafter  # the decoder's, or its `for_sequence` fork when requests interleave
+    generated: list[int] = field(default_factory=list)
+    finish: str = "length"
+    target_state: dict | None = None  # its target cache while other sequences are served
+    start: float = 0.0
+    stats: RunStats = field(init=False)
+
+    def __post_init__(self):
+        self.stats = RunStats(prompt_tokens=len(self.prompt_ids))
 
 
 class SpeculativeDecoder:
@@ -124,18 +145,8 @@ class SpeculativeDecoder:
         return ids
 
     # -- the loop -------------------------------------------------------------------
-    def steps(
-        self,
-        prompt: str | Sequence[int],
-        max_new_tokens: int = 128,
-        stop_strings: Sequence[str] = (),
-        eos_token_ids: Sequence[int] | None = None,
-        seed: int | None = None,
-        request_id: Hashable | None = None,
-    ) -> Generator[list[int], None, Output]:
-        """Yield the tokens committed by each step; the generator's return value is the `Output`.
-        ``request_id`` names the request served (e.g. a benchmark question), for drafters that
-        learn across requests (`DecodeState.request_id`)."""
+    def _request(self, prompt, max_new_tokens, stop_strings, eos_token_ids, seed, request_id) -> _Sequence:
+        """One request checked and encoded (before any decoding, so bad input costs nothing)."""
         if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens <= 0:
             raise ConfigError(
                 f"generation.max_new_tokens: {max_new_tokens!r} is not a positive integer; pass e.g. 64."
@@ -153,64 +164,153 @@ class SpeculativeDecoder:
         eos = set(self._eos_ids() if eos_token_ids is None else eos_token_ids)
         generator = torch.Generator(device=self.target.device)
         generator.manual_seed(self.seed if seed is None else seed)
-
-        tokens = list(prompt_ids)
-        generated: list[int] = []
-        stats = RunStats(prompt_tokens=len(prompt_ids))
         # sampled output must not depend on timings; the cost table is data, so it prices every run
-        state = DecodeState(tokens, len(prompt_ids), max_new_tokens - 1, self.sampling, generator,
+        state = DecodeState(list(prompt_ids), len(prompt_ids), max_new_tokens - 1, self.sampling, generator,
                             timings_steer=self.sampling.greedy, cost_table=self.cost_table, request_id=request_id)
-        self.target.reset()
-        start = time.perf_counter()
-        self.drafter.begin(state)
-        finish = "length"
-        while True:
-            state.max_depth = max_new_tokens - len(generated) - 1
-            if self.cost_table is not None:
-                state.cost_table = self.cost_table.at(len(tokens))  # scoring is dearer after a longer context
-            t0 = time.perf_counter()
-            draft = self.drafter.propose(state) if state.max_depth > 0 else Draft.empty()
-            draft = draft.truncated(state.max_depth)
-            t1 = time.perf_counter()
-            scores = self.target.score(tokens, draft, hidden=self.drafter.needs_target_hidden)
-            verdict = self.verifier.verify(draft, scores.logits, self.sampling, generator)
-            self.target.commit(verdict.path)
-            t2 = time.perf_counter()
-            if self.drafter.needs_target_hidden:
-                m = scores.new_committed
-                rows = list(range(m)) + [m + i for i in verdict.path]
-                assert scores.hidden is not None  # asked for with needs_target_hidden
-                state.target_hidden = scores.hidden[rows]
-            if self.drafter.needs_draft_logits:
-                state.draft_logits = scores.logits
+        return _Sequence(prompt_ids, state, max_new_tokens, eos, stop_strings, self.drafter)
 
-            proposed = [int(draft.tokens[i]) for i in verdict.path] + [verdict.next_token]
-            step_tokens = []
-            for tok in proposed:
-                step_tokens.append(tok)
-                if tok in eos:
-                    finish = "eos"
-                    break
-                if len(generated) + len(step_tokens) >= max_new_tokens:
-                    break
-            if stop_strings and finish != "eos":
-                step_tokens, hit = self._cut_at_stop(generated, step_tokens, stop_strings)
-                finish = "stop_string" if hit else finish
-            tokens += step_tokens
-            generated += step_tokens
-            step = StepStats(len(draft), len(verdict.path), draft.depth, len(step_tokens), t1 - t0, t2 - t1)
-            self.drafter.on_commit(draft, verdict, step)
-            for observe in self.observers:
-                observe(draft, verdict, step)
-            stats.steps.append(step)
-            yield step_tokens
-            if finish != "length" or len(generated) >= max_new_tokens:
+    def slots(self, batch_size: int) -> int:
+        """How many requests decode at once: ``batch_size`` when the target holds several caches
+        and the drafter keeps per-sequence state (`Drafter.batches`), else 1 (one after another)."""
+        return batch_size if batch_size > 1 and self.target.holds_many and self.drafter.batches else 1
+
+    def _run(self, requests: list[_Sequence], batch_size: int) -> Generator[tuple[int, list[int]], None, list[Output]]:
+        """The loop: each step advances every live sequence by draft -> score -> verify -> commit,
+        yielding (request index, tokens committed). A finished request's slot goes to the next
+        waiting one (continuous batching). Every sequence has its own committed tokens, target
+        cache, drafter state and generator, so its output is the one it gets decoded alone."""
+        slots = self.slots(batch_size)
+        waiting, live = list(enumerate(requests)), list[tuple[int, _Sequence]]()
+        outputs: list[Output | None] = [None] * len(requests)
+        while waiting or live:
+            while waiting and len(live) < slots:
+                i, seq = waiting.pop(0)
+                self._begin(seq, fork=slots > 1)
+                live.append((i, seq))
+            for i, seq in list(live):
+                step_tokens = self._step(seq)
+                yield i, step_tokens
+                if seq.finish != "length" or len(seq.generated) >= seq.max_new_tokens:
+                    outputs[i] = self._end(seq)
+                    live.remove((i, seq))
+        return [out for out in outputs if out is not None]
+
+    def _begin(self, seq: _Sequence, fork: bool) -> None:
+        seq.drafter = self.drafter.for_sequence() if fork else self.drafter
+        self.target.reset()
+        if fork:  # alone, the target holds the one live sequence: nothing to swap
+            seq.target_state = self.target.sequence()
+        seq.start = time.perf_counter()
+        seq.drafter.begin(seq.state)
+
+    def _step(self, seq: _Sequence) -> list[int]:
+        state, drafter, tokens, generated = seq.state, seq.drafter, seq.state.tokens, seq.generated
+        if seq.target_state is not None:
+            self.target.use(seq.target_state)
+        state.max_depth = seq.max_new_tokens - len(generated) - 1
+        if self.cost_table is not None:
+            state.cost_table = self.cost_table.at(len(tokens))  # scoring is dearer after a longer context
+        t0 = time.perf_counter()
+        draft = drafter.propose(state) if state.max_depth > 0 else Draft.empty()
+        draft = draft.truncated(state.max_depth)
+        t1 = time.perf_counter()
+        scores = self.target.score(tokens, draft, hidden=drafter.needs_target_hidden)
+        verdict = self.verifier.verify(draft, scores.logits, self.sampling, state.generator)
+        self.target.commit(verdict.path)
+        if seq.target_state is not None:
+            seq.target_state = self.target.sequence()  # scoring and commit may replace what it holds
+        t2 = time.perf_counter()
+        if drafter.needs_target_hidden:
+            m = scores.new_committed
+            rows = list(range(m)) + [m + i for i in verdict.path]
+            assert scores.hidden is not None  # asked for with needs_target_hidden
+            state.target_hidden = scores.hidden[rows]
+        if drafter.needs_draft_logits:
+            state.draft_logits = scores.logits
+
+        proposed = [int(draft.tokens[i]) for i in verdict.path] + [verdict.next_token]
+        step_tokens = []
+        for tok in proposed:
+            step_tokens.append(tok)
+            if tok in seq.eos:
+                seq.finish = "eos"
                 break
-        stats.new_tokens = len(generated)
-        stats.wall_s = time.perf_counter() - start
-        self.drafter.end(state)  # after the clock: what a drafter files (a suffix cache saved) is not decoding
-        text = self.target.tokenizer.decode(generated, skip_special_tokens=True) if self.target.tokenizer else None
-        return Output(generated, text, stats, finish, prompt_ids)
+            if len(generated) + len(step_tokens) >= seq.max_new_tokens:
+                break
+        if seq.stop_strings and seq.finish != "eos":
+            step_tokens, hit = self._cut_at_stop(generated, step_tokens, seq.stop_strings)
+            seq.finish = "stop_string" if hit else seq.finish
+        tokens += step_tokens
+        generated += step_tokens
+        step = StepStats(len(draft), len(verdict.path), draft.depth, len(step_tokens), t1 - t0, t2 - t1)
+        drafter.on_commit(draft, verdict, step)
+        for observe in self.observers:
+            observe(draft, verdict, step)
+        seq.stats.steps.append(step)
+        return step_tokens
+
+    def _end(self, seq: _Sequence) -> Output:
+        seq.stats.new_tokens = len(seq.generated)
+        seq.stats.wall_s = time.perf_counter() - seq.start  # in a batch, its neighbours' steps too
+        seq.drafter.end(seq.state)  # after the clock: what a drafter files (a suffix cache saved) is not decoding
+        tok = self.target.tokenizer
+        text = tok.decode(seq.generated, skip_special_tokens=True) if tok else None
+        return Output(seq.generated, text, seq.stats, seq.finish, seq.prompt_ids)
+
+    def steps(
+        self,
+        prompt: str | Sequence[int],
+        max_new_tokens: int = 128,
+        stop_strings: Sequence[str] = (),
+        eos_token_ids: Sequence[int] | None = None,
+        seed: int | None = None,
+        request_id: Hashable | None = None,
+    ) -> Generator[list[int], None, Output]:
+        """Yield the tokens committed by each step; the generator's return value is the `Output`.
+        ``request_id`` names the request served (e.g. a benchmark question), for drafters that
+        learn across requests (`DecodeState.request_id`). A batch of one through `_run`."""
+        run = self._run([self._request(prompt, max_new_tokens, stop_strings, eos_token_ids, seed, request_id)], 1)
+        while True:
+            try:
+                _, chunk = next(run)
+            except StopIteration as done:
+                return done.value[0]
+            yield chunk
+
+    def generate_batch(
+        self,
+        prompts: Sequence[str | Sequence[int]],
+        max_new_tokens: int = 128,
+        stop_strings: Sequence[str] = (),
+        eos_token_ids: Sequence[int] | None = None,
+        seeds: Sequence[int] | None = None,
+        batch_size: int | None = None,
+        request_ids: Sequence[Hashable] | None = None,
+    ) -> list[Output]:
+        """Decode every prompt, ``batch_size`` at a time (default: all at once), one `Output`
+        per prompt in order, each with its own stats. Request i draws from its own generator
+        seeded ``seeds[i]`` (default: the decoder's seed), so its output is exactly what
+        `generate` gives it alone with that seed, whichever requests share its batch (see
+        docs/batching.md; `slots` says how many decode at once)."""
+        n = len(prompts)
+        if batch_size is None:
+            batch_size = max(n, 1)
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            raise ConfigError(f"batch_size: {batch_size!r} is not a positive integer; pass e.g. 8.")
+        for name, values in (("seeds", seeds), ("request_ids", request_ids)):
+            if values is not None and len(values) != n:
+                raise ConfigError(f"{name}: {len(values)} given for {n} prompts; pass one per prompt.")
+        requests = [
+            self._request(p, max_new_tokens, stop_strings, eos_token_ids,
+                          None if seeds is None else seeds[i], None if request_ids is None else request_ids[i])
+            for i, p in enumerate(prompts)
+        ]
+        run = self._run(requests, batch_size)
+        while True:
+            try:
+                next(run)
+            except StopIteration as done:
+                return done.value
 
     def _cut_at_stop(self, generated: list[int], step: list[int], stop_strings: Sequence[str]):
         """Cut ``step`` just after the token that completes a stop string, if any does.

@@ -102,6 +102,9 @@ class Drafter(ABC):
     drafts_trees: bool = False
     #: the ``Draft.siblings`` modes its drafts may use (verifiers refuse what they cannot verify)
     sibling_modes: tuple[str, ...] = ("iid", "deterministic")
+    #: True when `for_sequence` gives it per-sequence state, so a batch interleaves its
+    #: requests' steps; False: a batch decodes its requests one after another through it
+    batches: bool = False
     #: its keys that name a file or folder it loads (a trained method's artefact): a load that
     #: fails is reported against the first one set
     artefact_keys: tuple[str, ...] = ("path",)
@@ -109,6 +112,12 @@ class Drafter(ABC):
     def attach(self, target: Target) -> None:
         """Called once when a decoder is built: check compatibility with the target
         (vocabulary, device) and grab what is shared with it. Raise `ConfigError` on mismatch."""
+
+    def for_sequence(self) -> Drafter:
+        """A drafter for one more sequence of a batch (only called when ``batches``): it shares
+        this one's models and tables but none of its per-sequence state (caches, indexes,
+        acceptance estimates), so each sequence drafts exactly as it would alone."""
+        raise NotImplementedError(f"drafter={self.name} declares batches=True but has no for_sequence")
 
     def begin(self, state: DecodeState) -> None:
         """Called at the start of each sequence, before the first ``propose``."""

@@ -129,6 +129,7 @@ class CompiledTarget(Target):
     """`Target` on a static cache with compiled, batch-invariant scoring (see the module doc)."""
 
     runtime = "compiled"
+    holds_many = False  # one static cache, reused by every sequence
     context_limit = "model.max_cache_len: raise it to fit longer sequences"
 
     def __init__(

@@ -93,10 +93,17 @@ class Scores:
     new_committed: int
 
 
+#: the attributes `Target.reset` makes fresh: one sequence's state
+SEQUENCE_STATE = ("cache", "cached_tokens", "_pending", "_base", "partial")
+
+
 class Target:
     """Owns a causal LM and its KV cache (one sequence, batch size 1)."""
 
     runtime = "eager"
+    #: whether it holds several sequences' caches at once (`sequence`/`use`); a runtime with one
+    #: static cache does not, and a batch then decodes its requests one after another
+    holds_many = True
     context_limit = "the model's max_position_embeddings"  # what bounds ``max_length``, for errors
 
     def __init__(self, model, tokenizer=None):
@@ -125,6 +132,16 @@ class Target:
         self._pending: Draft | None = None  # last scored draft, whose nodes sit in the cache
         self._base = 0  # committed tokens in the cache when _pending was scored
         self.partial = PartialForward()  # tokens after `cached_tokens` whose KV is only in layers < E
+
+    def sequence(self) -> dict:
+        """The current sequence's state (its cache and what the cache holds), to `use` again
+        after serving other sequences: each request of a batch keeps its own cache."""
+        return {name: getattr(self, name) for name in SEQUENCE_STATE}
+
+    def use(self, state: dict) -> None:
+        """Resume the sequence whose state `sequence` returned."""
+        for name, value in state.items():
+            setattr(self, name, value)
 
     def _fresh_cache(self):
         # no config: every layer a full `DynamicLayer`, sliding ones included, so any crop works
