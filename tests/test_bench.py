@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 
 from spec_zoo.bench.dataset import CATEGORIES, Question, load_questions, prompt_encoder
 from spec_zoo.bench.methods import Measurement, Method, build_method
@@ -178,6 +179,42 @@ def test_compiled_methods_run_on_the_compiled_runtime_and_hash_apart():
     assert specs[4].params == {"cache_implementation": "static"}
 
 
+def test_a_method_sets_its_own_dtype_and_is_compared_with_the_plain_decoding_of_that_dtype():
+    fp32 = {"runtime": "compiled", "model": {"dtype": "float32", "gemm": "inductor"}}
+    specs, _ = resolve_methods({"ar_compiled": None, "ngram_compiled": None,
+                                "ar_compiled_fp32": {"drafter": "none", **fp32},
+                                "ngram_compiled_fp32": {"drafter": "ngram", **fp32}}, [])
+    by = {s.name: s for s in specs}
+    assert by["ngram_compiled"].plain == "ar_compiled" and by["ngram_compiled_fp32"].plain == "ar_compiled_fp32"
+    assert by["ngram_compiled_fp32"].model == {"dtype": "float32", "gemm": "inductor"}
+    settings = {"model": {"dtype": "bfloat16"}}
+    assert by["ngram_compiled_fp32"].config_hash(settings) != by["ngram_compiled"].config_hash(settings)
+    assert by["ngram_compiled"].config_hash(settings) == resolve_methods(["ngram_compiled"], [])[0][1].config_hash(
+        settings)  # records made before the key existed still resume
+    with pytest.raises(ConfigError, match="may set the target's dtype, gemm, attention"):
+        resolve_methods({"x": {"drafter": "none", "model": {"path": "elsewhere"}}}, [])
+    with pytest.raises(ConfigError, match="other engines run the run's model settings"):
+        resolve_methods({"vllm_ar": {"model": {"dtype": "float32"}}}, [])
+
+
+def test_each_dtype_gets_its_own_copy_of_the_weights_and_its_own_target(target):
+    from omegaconf import OmegaConf
+
+    from spec_zoo.bench.cli import runtime_targets, target_name
+
+    model_cfg = OmegaConf.create({"runtime": "eager", "dtype": "float64", "gemm": "inductor"})
+    specs, _ = resolve_methods({"ngram": None, "ar_bf16": {"drafter": "none", "model": {"dtype": "bfloat16"}},
+                                "ngram_bf16": {"drafter": "ngram", "model": {"dtype": "bfloat16"}}}, [])
+    targets = runtime_targets(target, specs, model_cfg)
+    names = [target_name(s, model_cfg) for s in specs]
+    assert names == ["eager", "eager", "eager dtype=bfloat16", "eager dtype=bfloat16"]
+    assert targets["eager"] is target and target.model.dtype == torch.float64  # the run's own weights untouched
+    bf16 = targets["eager dtype=bfloat16"]
+    assert bf16.model.dtype == torch.bfloat16 and bf16.model is not target.model
+    a, b = target.model.lm_head.weight, bf16.model.lm_head.weight
+    assert torch.equal(a.to(torch.bfloat16), b)
+
+
 def test_method_entries_resolve_interpolations(tmp_path, monkeypatch):
     monkeypatch.setenv("SPEC_ZOO_CACHE", str(tmp_path))
     (tmp_path / "other-draft").mkdir()
@@ -344,7 +381,10 @@ def test_jsonl_dataset_brings_your_own_prompts(tmp_path):
       "method g: verifier=greedy only works at generation.temperature=0"),
      (["methods=[ngram_compiled]", "model.dtype=float64"], "methods.ngram_compiled.runtime=compiled computes in"),
      (["methods={n:{drafter:ngram,runtime:turbo}}"], "method n: runtime='turbo'; a spec_zoo method runs on one of"),
-     (["methods={n:{engine:transformers,runtime:compiled}}"], "method n: runtime='compiled'")],
+     (["methods={n:{engine:transformers,runtime:compiled}}"], "method n: runtime='compiled'"),
+     (["methods={n:{drafter:none,runtime:compiled,model:{dtype:float64}}}"], "methods.n.runtime=compiled computes in"),
+     (["methods={n:{drafter:none,runtime:compiled,model:{dtype:float32,gemm:amx}}}"],
+      "methods.n: gemm='amx' with dtype=float32")],
 )
 def test_cli_rejects_more_bad_input_before_loading_a_model(overrides, message, tmp_path, monkeypatch):
     from spec_zoo.bench.cli import bench as run_cli

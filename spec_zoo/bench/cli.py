@@ -5,6 +5,7 @@ writes ``out/summary.md``."""
 
 from __future__ import annotations
 
+import copy
 import json
 import sys
 from contextlib import ExitStack, contextmanager, suppress
@@ -12,6 +13,7 @@ from pathlib import Path
 from typing import cast
 
 import hydra
+import torch
 from omegaconf import DictConfig, OmegaConf
 
 from spec_zoo.api import quiet_loading
@@ -73,7 +75,8 @@ def bench(cfg: DictConfig) -> Summary:
         write_summary(summary, results.parent, "summarize")
         return summary
 
-    from spec_zoo.models import check_model_config, check_runtime
+    from spec_zoo.models import DTYPES, check_model_config, check_runtime
+    from spec_zoo.runtime import GEMMS
 
     if cfg.seed + cfg.repeats - 1 > 2**64 - 1:  # repeat r runs with seed + r
         raise ConfigError(f"seed: {cfg.seed} + {cfg.repeats - 1} (repeat r uses seed + r) passes 2^64 - 1, the "
@@ -96,7 +99,14 @@ def bench(cfg: DictConfig) -> Summary:
                               "generation.temperature=0 generation.stop_strings=[].")
     check_model_config(cfg.model)
     for spec in specs:
-        check_runtime(spec.runtime or cfg.model.runtime, cfg.model.dtype, cfg.model.device, f"methods.{spec.name}")
+        dtype, gemm = spec.model.get("dtype", cfg.model.dtype), spec.model.get("gemm", cfg.model.get("gemm"))
+        check_runtime(spec.runtime or cfg.model.runtime, dtype, cfg.model.device, f"methods.{spec.name}")
+        if dtype not in DTYPES:
+            raise ConfigError(f"methods.{spec.name}.model.dtype={dtype!r} is not supported; use one of: "
+                              f"{', '.join(DTYPES)}.")
+        if (gemm is not None and gemm not in GEMMS) or GEMMS.get(gemm) not in (None, dtype):
+            raise ConfigError(f"methods.{spec.name}: gemm={gemm!r} with dtype={dtype}; model.gemm is one of "
+                              f"{', '.join(GEMMS)} (amx computes in bfloat16): set the method's model: {{gemm: ...}}.")
         if cfg.model.get("device_map") is not None and (spec.runtime or cfg.model.runtime) == "compiled":
             raise ConfigError(f"model.device_map: method {spec.name} runs on the compiled runtime (one CPU graph), "
                               "which cannot run a target placed by a device map; drop that method or model.device_map.")
@@ -162,7 +172,7 @@ def _run(cfg: DictConfig, specs, questions, sampling: SamplingParams, notes: lis
     # peer engines start first: their workers load (vLLM: minutes) while our compiled runtimes compile
     peers = {s.name: build_peer_method(s, target, h, eos) for s, h in zip(specs, hashes) if s.engine in PEERS}
     targets = runtime_targets(target, specs, cfg.model)
-    methods = [peers.get(s.name) or built(s, h, targets[s.runtime or cfg.model.runtime]) for s, h in zip(specs, hashes)]
+    methods = [peers.get(s.name) or built(s, h, targets[target_name(s, cfg.model)]) for s, h in zip(specs, hashes)]
     report_compile_times(targets, methods, out)
     records = run_benchmark(
         methods, questions, prompt_encoder(plain, gen.chat), results_path,
@@ -175,16 +185,33 @@ def _run(cfg: DictConfig, specs, questions, sampling: SamplingParams, notes: lis
     return summary
 
 
+COMPILED_SETTINGS = ("max_cache_len", "buckets", "freezing", "gemm_backends", "gemm", "attention")
+
+
+def target_name(spec, model_cfg) -> str:
+    """The name of the target a spec_zoo method decodes on: its runtime, and the model settings it
+    sets for itself (``compiled``, ``compiled dtype=float32 gemm=inductor``)."""
+    return " ".join([spec.runtime or model_cfg.runtime, *(f"{k}={v}" for k, v in sorted(spec.model.items()))])
+
+
 def runtime_targets(target, specs, model_cfg) -> dict:
-    """The loaded target on every runtime a method asks for (one weight copy; each runtime its
-    own cache); compiled ones compile all their graphs now, before anything is timed."""
+    """The loaded target on every runtime and dtype a method asks for, by `target_name` (one weight
+    copy per dtype; each target its own cache); compiled ones compile all their graphs now, before
+    anything is timed."""
     from spec_zoo.models import on_runtime
 
-    settings = {k: v for k, v in cast(dict, OmegaConf.to_container(model_cfg)).items()
-                if k in ("max_cache_len", "buckets", "freezing", "gemm_backends", "gemm", "attention")}
+    run = cast(dict, OmegaConf.to_container(model_cfg))
+    weights = {run["dtype"]: target.model}
     targets = {model_cfg.runtime: target}
-    for runtime in {s.runtime for s in specs} - {None, model_cfg.runtime}:
-        targets[runtime] = on_runtime(runtime, target.model, target.tokenizer, **settings)
+    for spec in specs:
+        name = target_name(spec, model_cfg)
+        if spec.engine != "spec_zoo" or name in targets:
+            continue
+        settings = {**run, "runtime": spec.runtime or model_cfg.runtime, **spec.model}
+        if settings["dtype"] not in weights:  # the same weights in the method's dtype
+            weights[settings["dtype"]] = copy.deepcopy(target.model).to(getattr(torch, settings["dtype"]))
+        targets[name] = on_runtime(settings["runtime"], weights[settings["dtype"]], target.tokenizer,
+                                   **{k: v for k, v in settings.items() if k in COMPILED_SETTINGS})
     for each in targets.values():
         if hasattr(each, "warm_up"):
             each.warm_up()

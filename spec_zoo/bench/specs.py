@@ -5,6 +5,9 @@ params merged, interpolations resolved) before any model loads::
     engine: spec_zoo        # spec_zoo (our loop), transformers (model.generate, a reference) or a
                             #   peer engine in its own venv (vllm: `spec_zoo.bench.peers`)
     runtime: null           # spec_zoo: the target's runtime, eager or compiled; null = model.runtime
+    model: {}               # spec_zoo: the target's numerics for this method, over the run's model
+                            #   settings: dtype, gemm, attention (e.g. {dtype: float32, gemm: inductor}
+                            #   beside a bfloat16 run: both dtypes in one interleaved run)
     drafter: ngram          # spec_zoo: an option of conf/drafter/, or a dict with _target_
     verifier: null          # spec_zoo: an option of conf/verifier/ or a dict; null = greedy at
                             #   temperature 0, rejection above (the decoder's default)
@@ -13,7 +16,7 @@ params merged, interpolations resolved) before any model loads::
                             #   transformers: extra generate() kwargs; a peer: the engine's arguments
 
 An inline entry overrides the file of the same name, key by key. Each spec also names its own
-plain decoding (`MethodSpec.plain`): the plain method of the same engine and runtime in the run
+plain decoding (`MethodSpec.plain`): the plain method of the same engine, runtime and model settings in the run
 (a peer engine's speculation is compared with that engine's plain decoding), else ``ar``.
 `spec_zoo.bench.methods` builds a spec into a runnable method.
 """
@@ -36,7 +39,8 @@ from spec_zoo.paths import cache_root
 from spec_zoo.registry import compose_option, option_names
 
 ENGINES = ("spec_zoo", "transformers", *PEERS)
-_SPEC_KEYS = {"engine", "runtime", "drafter", "verifier", "assistant", "params"}
+_SPEC_KEYS = {"engine", "runtime", "model", "drafter", "verifier", "assistant", "params"}
+MODEL_KEYS = ("dtype", "gemm", "attention")  # the target settings a method may set for itself (its numerics)
 # generate() kwarg -> drafter label of a transformers method without an assistant model
 _HF_DRAFTERS = {"prompt_lookup_num_tokens": "prompt_lookup", "assistant_early_exit": "early_exit"}
 
@@ -53,6 +57,7 @@ class MethodSpec:
     params: dict = field(default_factory=dict)
     drafter_label: str = "none"  # the option name (or _target_) recorded as `drafter`
     runtime: str | None = None  # the target's runtime (None: model.runtime)
+    model: dict = field(default_factory=dict)  # the target's settings over the run's (`MODEL_KEYS`)
     plain: str = BASELINE  # the method whose output and speed are this one's own plain decoding
 
     @property
@@ -62,6 +67,11 @@ class MethodSpec:
             if cfg and isinstance(cfg.get("path"), str):
                 return cfg["path"]
         return None
+
+    @property
+    def target_key(self) -> tuple:
+        """What decides the target a method decodes on: its engine, runtime and model settings."""
+        return self.engine, self.runtime, tuple(sorted(self.model.items()))
 
     @property
     def record_params(self) -> dict:
@@ -74,7 +84,8 @@ class MethodSpec:
     def config_hash(self, run_settings: Mapping) -> str:
         """Identifies what was measured (method + model + generation + seed), so a rerun
         resumes exactly the records of the same configuration."""
-        keys = ("name", "engine", "drafter", "verifier", "assistant", "params") + (("runtime",) if self.runtime else ())
+        keys: tuple[str, ...] = ("name", "engine", "drafter", "verifier", "assistant", "params")
+        keys += (("runtime",) if self.runtime else ()) + (("model",) if self.model else ())
         method = {k: getattr(self, k) for k in keys}
         blob = json.dumps({"method": method, "run": run_settings}, sort_keys=True, default=str)
         return hashlib.sha256(blob.encode()).hexdigest()[:12]
@@ -127,6 +138,11 @@ def _spec(name: str, entry: Mapping, root: DictConfig | None) -> MethodSpec:
         if engine != "spec_zoo" or runtime not in RUNTIMES:
             raise ConfigError(f"method {name}: runtime={runtime!r}; a spec_zoo method runs on one of "
                               f"{', '.join(RUNTIMES)} (null = model.runtime).")
+    model = dict(entry.get("model") or {})
+    if model and (engine != "spec_zoo" or not isinstance(entry.get("model"), Mapping) or set(model) - set(MODEL_KEYS)):
+        raise ConfigError(f"method {name}: model={entry.get('model')!r}; a spec_zoo method may set the target's "
+                          f"{', '.join(MODEL_KEYS)} for itself (e.g. model: {{dtype: float32}}); other engines "
+                          "run the run's model settings.")
     params = dict(entry.get("params") or {})
     if engine in PEERS:
         if any(entry.get(k) is not None for k in ("drafter", "verifier", "assistant")):
@@ -149,7 +165,7 @@ def _spec(name: str, entry: Mapping, root: DictConfig | None) -> MethodSpec:
     assert drafter is not None and label is not None  # entry["drafter"] is set (checked above)
     verifier, _ = _resolve_option("verifier", entry.get("verifier"), name, root)
     return MethodSpec(name, engine, {**drafter, **params}, verifier, params=params, drafter_label=label,
-                      runtime=runtime)
+                      runtime=runtime, model=model)
 
 
 def resolve_methods(
@@ -193,18 +209,18 @@ def resolve_methods(
 
 def with_plains(specs: list[MethodSpec]) -> list[MethodSpec]:
     """``specs`` with each speculative spec_zoo or peer method pointed at the plain method of its own
-    engine and runtime listed before it (a compiled method at ``ar_compiled`` when listed before it,
+    engine, runtime and model settings listed before it (a compiled method at ``ar_compiled`` when listed before it,
     else at ``ar``); speculative peer methods move last, after their engine's plain method, which
     the run must have."""
     specs = sorted(specs, key=lambda s: (s.name != BASELINE, s.engine in PEERS and s.drafter_label != "none"))
     plains: dict[tuple, str] = {}
     for spec in specs:
         if spec.drafter_label == "none":
-            plains.setdefault((spec.engine, spec.runtime), spec.name)
+            plains.setdefault(spec.target_key, spec.name)
             continue
         if spec.engine == "transformers":
             continue
-        plain = plains.get((spec.engine, spec.runtime))
+        plain = plains.get(spec.target_key)
         if spec.engine in PEERS and plain is None:
             raise ConfigError(f"method {spec.name}: its speedup is over {spec.engine}'s own plain decoding; add a "
                               f"plain {spec.engine} method to methods (e.g. {spec.engine}_ar).")

@@ -247,7 +247,7 @@ class Summary:
             ("Prediction error (predicted / measured speedup - 1)", "prediction_error", "{:+.0%}"),
         ]
         if self.own_plains:  # some method's own plain decoding is not the baseline (a peer engine, a runtime)
-            tables.insert(1, ("Speedup over its own plain decoding (same engine and runtime: "
+            tables.insert(1, ("Speedup over its own plain decoding (same engine, runtime and dtype: "
                               + ", ".join(f"{m} over {p}" for m, p in self.own_plains.items()) + ")",
                               "own_speedup", "{:.2f}x"))
             tables[-1] = ("Match rate vs its own plain decoding (the baseline unless named above)", "match_rate",
