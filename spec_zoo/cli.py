@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 from dataclasses import replace
 from typing import cast
 
@@ -30,6 +31,8 @@ def _hydra_main(cfg: DictConfig) -> None:
     from hydra.core.hydra_config import HydraConfig
 
     drafter_choice = HydraConfig.get().runtime.choices.get("drafter")
+    if cfg.get("prompts_file") is not None:
+        return _batch_main(cfg, drafter_choice)
     try:
         with quiet_loading():  # progress bars and load reports would interleave with the text
             decoder = build_decoder(cfg)
@@ -43,6 +46,41 @@ def _hydra_main(cfg: DictConfig) -> None:
         print(comparison(out, plain, greedy=decoder.sampling.temperature == 0))
     if compiled := compile_ahead(decoder):  # compiled when the decoder was built: this only says so
         print(compiled)
+
+
+def _batch_main(cfg: DictConfig, drafter_choice: str | None) -> None:
+    """``prompts_file=...``: every prompt through `spec_zoo.batch_run`, then (``compare``) the same
+    requests decoded plainly, batched alike: the speedup, and how many texts are equal."""
+    from spec_zoo.batch_run import done_requests, read_prompts, run_batch
+
+    try:
+        if cfg.get("prompt_file") is not None:
+            raise ConfigError("prompts_file: prompt_file is set too; give one prompt (prompt_file) or a file of "
+                              "prompts (prompts_file), not both.")
+        prompts = read_prompts(cfg.prompts_file)
+        if cfg.out:
+            done_requests(cfg.out, prompts)  # refused now, before any model loads
+        with quiet_loading():
+            decoder = build_decoder(cfg)
+            outputs, wall = run_batch(cfg, decoder, prompts)
+            if not (cfg.compare and outputs and not is_plain(decoder)):
+                print(label(cfg, decoder, drafter_choice))
+                return
+            plain = build_decoder(cfg, target=decoder.target, drafter=plain_drafter(), verifier=decoder.verifier)
+            start = time.perf_counter()
+            baseline = plain.generate_batch([o.prompt_ids for o in outputs], cfg.generation.max_new_tokens,
+                                            cfg.generation.stop_strings, batch_size=cfg.batch_size)
+            plain_wall = time.perf_counter() - start
+    except ConfigError as e:
+        _fail(e)
+    tokens, plain_tokens = sum(len(o.ids) for o in outputs), sum(len(o.ids) for o in baseline)
+    same = sum(o.ids == p.ids for o, p in zip(outputs, baseline))
+    greedy = decoder.sampling.temperature == 0
+    print(f"{label(cfg, decoder, drafter_choice)} | plain decoding (drafter=none) of the same {len(outputs)} requests, "
+          f"batch_size={cfg.batch_size}: {plain_tokens / plain_wall:.1f} tok/s over the run | speedup "
+          f"{tokens / wall / (plain_tokens / plain_wall):.2f}x | "
+          + (f"same text: {same}/{len(outputs)}" if greedy else "sampled: texts differ by chance, not in distribution")
+          + " (compare=false skips this run)")
 
 
 def plain_drafter() -> Drafter:
@@ -180,7 +218,8 @@ def usage() -> str:
     lines = ["spec-zoo [group=option ...] [key=value ...]: speculative decoding of one prompt.", "",
              "Config groups (spec-zoo show group=option prints an option's keys with their comments):"]
     lines += [f"  {g:<11} {', '.join(option_names(g))}" for g in GROUPS]
-    lines += ["", "Top-level keys: prompt (prompt=- reads stdin; quote commas: \"prompt='a, b'\"), prompt_file, seed.",
+    lines += ["", "Top-level keys: prompt (prompt=- reads stdin; quote commas: \"prompt='a, b'\"), prompt_file, seed;",
+              "prompts_file=FILE batch_size=N out=RESULTS.jsonl: many requests, batched (docs/batching.md).",
               "Also: spec-zoo list (every drafter, verifier, bench method), spec-zoo --cfg job (the composed config),",
               "spec-zoo warmup model.runtime=compiled [drafter=...] (compile target and draft ahead of time), "
               "spec-zoo costs [model...] (measure t(M)),",

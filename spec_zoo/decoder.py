@@ -174,11 +174,14 @@ class SpeculativeDecoder:
         and the drafter keeps per-sequence state (`Drafter.batches`), else 1 (one after another)."""
         return batch_size if batch_size > 1 and self.target.holds_many and self.drafter.batches else 1
 
-    def _run(self, requests: list[_Sequence], batch_size: int) -> Generator[tuple[int, list[int]], None, list[Output]]:
+    def _run(self, requests: list[_Sequence], batch_size: int,
+             on_done: Callable[[int, Output], None] | None = None,
+             ) -> Generator[tuple[int, list[int]], None, list[Output]]:
         """The loop: each step advances every live sequence by draft -> score -> verify -> commit,
         yielding (request index, tokens committed). A finished request's slot goes to the next
-        waiting one (continuous batching). Every sequence has its own committed tokens, target
-        cache, drafter state and generator, so its output is the one it gets decoded alone."""
+        waiting one (continuous batching), and ``on_done`` hears of it at once. Every sequence has
+        its own committed tokens, target cache, drafter state and generator, so its output is the
+        one it gets decoded alone."""
         slots = self.slots(batch_size)
         waiting, live = list(enumerate(requests)), list[tuple[int, _Sequence]]()
         outputs: list[Output | None] = [None] * len(requests)
@@ -191,8 +194,10 @@ class SpeculativeDecoder:
                 step_tokens = self._step(seq)
                 yield i, step_tokens
                 if seq.finish != "length" or len(seq.generated) >= seq.max_new_tokens:
-                    outputs[i] = self._end(seq)
+                    outputs[i] = out = self._end(seq)
                     live.remove((i, seq))
+                    if on_done is not None:
+                        on_done(i, out)
         return [out for out in outputs if out is not None]
 
     def _begin(self, seq: _Sequence, fork: bool) -> None:
@@ -286,12 +291,14 @@ class SpeculativeDecoder:
         seeds: Sequence[int] | None = None,
         batch_size: int | None = None,
         request_ids: Sequence[Hashable] | None = None,
+        on_done: Callable[[int, Output], None] | None = None,
     ) -> list[Output]:
         """Decode every prompt, ``batch_size`` at a time (default: all at once), one `Output`
         per prompt in order, each with its own stats. Request i draws from its own generator
         seeded ``seeds[i]`` (default: the decoder's seed), so its output is exactly what
         `generate` gives it alone with that seed, whichever requests share its batch (see
-        docs/batching.md; `slots` says how many decode at once)."""
+        docs/batching.md; `slots` says how many decode at once). ``on_done(i, output)`` is
+        called as each request finishes (to save it at once: `spec_zoo.batch_run`)."""
         n = len(prompts)
         if batch_size is None:
             batch_size = max(n, 1)
@@ -305,7 +312,7 @@ class SpeculativeDecoder:
                           None if seeds is None else seeds[i], None if request_ids is None else request_ids[i])
             for i, p in enumerate(prompts)
         ]
-        run = self._run(requests, batch_size)
+        run = self._run(requests, batch_size, on_done)
         while True:
             try:
                 next(run)

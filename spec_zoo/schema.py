@@ -70,6 +70,7 @@ LIMITS: dict[str, Limit] = {
     "plan_tokens_per_s": Limit(low=0, low_open=True, example="25"),
     "dataset.per_category": POSITIVE,
     "threads": POSITIVE,
+    "batch_size": POSITIVE,
     "model.max_cache_len": Limit(low=2, example="2048"),
 }
 
@@ -77,6 +78,8 @@ LIMITS: dict[str, Limit] = {
 TYPES: dict[str, tuple[tuple[type, ...], bool]] = {
     "prompt": ((str, list), False),
     "prompt_file": ((str,), True),
+    "prompts_file": ((str,), True),
+    "out": ((str,), True),
     "seed": ((int,), False),
     "model.path": ((str,), True),
     "model.buckets": ((list,), False),

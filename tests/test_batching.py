@@ -85,3 +85,75 @@ def test_the_one_call_api_takes_a_list_of_prompts(case):
     outs = spec_zoo.generate(PROMPTS[:3], drafter="ngram", model=target, max_new_tokens=MAX_NEW, batch_size=2)
     alone = [spec_zoo.generate(p, drafter="ngram", model=target, max_new_tokens=MAX_NEW) for p in PROMPTS[:3]]
     assert isinstance(outs, list) and [o.ids for o in outs] == [o.ids for o in alone]
+
+
+# -- the command line: spec-zoo prompts_file=... batch_size=... out=... ------------------------------
+def _cli(*args: str):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    exe = str(Path(sys.executable).with_name("spec-zoo"))
+    return subprocess.run([exe, *args], capture_output=True, text=True, timeout=300)
+
+
+def test_prompts_file_reads_jsonl_and_text_and_names_a_bad_line(tmp_path):
+    from spec_zoo.batch_run import read_prompts
+
+    jsonl = tmp_path / "p.jsonl"
+    jsonl.write_text('"Tell me about bees"\n\n[5, 6, 7]\n{"prompt": "Hi, there"}\n{"prompt": [8, 9]}\n')
+    assert read_prompts(jsonl) == ["Tell me about bees", [5, 6, 7], "Hi, there", [8, 9]]
+    text = tmp_path / "p.txt"
+    text.write_text("first prompt\n\nsecond, with a comma\n")
+    assert read_prompts(text) == ["first prompt", "second, with a comma"]
+    for bad, message in [('{"prompt": "a"}\n{"prompt": \n', "line 2 is not JSON"),
+                         ('{"text": "a"}\n', "line 1: .* holds no prompt"), ("[true, 2]\n", "holds no prompt"),
+                         ('"  "\n', "holds no prompt"), ("\n\n", "holds no prompt; put one prompt per line")]:
+        jsonl.write_text(bad)
+        with pytest.raises(ConfigError, match=f"prompts_file: .*{message}"):
+            read_prompts(jsonl)
+
+
+def test_cli_decodes_a_file_of_prompts_in_batches_saves_each_and_resumes(tmp_path):
+    """Each request's output is its output alone; `out` gets one line per request as it finishes,
+    and a rerun after an interruption decodes only what is missing."""
+    import json
+
+    model_dir = tmp_path / "model"
+    tiny_llama(0, sharpness=3.0).save_pretrained(model_dir)
+    prompts = [PROMPTS[i] for i in (0, 3, 6, 9, 12)]
+    (tmp_path / "p.jsonl").write_text("".join(json.dumps({"prompt": p}) + "\n" for p in prompts))
+    out = tmp_path / "results.jsonl"
+    args = ["model=local", f"model.path={model_dir}", "drafter=ngram", "generation.max_new_tokens=6",
+            f"prompts_file={tmp_path / 'p.jsonl'}", "batch_size=2", f"out={out}"]
+    first = _cli(*args)
+    assert first.returncode == 0, first.stderr
+    assert first.stdout.count("--- request ") == 5 and "5 requests, " in first.stdout
+    assert "plain decoding (drafter=none) of the same 5 requests" in first.stdout and "same text: 5/5" in first.stdout
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    alone = [spec_zoo.generate(p, model=str(model_dir), drafter="ngram", max_new_tokens=6).ids for p in prompts]
+    assert sorted((r["index"], r["ids"]) for r in rows) == list(enumerate(alone))
+
+    kept = [line for line in out.read_text().splitlines() if json.loads(line)["index"] in (0, 1)]
+    out.write_text("\n".join(kept) + '\n{"format": "spec-zoo-batch-res')  # the interrupted write of a third
+    again = _cli(*args, "compare=false")
+    assert again.returncode == 0, again.stderr
+    assert "2 of 5 requests already in" in again.stdout and again.stdout.count("--- request ") == 3
+    rows = [json.loads(line) for line in out.read_text().splitlines() if line.endswith("}")]
+    assert sorted((r["index"], r["ids"]) for r in rows) == list(enumerate(alone))
+
+
+def test_cli_refuses_an_out_file_it_did_not_write_before_loading_a_model(tmp_path):
+    (tmp_path / "p.txt").write_text("one\ntwo\n")
+    mine = tmp_path / "notes.jsonl"
+    mine.write_text('{"my": "notes"}\n')
+    common = [f"prompts_file={tmp_path / 'p.txt'}", "model=local", f"model.path={tmp_path / 'no-model'}"]
+    result = _cli(*common, f"out={mine}")
+    assert result.returncode == 2 and "out:" in result.stderr and "not a spec-zoo batch results file" in result.stderr
+    assert mine.read_text() == '{"my": "notes"}\n'  # untouched
+    other = tmp_path / "other.jsonl"
+    other.write_text('{"format": "spec-zoo-batch-results", "index": 0, "prompt": "three"}\n')
+    result = _cli(*common, f"out={other}")
+    assert result.returncode == 2 and "holds results of other prompts" in result.stderr
+    both = _cli(*common, f"prompt_file={tmp_path / 'p.txt'}")
+    assert both.returncode == 2 and "not both" in both.stderr

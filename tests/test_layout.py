@@ -51,7 +51,7 @@ CORE_LAYERS = [
     ("api", ""),
 ]
 METHODS, TOOLS, TRAINING = len(CORE_LAYERS), len(CORE_LAYERS) + 1, len(CORE_LAYERS) + 2
-TOOL_MODULES = ("cli", "console", "testing", "certify", "bench", "report")
+TOOL_MODULES = ("cli", "batch_run", "console", "testing", "certify", "bench", "report")
 
 
 def module_name(path: Path, root: Path) -> str:
