@@ -1,5 +1,6 @@
-// spec_zoo::rowwise_attention(q [B, H, M, D], k, v [B, Hkv, T, D], mask [B, 1, 1, S], draft_slots [M, N],
-//                             draft_mask [M, N], scaling, softcap) -> out [B, H, M, D], float32 or bfloat16.
+// spec_zoo::rowwise_attention(q [B, H, M, D], k, v [C, Hkv, T, D], mask [B or 1, 1, M or 1, S], draft_slots [M, N],
+//                             draft_mask [M, N], scaling, softcap, row_cache [M] or None) -> out [B, H, M, D],
+//                             float32 or bfloat16.
 //
 // The compiled runtime's attention as one kernel (the contract: `spec_zoo.runtime.rowwise_attention`).
 // Inductor's loops for that formula re-read every key for every query row, one dependent accumulator
@@ -15,6 +16,9 @@
 // So a row is bit-identical for any M, a tree node equals its path scored as a chain, and a draft row
 // equals the row plain decoding scores once its path is committed (what makes speculative decoding's
 // output plain decoding's, bit for bit).
+// A packed batch of sequences (B = 1, `row_cache` given): row m reads cache entry row_cache[m] under its own
+// mask row; each run of consecutive rows of one entry is one task, which changes no row's arithmetic, so a
+// row of a batch is bit-identical to the same row scored alone.
 // In bfloat16 the cache is read as it is stored (each bf16 widened to its exact float) and every
 // sum above runs in float32; the output is rounded to bf16 once.
 #include <ATen/Parallel.h>
@@ -25,6 +29,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <optional>
 #include <vector>
 
 #include "simd.h"
@@ -152,29 +157,47 @@ AccumulateFn<T> accumulator(int64_t D) {
   }
 }
 
+// Rows [first, first + count) of query batch b read cache entry `entry`.
+struct Task {
+  int64_t b, entry, first, count;
+};
+
 // T: the cache's element type (float or bf16); q, the masks and every sum are float32
 template <typename T>
-void attend(const float* qp, const T* kp, const T* vp, const float* pmp, int64_t mask_batches, const int64_t* sp,
-            const float* dmp, float* op, int64_t B, int64_t H, int64_t Hkv, int64_t M, int64_t D, int64_t T_, int64_t S,
-            int64_t N, float scale, float cap) {
-  const int64_t G = H / Hkv, R = G * M;
+void attend(const float* qp, const T* kp, const T* vp, const float* pmp, int64_t mask_batches, int64_t mask_rows,
+            const int64_t* sp, const float* dmp, float* op, const std::vector<Task>& tasks, int64_t H, int64_t Hkv,
+            int64_t M, int64_t D, int64_t T_, int64_t span, int64_t N, float scale, float cap) {
+  const int64_t G = H / Hkv;
   const AccumulateFn<T> add = accumulator<T>(D);
-  // threads split (batch, KV head) pairs: a thread owns whole rows, so the split changes no sum
-  at::parallel_for(0, B * Hkv, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> prefix(R * S), drafts(R * N), total(R), acc(R * D);
-    for (int64_t task = begin; task < end; ++task) {
-      const int64_t b = task / Hkv, kvh = task % Hkv;
-      const T* keys = kp + (b * Hkv + kvh) * T_ * D;
-      const T* values = vp + (b * Hkv + kvh) * T_ * D;
-      const float* row_mask = pmp + (mask_batches == 1 ? 0 : b) * S;
-      int64_t visible = S;  // the prefix's visible length: a draft path's first key would be slot `visible`
-      while (visible > 0 && row_mask[visible - 1] < kMasked) --visible;
-      auto qrow = [&](int64_t r) { return qp + ((b * H + kvh * G + r / M) * M + r % M) * D; };
+  // threads split (task, KV head) pairs: a thread owns whole rows, so the split changes no sum
+  at::parallel_for(0, static_cast<int64_t>(tasks.size()) * Hkv, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> prefix, drafts, total, acc;
+    std::vector<int64_t> visible;
+    for (int64_t job = begin; job < end; ++job) {
+      const Task& task = tasks[job / Hkv];
+      const int64_t b = task.b, kvh = job % Hkv, Mt = task.count, R = G * Mt;
+      const T* keys = kp + (task.entry * Hkv + kvh) * T_ * D;
+      const T* values = vp + (task.entry * Hkv + kvh) * T_ * D;
+      // row r of the task: query head kvh * G + r / Mt, row m = first + r % Mt, under its mask row
+      auto row_of = [&](int64_t r) { return task.first + r % Mt; };
+      auto mask_of = [&](int64_t r) {
+        return pmp + ((mask_batches == 1 ? 0 : b) * mask_rows + (mask_rows == 1 ? 0 : row_of(r))) * span;
+      };
+      auto qrow = [&](int64_t r) { return qp + ((b * H + kvh * G + r / Mt) * M + row_of(r)) * D; };
+      // a row's prefix's visible length: its draft path's first key would be slot `visible`
+      visible.assign(Mt, span);
+      for (int64_t r = 0; r < Mt; ++r)
+        while (visible[r] > 0 && mask_of(r)[visible[r] - 1] < kMasked) --visible[r];
+      // keys past every row's visible prefix would add exact zeros: a short sequence packed beside a
+      // long one reads its own prefix only
+      const int64_t S = *std::max_element(visible.begin(), visible.end());
+      prefix.resize(R * S), drafts.resize(R * N), total.resize(R), acc.assign(R * D, 0.f);
       // scores: a block of keys, then every row against it
       for (int64_t j0 = 0; j0 < S; j0 += kKeyBlock) {
         const int64_t j1 = std::min(S, j0 + kKeyBlock);
         for (int64_t r = 0; r < R; ++r) {
           float* s = prefix.data() + r * S;
+          const float* row_mask = mask_of(r);
           int64_t j = j0;
           for (; j + kKeys <= j1; j += kKeys) dots<kKeys>(qrow(r), keys + j * D, D, D, s + j);
           for (; j < j1; ++j) dots<1>(qrow(r), keys + j * D, D, D, s + j);
@@ -182,7 +205,8 @@ void attend(const float* qp, const T* kp, const T* vp, const float* pmp, int64_t
         }
       }
       for (int64_t r = 0; r < R; ++r) {
-        const int64_t m = r % M;
+        const int64_t m = row_of(r);
+        const float* row_mask = mask_of(r);
         float* s = prefix.data() + r * S;
         float* d = drafts.data() + r * N;
         for (int64_t i = 0; i < N; ++i) {
@@ -198,22 +222,20 @@ void attend(const float* qp, const T* kp, const T* vp, const float* pmp, int64_t
           if (dmp[m * N + i] >= kMasked) top = std::max(top, d[i]);
         Vec sums = vzero();
         exponentiate(s, row_mask, S, top, sums);
-        exponentiate_path(d, dmp + m * N, N, top, visible, sums);
-        const float sum = hsum(sums);
-        total[r] = sum;
+        exponentiate_path(d, dmp + m * N, N, top, visible[r % Mt], sums);
+        total[r] = hsum(sums);
       }
       // output: a block of values, then every row's e * v over it, in key order
-      std::fill(acc.begin(), acc.end(), 0.f);
       for (int64_t j0 = 0; j0 < S; j0 += kKeyBlock) {
         const int64_t count = std::min(S, j0 + kKeyBlock) - j0;
         for (int64_t r = 0; r < R; ++r)
           add(acc.data() + r * D, prefix.data() + r * S + j0, values + j0 * D, D, count, D);
       }
       for (int64_t r = 0; r < R; ++r) {
-        const int64_t m = r % M;
+        const int64_t m = row_of(r);
         for (int64_t i = 0; i < N; ++i)  // the path's slots, root first (one key at a time: any slots)
           add(acc.data() + r * D, drafts.data() + r * N + i, values + sp[m * N + i] * D, D, 1, D);
-        float* o = op + ((b * H + kvh * G + r / M) * M + m) * D;
+        float* o = op + ((b * H + kvh * G + r / Mt) * M + m) * D;
         for (int64_t x = 0; x < D; ++x) o[x] = acc[r * D + x] / total[r];
       }
     }
@@ -222,7 +244,7 @@ void attend(const float* qp, const T* kp, const T* vp, const float* pmp, int64_t
 
 at::Tensor rowwise_attention(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
                              const at::Tensor& mask, const at::Tensor& draft_slots, const at::Tensor& draft_mask,
-                             double scaling, double softcap) {
+                             double scaling, double softcap, const std::optional<at::Tensor>& row_cache) {
   const auto dtype = query.scalar_type();
   TORCH_CHECK((dtype == at::kFloat || dtype == at::kBFloat16) && key.scalar_type() == dtype &&
                   value.scalar_type() == dtype,
@@ -230,14 +252,29 @@ at::Tensor rowwise_attention(const at::Tensor& query, const at::Tensor& key, con
   TORCH_CHECK(draft_slots.scalar_type() == at::kLong, "draft_slots must be int64");
   TORCH_CHECK(query.dim() == 4 && key.dim() == 4 && value.sizes() == key.sizes() && mask.dim() == 4 &&
                   draft_slots.dim() == 2 && draft_mask.sizes() == draft_slots.sizes(),
-              "rowwise_attention: query [B, H, M, D], key/value [B, Hkv, T, D], mask [B, 1, 1, S], "
+              "rowwise_attention: query [B, H, M, D], key/value [C, Hkv, T, D], mask [B, 1, M, S], "
               "draft_slots/draft_mask [M, N]");
   const int64_t B = query.size(0), H = query.size(1), M = query.size(2), D = query.size(3);
-  const int64_t Hkv = key.size(1), T = key.size(2), S = mask.size(3), N = draft_slots.size(1);
-  TORCH_CHECK(key.size(0) == B && key.size(3) == D && Hkv > 0 && H % Hkv == 0, "rowwise_attention: head shapes");
+  const int64_t C = key.size(0), Hkv = key.size(1), T = key.size(2), S = mask.size(3), N = draft_slots.size(1);
+  TORCH_CHECK(key.size(3) == D && Hkv > 0 && H % Hkv == 0, "rowwise_attention: head shapes");
   TORCH_CHECK(S <= T && draft_slots.size(0) == M && (mask.size(0) == 1 || mask.size(0) == B) &&
-                  mask.size(1) == 1 && mask.size(2) == 1,
-              "rowwise_attention: the mask spans at most the cache, one row of slots per row");
+                  mask.size(1) == 1 && (mask.size(2) == 1 || mask.size(2) == M),
+              "rowwise_attention: the mask spans at most the cache, one row of slots for all rows or per row");
+  std::vector<Task> tasks;
+  if (row_cache.has_value()) {  // a packed batch: runs of consecutive rows of one cache entry
+    TORCH_CHECK(B == 1 && row_cache->scalar_type() == at::kLong && row_cache->dim() == 1 && row_cache->size(0) == M,
+                "rowwise_attention: row_cache is [M] int64, for a query of one batch");
+    auto rc = row_cache->contiguous();
+    const int64_t* rcp = rc.data_ptr<int64_t>();
+    for (int64_t m = 0; m < M; ++m) {
+      TORCH_CHECK(0 <= rcp[m] && rcp[m] < C, "row_cache past the cache's entries");
+      if (tasks.empty() || tasks.back().entry != rcp[m]) tasks.push_back({0, rcp[m], m, 0});
+      ++tasks.back().count;
+    }
+  } else {
+    TORCH_CHECK(C == B, "rowwise_attention: one cache entry per query batch (or row_cache)");
+    for (int64_t b = 0; b < B; ++b) tasks.push_back({b, b, 0, M});
+  }
   // the few query rows and the masks in float32; the cache as it is stored
   auto q = query.to(at::kFloat).contiguous(), k = key.contiguous(), v = value.contiguous();
   auto pm = mask.to(at::kFloat).contiguous(), dm = draft_mask.to(at::kFloat).contiguous();
@@ -249,11 +286,11 @@ at::Tensor rowwise_attention(const at::Tensor& query, const at::Tensor& key, con
   const float *qp = q.data_ptr<float>(), *pmp = pm.data_ptr<float>(), *dmp = dm.data_ptr<float>();
   float* op = out.data_ptr<float>();
   if (dtype == at::kFloat)
-    attend<float>(qp, k.data_ptr<float>(), v.data_ptr<float>(), pmp, mask.size(0), sp, dmp, op, B, H, Hkv, M, D, T, S,
-                  N, scale, cap);
+    attend<float>(qp, k.data_ptr<float>(), v.data_ptr<float>(), pmp, mask.size(0), mask.size(2), sp, dmp, op, tasks,
+                  H, Hkv, M, D, T, S, N, scale, cap);
   else
-    attend<c10::BFloat16>(qp, k.data_ptr<c10::BFloat16>(), v.data_ptr<c10::BFloat16>(), pmp, mask.size(0), sp, dmp,
-                          op, B, H, Hkv, M, D, T, S, N, scale, cap);
+    attend<c10::BFloat16>(qp, k.data_ptr<c10::BFloat16>(), v.data_ptr<c10::BFloat16>(), pmp, mask.size(0),
+                          mask.size(2), sp, dmp, op, tasks, H, Hkv, M, D, T, S, N, scale, cap);
   return dtype == at::kFloat ? out : out.to(dtype);
 }
 
@@ -263,7 +300,7 @@ std::string attention_isa() { return kIsa; }
 
 TORCH_LIBRARY_FRAGMENT(spec_zoo, m) {
   m.def("rowwise_attention(Tensor query, Tensor key, Tensor value, Tensor mask, Tensor draft_slots, "
-        "Tensor draft_mask, float scaling, float softcap) -> Tensor");
+        "Tensor draft_mask, float scaling, float softcap, Tensor? row_cache=None) -> Tensor");
   m.def("attention_isa() -> str", &attention_isa);
 }
 

@@ -29,13 +29,13 @@ def load() -> str:
     build("attention_kernel.cpp", "model.attention=kernel", "set model.attention=inductor")
 
     @torch.library.register_fake("spec_zoo::rowwise_attention")
-    def _(query, key, value, mask, draft_slots, draft_mask, scaling, softcap):  # out has query's shape
+    def _(query, key, value, mask, draft_slots, draft_mask, scaling, softcap, row_cache=None):  # query's shape
         return query.new_empty(query.shape)
 
     return torch.ops.spec_zoo.attention_isa()
 
 
-def attend(query, key, value, attention_mask, scaling: float, draft_slots, draft_mask, softcap=None):
+def attend(query, key, value, attention_mask, scaling: float, draft_slots, draft_mask, softcap=None, row_cache=None):
     """`spec_zoo.runtime.rowwise_attention`'s contract on the kernel: [B, H, M, D] out, in query's dtype."""
     return torch.ops.spec_zoo.rowwise_attention(query, key, value, attention_mask, draft_slots, draft_mask,
-                                                float(scaling), float(softcap or 0.0))
+                                                float(scaling), float(softcap or 0.0), row_cache)

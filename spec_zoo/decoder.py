@@ -21,7 +21,7 @@ from spec_zoo.interfaces import DecodeState, Drafter, Verdict, Verifier
 from spec_zoo.registry import build_option
 from spec_zoo.sampling import SamplingParams, stop_string_list
 from spec_zoo.stats import RunStats, StepStats
-from spec_zoo.target import Target
+from spec_zoo.target import Scores, Target
 
 if TYPE_CHECKING:
     from spec_zoo.costs import CostTable
@@ -53,6 +53,7 @@ class _Sequence:
     generated: list[int] = field(default_factory=list)
     finish: str = "length"
     target_state: dict | None = None  # its target cache while other sequences are served
+    slot: int = 0  # which of the sequences decoded at once it is (its cache entry on a static cache)
     start: float = 0.0
     stats: RunStats = field(init=False)
 
@@ -178,48 +179,70 @@ class SpeculativeDecoder:
              on_done: Callable[[int, Output], None] | None = None,
              ) -> Generator[tuple[int, list[int]], None, list[Output]]:
         """The loop: each step advances every live sequence by draft -> score -> verify -> commit,
-        yielding (request index, tokens committed). A finished request's slot goes to the next
-        waiting one (continuous batching), and ``on_done`` hears of it at once. Every sequence has
-        its own committed tokens, target cache, drafter state and generator, so its output is the
-        one it gets decoded alone."""
+        the target scoring all their drafts together (`Target.score_batch`), and yields (request
+        index, tokens committed) per sequence. A finished request's slot goes to the next waiting
+        one (continuous batching), and ``on_done`` hears of it at once. Every sequence has its own
+        committed tokens, target cache, drafter state and generator, so its output is the one it
+        gets decoded alone."""
         slots = self.slots(batch_size)
+        self.target.hold(slots)
         waiting, live = list(enumerate(requests)), list[tuple[int, _Sequence]]()
+        free = list(range(slots))
         outputs: list[Output | None] = [None] * len(requests)
         while waiting or live:
-            while waiting and len(live) < slots:
+            while waiting and free:
                 i, seq = waiting.pop(0)
-                self._begin(seq, fork=slots > 1)
+                self._begin(seq, free.pop(0), fork=slots > 1)
                 live.append((i, seq))
-            for i, seq in list(live):
-                step_tokens = self._step(seq)
+            drafts = [self._propose(seq) for _, seq in live]
+            t0 = time.perf_counter()
+            batch = [(seq.target_state, seq.state.tokens, draft) for (_, seq), (draft, _) in zip(live, drafts)]
+            scores = self.target.score_batch(batch, hidden=self.drafter.needs_target_hidden)
+            score_s = time.perf_counter() - t0  # each sequence waited for the whole batch's forward
+            for (i, seq), (draft, draft_s), scored in zip(list(live), drafts, scores):
+                step_tokens = self._settle(seq, draft, scored, draft_s, score_s)
                 yield i, step_tokens
                 if seq.finish != "length" or len(seq.generated) >= seq.max_new_tokens:
                     outputs[i] = out = self._end(seq)
                     live.remove((i, seq))
+                    free.append(seq.slot)
                     if on_done is not None:
                         on_done(i, out)
         return [out for out in outputs if out is not None]
 
-    def _begin(self, seq: _Sequence, fork: bool) -> None:
+    def _begin(self, seq: _Sequence, slot: int, fork: bool) -> None:
         seq.drafter = self.drafter.for_sequence() if fork else self.drafter
-        self.target.reset()
+        seq.slot = slot
+        self.target.reset(slot)
         if fork:  # alone, the target holds the one live sequence: nothing to swap
             seq.target_state = self.target.sequence()
         seq.start = time.perf_counter()
         seq.drafter.begin(seq.state)
 
-    def _step(self, seq: _Sequence) -> list[int]:
-        state, drafter, tokens, generated = seq.state, seq.drafter, seq.state.tokens, seq.generated
+    def _propose(self, seq: _Sequence) -> tuple[Draft, float]:
+        """The sequence's draft (with the target holding its state, which a drafter may read), and
+        the seconds drafting took."""
+        state, tokens = seq.state, seq.state.tokens
         if seq.target_state is not None:
             self.target.use(seq.target_state)
-        state.max_depth = seq.max_new_tokens - len(generated) - 1
+        state.max_depth = seq.max_new_tokens - len(seq.generated) - 1
         if self.cost_table is not None:
             state.cost_table = self.cost_table.at(len(tokens))  # scoring is dearer after a longer context
         t0 = time.perf_counter()
-        draft = drafter.propose(state) if state.max_depth > 0 else Draft.empty()
+        draft = seq.drafter.propose(state) if state.max_depth > 0 else Draft.empty()
         draft = draft.truncated(state.max_depth)
+        seconds = time.perf_counter() - t0
+        if seq.target_state is not None:
+            seq.target_state = self.target.sequence()  # a drafter may have run the target (a partial forward)
+        return draft, seconds
+
+    def _settle(self, seq: _Sequence, draft: Draft, scores: Scores, draft_s: float, score_s: float) -> list[int]:
+        """Verify the scored draft, commit the verdict to the target and the sequence, and return
+        the tokens committed this step (cut at an eos or a stop string)."""
         t1 = time.perf_counter()
-        scores = self.target.score(tokens, draft, hidden=drafter.needs_target_hidden)
+        state, drafter, tokens, generated = seq.state, seq.drafter, seq.state.tokens, seq.generated
+        if seq.target_state is not None:
+            self.target.use(seq.target_state)
         verdict = self.verifier.verify(draft, scores.logits, self.sampling, state.generator)
         self.target.commit(verdict.path)
         if seq.target_state is not None:
@@ -247,7 +270,7 @@ class SpeculativeDecoder:
             seq.finish = "stop_string" if hit else seq.finish
         tokens += step_tokens
         generated += step_tokens
-        step = StepStats(len(draft), len(verdict.path), draft.depth, len(step_tokens), t1 - t0, t2 - t1)
+        step = StepStats(len(draft), len(verdict.path), draft.depth, len(step_tokens), draft_s, score_s + t2 - t1)
         drafter.on_commit(draft, verdict, step)
         for observe in self.observers:
             observe(draft, verdict, step)

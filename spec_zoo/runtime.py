@@ -21,6 +21,11 @@ gpt-fast's recipe (static cache + ``torch.compile``) on the model's own modules.
   depends neither on M nor on the tree around it. In float32 and bfloat16 it runs as one C++ kernel
   (`spec_zoo.attention_kernel`, ``model.attention=kernel``, the default), which reads each key
   once for all rows; inductor's loops for the formula read it once per row.
+- A batch of sequences (`score_batch`): the cache has one entry per sequence (`hold`), each
+  sequence sees its entry through a `SlotCache` with its own length, and every sequence's rows go
+  through the one graph together, each row naming its entry (``row_cache``) and the slot its KV is
+  written to (``write_at``). A row's arithmetic depends on neither, so each sequence's rows are the
+  ones it gets scored alone (docs/batching.md). One sequence is a batch of one through the same graph.
 - Committed tokens before the last one: a few (up to ``CATCH_UP``: a draft model catching up
   on the tokens accepted since its last draft) go through the same graph as a chain, so a
   draft model pays a compiled call, not an eager forward, each time its whole draft was
@@ -62,7 +67,7 @@ from spec_zoo.draft import Draft
 from spec_zoo.errors import ConfigError
 from spec_zoo.layers import DecoderStack, causal_mask, final_logits
 from spec_zoo.skinny_gemm import SkinnyLinears
-from spec_zoo.target import Target
+from spec_zoo.target import Scores, Target
 
 KEY_BLOCK = 64  # attention spans a multiple of this many cache slots (a multiple of every SIMD width)
 DRAFT_BLOCK = 16  # draft paths are gathered in blocks of this many slots (float32 lanes of AVX-512, 2x AVX2's)
@@ -76,7 +81,7 @@ DEFAULT_GEMM = "inductor"
 
 
 def rowwise_attention(module, query, key, value, attention_mask, scaling, dropout=0.0, draft_slots=None,
-                      draft_mask=None, softcap=None, sliding_window=None, kernel=False, **kwargs):
+                      draft_mask=None, softcap=None, sliding_window=None, kernel=False, row_cache=None, **kwargs):
     """Attention whose every output row is computed on its own, as fused multiply-and-sum
     reductions over the key axis: inductor generates the same loop for a row whatever the
     number of rows, which the CPU SDPA kernel (another blocking per query length) does not.
@@ -88,21 +93,28 @@ def rowwise_attention(module, query, key, value, attention_mask, scaling, dropou
     a tree node sums its ancestors in the order its path scored as a chain (or plain decoding)
     does, bit for bit; only these N slots are gathered (gathering all S made attention 5x
     slower). query [B, H, M, D]; key, value [B, Hkv, slots, D]; attention_mask additive
-    [B, 1, 1, S]; draft_mask additive [M, N]. ``softcap``: the model's attention soft-capping
+    [B, 1, 1, S] (or [B, 1, M, S], a row each); draft_mask additive [M, N]. ``row_cache`` [M]: a packed
+    batch of sequences (B = 1), row m reading cache entry ``row_cache[m]`` (key, value [C, Hkv, slots, D])
+    under its own mask row. ``softcap``: the model's attention soft-capping
     (Gemma 2), tanh(s / c) * c on the scaled scores before the mask, as its own attention does;
     ``sliding_window`` needs nothing here (`CompiledTarget` refuses windows shorter than its cache).
     ``kernel``: in float32 or bfloat16, the same contract in one C++ kernel (`spec_zoo.attention_kernel`),
     which reads each key once for all rows; inductor's loops for the formula below read it once per row."""
     if kernel and query.dtype in (torch.float32, torch.bfloat16):
-        out = attend(query, key, value, attention_mask, scaling, draft_slots, draft_mask, softcap)
+        out = attend(query, key, value, attention_mask, scaling, draft_slots, draft_mask, softcap, row_cache)
         return out.transpose(1, 2), None
     b, heads, m, d = query.shape
     groups = heads // key.shape[1]
     span = attention_mask.shape[-1]
     q = query.reshape(b, key.shape[1], groups, m, 1, d)
-    prefix_k, prefix_v = key[:, :, None, None, :span], value[:, :, None, None, :span]  # [B, Hkv, 1, 1, S, D]
-    draft_k = key[:, :, draft_slots].unsqueeze(2)  # [B, Hkv, 1, M, N, D]
-    draft_v = value[:, :, draft_slots].unsqueeze(2)
+    if row_cache is None:
+        prefix_k, prefix_v = key[:, :, None, None, :span], value[:, :, None, None, :span]  # [B, Hkv, 1, 1, S, D]
+        draft_k = key[:, :, draft_slots].unsqueeze(2)  # [B, Hkv, 1, M, N, D]
+        draft_v = value[:, :, draft_slots].unsqueeze(2)
+    else:  # each row its own cache entry: [1, Hkv, 1, M, S or N, D]
+        prefix_k, prefix_v = (x[row_cache, :, :span].transpose(0, 1)[None, :, None] for x in (key, value))
+        draft_k, draft_v = (x[row_cache[:, None], :, draft_slots].permute(2, 0, 1, 3)[None, :, None]
+                            for x in (key, value))
     prefix, drafts = (q * prefix_k).sum(-1) * scaling, (q * draft_k).sum(-1) * scaling
     if softcap is not None:
         prefix, drafts = torch.tanh(prefix / softcap) * softcap, torch.tanh(drafts / softcap) * softcap
@@ -129,7 +141,6 @@ class CompiledTarget(Target):
     """`Target` on a static cache with compiled, batch-invariant scoring (see the module doc)."""
 
     runtime = "compiled"
-    holds_many = False  # one static cache, reused by every sequence
     context_limit = "model.max_cache_len: raise it to fit longer sequences"
 
     def __init__(
@@ -181,6 +192,8 @@ class CompiledTarget(Target):
         self._compiled = None  # the graph, compiled at the first compiled forward
         self.compile_s: float | None = None
         self.compile_cached = False  # whether the graph came from the on-disk cache
+        self.entries = 1  # cache entries: one per sequence decoded at once (`hold`)
+        self.store: Cache | None = None  # the static cache, every entry (allocated by `_fresh_cache`)
         super().__init__(model, tokenizer)
         self.max_length = max_cache_len
         stack.check()  # against the model's own forward, before any compiling
@@ -193,39 +206,88 @@ class CompiledTarget(Target):
         all of it would be another, contiguous, case for the compiler)."""
         return self.max_cache_len + self.key_block
 
-    def _fresh_cache(self):
-        if getattr(self, "cache", None) is None:
+    def hold(self, sequences: int) -> None:
+        """Make room for ``sequences`` sequences at once (one cache entry each), before any of them
+        starts; more entries than the graph was compiled for recompile it (on first use)."""
+        if sequences > self.entries:
+            self.entries, self.store, self._compiled = sequences, None, None
+            self.reset()
+
+    def _fresh_cache(self, slot: int = 0):
+        if self.store is None:
             # a full static layer for every layer, sliding ones included (windows never cut: see __init__)
-            cache = Cache(layers=[StaticLayer(max_cache_len=self.cache_slots) for _ in self.layer_types])
+            store = Cache(layers=[StaticLayer(max_cache_len=self.cache_slots) for _ in self.layer_types])
             heads = self.config.num_key_value_heads
             head_dim = (getattr(self.config, "head_dim", None)
                         or self.config.hidden_size // self.config.num_attention_heads)
-            cache.early_initialization(1, heads, head_dim, self.dtype, self.device)  # allocated before compiling
-            return cache
-        crop_all(self.cache, 0)  # keep the tensors: compiled graphs hold their addresses
-        return self.cache
+            # allocated before compiling: compiled graphs hold their addresses
+            store.early_initialization(self.entries, heads, head_dim, self.dtype, self.device)
+            for layer in store.layers:  # a new entry count recompiles: dynamo must not make it a symbol
+                torch._dynamo.mark_static(layer.keys)
+                torch._dynamo.mark_static(layer.values)
+            self.store = store
+        if not 0 <= slot < self.entries:
+            raise ValueError(f"cache entry {slot} of {self.entries}: call hold() first")
+        return SlotCache(self.store, slot)
 
     def bucket(self, rows: int) -> int:
         """Rows actually run: padded up to the next bucket; past the last one, as they are."""
         return next((b for b in self.buckets if b >= rows), rows)
 
     # -- the forward --------------------------------------------------------------------------
-    def _forward(self, new: list[int], draft: Draft, past: int, hidden: bool | tuple[int, ...]):
-        m, n = len(new), len(draft)
-        if past + m + n > self.max_cache_len:
+    def _check_room(self, positions: int) -> None:
+        if positions > self.max_cache_len:
             raise ConfigError(
-                f"the sequence needs {past + m + n} positions but the static cache holds model.max_cache_len="
+                f"the sequence needs {positions} positions but the static cache holds model.max_cache_len="
                 f"{self.max_cache_len}; raise model.max_cache_len (memory grows with it) or shorten the prompt."
             )
-        states = []
-        if m > 1:  # committed tokens before the last: a few (a draft model catching up) through the graph as a
-            # chain, the prompt in one eager forward into the static cache (eager GEMMs suit many rows)
-            states.append(self._compiled_rows(new[:-1], Draft.chain(new[1:-1]), past)[1] if m - 1 <= CATCH_UP
-                          else self._prefill(new[:-1], past))
-            past, new = past + m - 1, new[-1:]
-        logits, tail = self._compiled_rows(new + draft.tokens.tolist(), draft, past)
+
+    def _forward(self, new: list[int], draft: Draft, past: int, hidden: bool | tuple[int, ...]):
+        self._check_room(past + len(new) + len(draft))
+        states, past = self._catch_up(new, past)
+        [(logits, tail)] = self._compiled_rows([(self.cache, new[-1:] + draft.tokens.tolist(), draft, past)])
         states.append(tail)
         return logits, torch.cat(states) if hidden else None
+
+    def _catch_up(self, new: list[int], past: int) -> tuple[list[torch.Tensor], int]:
+        """Cache the committed tokens before the last one (their states, and the new ``past``): a
+        few (a draft model catching up) through the graph as a chain, the prompt in one eager forward
+        into the static cache (eager GEMMs suit many rows)."""
+        if len(new) < 2:
+            return [], past
+        if len(new) - 1 <= CATCH_UP:
+            state = self._compiled_rows([(self.cache, new[:-1], Draft.chain(new[1:-1]), past)])[0][1]
+        else:
+            state = self._prefill(new[:-1], past)
+        return [state], past + len(new) - 1
+
+    @torch.no_grad()
+    def score_batch(self, batch, hidden: bool | tuple[int, ...] = False) -> list[Scores]:
+        """`Target.score_batch` with every sequence's last committed token and draft in one graph
+        call (their prompts and catch-up rows first, each on its own)."""
+        if len(batch) == 1:  # alone: `score` (which may resume a partial forward)
+            return super().score_batch(batch, hidden)
+        groups, before, fed = [], [], []
+        for state, committed, draft in batch:
+            if state is not None:
+                self.use(state)
+            if not committed:
+                raise ValueError("score() needs at least one committed token (an empty prompt?)")
+            new = committed[self.rewind(committed):]
+            past = len(self.cached_tokens)
+            self._check_room(past + len(new) + len(draft))
+            states, past = self._catch_up(new, past)
+            groups.append((self.cache, new[-1:] + draft.tokens.tolist(), draft, past))
+            before.append(states)
+            fed.append(len(new))
+            self._scored(committed, draft)
+            self.forwards += 1
+            if state is not None:
+                state.update(self.sequence())
+        results = []
+        for (logits, tail), states, m in zip(self._compiled_rows(groups), before, fed):
+            results.append(Scores(logits, torch.cat(states + [tail]) if hidden else None, m))
+        return results
 
     def layer_mask(self, past: int, q: int) -> torch.Tensor:
         return slot_mask(past, q, self.cache_slots, self.dtype, self.device)
@@ -237,48 +299,64 @@ class CompiledTarget(Target):
                         positions, self.cache, self.layer_mask(past, q))
         return stack.inner.norm(out[0])
 
-    def _compiled_rows(self, tokens: list[int], draft: Draft, past: int):
-        """Logits and states of the last committed token (row 0) and the draft nodes."""
-        rows, n = len(tokens), len(draft)
-        size, block, masked = self.bucket(rows), self.key_block, torch.finfo(self.dtype).min
+    def _compiled_rows(self, groups: list) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """(logits, states) of each group's rows, all in one graph call. A group is (its sequence's
+        `SlotCache`, tokens, draft, past): its last committed token (row 0) then the draft's nodes,
+        after ``past`` cached positions; each sequence's cache then holds ``past`` + its rows."""
+        counts = [len(tokens) for _, tokens, _, _ in groups]
+        rows, block, masked = sum(counts), self.key_block, torch.finfo(self.dtype).min
+        size = self.bucket(rows)
         # attention reads the prefix's first `span` slots, a multiple of key_block, and the
         # same lanes for a slot whatever the length, so rows stay bit-identical as it grows
-        span = -(-(past + 1) // block) * block
-        mask = torch.zeros(1, 1, 1, span, dtype=self.dtype)  # not a view: dynamo would guard its base's size
-        mask[..., past + 1:] = masked
+        span = max(-(-(past + 1) // block) * block for *_, past in groups)
+        width = max(DRAFT_BLOCK, -(-max(len(draft) for _, _, draft, _ in groups) // DRAFT_BLOCK) * DRAFT_BLOCK)
+        mask = torch.full((1, 1, size, span), masked, dtype=self.dtype)  # each row its own sequence's prefix
         # each node reads its path's slots root first (see rowwise_attention); row 0 and
         # padding rows see the prefix only
-        slots = torch.zeros(size, max(DRAFT_BLOCK, -(-n // DRAFT_BLOCK) * DRAFT_BLOCK), dtype=torch.long)
+        slots = torch.zeros(size, width, dtype=torch.long)
         draft_mask = torch.full(slots.shape, masked, dtype=torch.float32)
-        for node, depth in enumerate(draft.depths):
-            slots[1 + node, : depth + 1] = past + 1 + torch.tensor(draft.path_to(node))
-            draft_mask[1 + node, : depth + 1] = 0.0
-        positions = torch.full((size,), past, dtype=torch.long)
-        positions[1:rows] = past + 1 + torch.tensor(draft.depths, dtype=torch.long)
-        ids = torch.zeros(size, dtype=torch.long)
-        ids[:rows] = torch.tensor(tokens, dtype=torch.long)
-        crop_all(self.cache, past)  # the graph appends at every layer's length
-        logits, states = self._graph()(*self._dynamic(ids, positions, mask, slots, draft_mask))
-        crop_all(self.cache, past + rows)  # padding rows' KV lies past the sequence, masked until overwritten
-        return logits[:rows], states[:rows]
+        positions, ids = torch.zeros(size, dtype=torch.long), torch.zeros(size, dtype=torch.long)
+        row_cache, write_at = torch.zeros(size, dtype=torch.long), torch.zeros(size, dtype=torch.long)
+        first = 0
+        for (cache, tokens, draft, past), count in zip(groups, counts):
+            # padding rows join the last sequence: its prefix, their KV past it (masked until overwritten)
+            end = size if first + count == rows else first + count
+            mask[0, 0, first:end, : past + 1] = 0.0
+            for node, depth in enumerate(draft.depths):
+                slots[first + 1 + node, : depth + 1] = past + 1 + torch.tensor(draft.path_to(node))
+                draft_mask[first + 1 + node, : depth + 1] = 0.0
+            positions[first:end] = past
+            positions[first + 1: first + count] = past + 1 + torch.tensor(draft.depths, dtype=torch.long)
+            ids[first: first + count] = torch.tensor(tokens, dtype=torch.long)
+            row_cache[first:end] = cache.entry
+            write_at[first:end] = past + torch.arange(end - first)
+            first += count
+        logits, states = self._graph()(*self._dynamic(ids, positions, mask, slots, draft_mask, row_cache, write_at))
+        out, first = [], 0
+        for (cache, _, _, past), count in zip(groups, counts):
+            cache.set_length(past + count)
+            out.append((logits[first: first + count], states[first: first + count]))
+            first += count
+        return out
 
-    def _dynamic(self, ids, positions, mask, slots, draft_mask):
+    def _dynamic(self, ids, positions, mask, slots, draft_mask, row_cache, write_at):
         """The graph's inputs, with the row count, the prefix span and the draft width marked
         dynamic: one compiled graph serves every shape (and one kernel family: a graph per
         row count would let inductor pick another GEMM for one row, whose rows differ in the
         last bits)."""
         to, top = self.device, self.cache_slots - 1
         ids, positions, mask = ids[None].to(to), positions[None].to(to), mask.to(to)
-        slots, draft_mask = slots.to(to), draft_mask.to(to)
-        for tensor, dim in ((ids, 1), (positions, 1), (mask, 3), (slots, 0), (slots, 1), (draft_mask, 0),
-                            (draft_mask, 1)):
+        slots, draft_mask, row_cache, write_at = slots.to(to), draft_mask.to(to), row_cache.to(to), write_at.to(to)
+        for tensor, dim in ((ids, 1), (positions, 1), (mask, 2), (mask, 3), (slots, 0), (slots, 1), (draft_mask, 0),
+                            (draft_mask, 1), (row_cache, 0), (write_at, 0)):
             torch._dynamo.mark_dynamic(tensor, dim, min=2, max=top)
-        return ids, positions, mask, slots, draft_mask
+        return ids, positions, mask, slots, draft_mask, row_cache, write_at
 
-    def _rows(self, ids, positions, mask, draft_slots, draft_mask):
-        stack = self._stack
-        hidden = stack.run(stack.embed(ids), 0, stack.num_layers, positions, self.cache, mask,
-                           draft_slots=draft_slots, draft_mask=draft_mask)
+    def _rows(self, ids, positions, mask, draft_slots, draft_mask, row_cache, write_at):
+        stack, store = self._stack, self.store
+        assert store is not None  # allocated with the first sequence, before any forward
+        hidden = stack.run(stack.embed(ids), 0, stack.num_layers, positions, PackedWrites(store), mask,
+                           draft_slots=draft_slots, draft_mask=draft_mask, row_cache=row_cache, write_at=write_at)
         out = stack.inner.norm(hidden)[0]
         return final_logits(self.model, out), out
 
@@ -292,22 +370,18 @@ class CompiledTarget(Target):
         return self._compiled
 
     def _compile(self):
-        """Compile the graph and run it once (a dummy step past the sequence, then undone), so
-        compile time is never counted as decoding time."""
-        length = int(self.cache.layers[0].get_seq_length())
+        """Compile the graph and run it once (a dummy step in the spare slots past every sequence's
+        room, which nothing reads), so compile time is never counted as decoding time."""
         # distinct sizes, so dynamo gives each dimension its own symbol
         size, span, width = 2, min(2 * self.key_block, self.cache_slots - 1), 3 * DRAFT_BLOCK
-        where = min(length, self.max_cache_len - size)
+        where = self.max_cache_len  # the key block of slack past max_cache_len
         inputs = self._dynamic(torch.zeros(size, dtype=torch.long), torch.full((size,), where),
-                               torch.zeros(1, 1, 1, span, dtype=self.dtype), torch.zeros(size, width, dtype=torch.long),
-                               torch.zeros(size, width))
-        try:
-            crop_all(self.cache, where)
-            graph, self.compile_s, self.compile_cached = compile_graph(
-                self._rows, self._with_rowwise_attention, inputs, fingerprint(self.model), "the target", "model",
-                self.fallback)
-        finally:
-            crop_all(self.cache, length)
+                               torch.zeros(1, 1, size, span, dtype=self.dtype),
+                               torch.zeros(size, width, dtype=torch.long), torch.zeros(size, width),
+                               torch.zeros(size, dtype=torch.long), where + torch.arange(size))
+        graph, self.compile_s, self.compile_cached = compile_graph(
+            self._rows, self._with_rowwise_attention, inputs, fingerprint(self.model), "the target", "model",
+            self.fallback)
         return graph
 
     def warm_up(self) -> float:
@@ -388,6 +462,66 @@ def no_output_capture():
         yield
     finally:
         collector.compiling, collector.global_var = saved
+
+
+class SlotLayer:
+    """One sequence's view of one layer of the shared static cache: its entry's keys and values
+    ([1, Hkv, slots, D] views) and its own length. Crops move the length; eager forwards (a
+    prompt, a partial forward) append after it."""
+
+    is_initialized = True
+
+    def __init__(self, keys: torch.Tensor, values: torch.Tensor):
+        self.keys, self.values, self.length = keys, values, 0
+
+    def get_seq_length(self) -> int:
+        return self.length
+
+    def crop(self, tokens: int) -> None:
+        """Drop the last ``-tokens`` positions (a static layer crops by a negative count)."""
+        if tokens > 0:
+            raise RuntimeError("a static cache layer crops by a negative count of tokens")
+        self.length = max(0, self.length + tokens)
+
+    def update(self, keys: torch.Tensor, values: torch.Tensor, *args, **kwargs):
+        q = keys.shape[-2]
+        self.keys[..., self.length: self.length + q, :] = keys
+        self.values[..., self.length: self.length + q, :] = values
+        self.length += q
+        return self.keys, self.values
+
+
+class SlotCache:
+    """A sequence's cache on the compiled runtime: entry ``entry`` of the target's static cache,
+    each layer with the sequence's own length (`SlotLayer`)."""
+
+    def __init__(self, store: Cache, entry: int):
+        self.entry = entry
+        self.layers = [SlotLayer(layer.keys[entry: entry + 1], layer.values[entry: entry + 1])
+                       for layer in store.layers]
+
+    def update(self, keys: torch.Tensor, values: torch.Tensor, layer_idx: int, *args, **kwargs):
+        return self.layers[layer_idx].update(keys, values)
+
+    def set_length(self, length: int) -> None:
+        for layer in self.layers:
+            layer.length = length
+
+
+class PackedWrites:
+    """The cache the compiled graph writes through: row m's key and value go to slot ``write_at[m]``
+    of entry ``row_cache[m]`` (both passed with the attention's arguments), and attention reads
+    every entry, each row its own (`rowwise_attention`)."""
+
+    def __init__(self, store: Cache):
+        self.layers = store.layers
+
+    def update(self, keys: torch.Tensor, values: torch.Tensor, layer_idx: int, *args, kwargs=None, **rest):
+        layer, given = self.layers[layer_idx], kwargs if kwargs is not None else rest
+        rows, at = given["row_cache"], given["write_at"]
+        layer.keys[rows, :, at] = keys[0].transpose(0, 1)
+        layer.values[rows, :, at] = values[0].transpose(0, 1)
+        return layer.keys, layer.values
 
 
 def slot_mask(past: int, q: int, slots: int, dtype: torch.dtype, device) -> torch.Tensor:

@@ -101,8 +101,8 @@ class Target:
     """Owns a causal LM and its KV cache (one sequence, batch size 1)."""
 
     runtime = "eager"
-    #: whether it holds several sequences' caches at once (`sequence`/`use`); a runtime with one
-    #: static cache does not, and a batch then decodes its requests one after another
+    #: whether it holds several sequences' caches at once (`sequence`/`use`); a runtime that does
+    #: not decodes a batch's requests one after another
     holds_many = True
     context_limit = "the model's max_position_embeddings"  # what bounds ``max_length``, for errors
 
@@ -125,9 +125,9 @@ class Target:
     def dtype(self) -> torch.dtype:
         return self.model.dtype
 
-    def reset(self) -> None:
-        """Forget the sequence: a fresh, empty cache."""
-        self.cache = self._fresh_cache()  # the KV cache
+    def reset(self, slot: int = 0) -> None:
+        """Forget the sequence: a fresh, empty cache (for the ``slot``-th sequence decoded at once)."""
+        self.cache = self._fresh_cache(slot)  # the KV cache
         self.cached_tokens: list[int] = []  # token ids whose KV the cache holds, in order
         self._pending: Draft | None = None  # last scored draft, whose nodes sit in the cache
         self._base = 0  # committed tokens in the cache when _pending was scored
@@ -143,7 +143,11 @@ class Target:
         for name, value in state.items():
             setattr(self, name, value)
 
-    def _fresh_cache(self):
+    def hold(self, sequences: int) -> None:
+        """Make room for ``sequences`` sequences decoded at once (each a `reset` slot); here every
+        sequence has its own cache, so there is nothing to do."""
+
+    def _fresh_cache(self, slot: int = 0):
         # no config: every layer a full `DynamicLayer`, sliding ones included, so any crop works
         return DynamicCache()
 
@@ -189,6 +193,21 @@ class Target:
         self.forwards += 1
         self._scored(committed, draft)
         return Scores(logits, states, len(new))
+
+    @torch.no_grad()
+    def score_batch(self, batch: list[tuple[dict | None, list[int], Draft]],
+                    hidden: bool | tuple[int, ...] = False) -> list[Scores]:
+        """`score` for each sequence of a batch: (its state from `sequence`, updated in place, or None
+        for the sequence held now; its committed tokens; its draft). One after another here; a runtime
+        that scores them in one forward overrides it (`spec_zoo.runtime.CompiledTarget`)."""
+        results = []
+        for state, committed, draft in batch:
+            if state is not None:
+                self.use(state)
+            results.append(self.score(committed, draft, hidden))
+            if state is not None:
+                state.update(self.sequence())
+        return results
 
     def _forward(self, new: list[int], draft: Draft, past: int, hidden: bool | tuple[int, ...]):
         """(logits [len(draft) + 1, V], last-layer states [len(new) + len(draft), H] or None)

@@ -157,3 +157,150 @@ def test_cli_refuses_an_out_file_it_did_not_write_before_loading_a_model(tmp_pat
     assert result.returncode == 2 and "holds results of other prompts" in result.stderr
     both = _cli(*common, f"prompt_file={tmp_path / 'p.txt'}")
     assert both.returncode == 2 and "not both" in both.stderr
+
+
+# -- the compiled runtime: every sequence's rows in one graph call --------------------------------------------
+@pytest.fixture(scope="module", params=["float32", "bfloat16-amx"])
+def compiled_case(request):
+    """A compiled target (float32 on inductor's GEMM; bfloat16 on the AMX GEMM where the CPU has it)
+    and each request's plain output decoded alone on it."""
+    import torch
+
+    from spec_zoo.runtime import CompiledTarget
+    from tests.test_amx_gemm import has_amx
+
+    if request.param == "bfloat16-amx" and not has_amx():
+        pytest.skip("this CPU has no AMX-BF16: the bfloat16 runtime's batches are checked on AMX hosts")
+    bf16 = request.param == "bfloat16-amx"
+    model = tiny_llama(0, sharpness=3.0).to(torch.bfloat16 if bf16 else torch.float32)
+    settings = {"gemm": "amx"} if bf16 else {}
+    target = CompiledTarget(model, max_cache_len=64, buckets=(2, 4), key_block=16, **settings)
+    target.warm_up()
+    plain = SpeculativeDecoder(target)
+    free = [plain.generate(p, MAX_NEW, eos_token_ids=[]).ids for p in PROMPTS]
+    eos = [free[0][3]]
+    return target, eos, [plain.generate(p, MAX_NEW, eos_token_ids=eos).ids for p in PROMPTS]
+
+
+@pytest.mark.parametrize("drafter", ["none", "ngram", "ngram_tree"])
+def test_compiled_batches_score_every_sequence_in_one_forward(compiled_case, drafter, monkeypatch):
+    """Each request equals its batch-1 output at every batch size, and a step of a batch of n runs
+    one graph call for all n sequences (not n calls)."""
+    from spec_zoo.drafters.none import NoDrafter
+
+    target, eos, reference = compiled_case
+    chosen = {"none": NoDrafter, "ngram": NgramDrafter, "ngram_tree": lambda: NgramDrafter(branches=2)}[drafter]()
+    decoder = SpeculativeDecoder(target, chosen)
+    calls = []
+    rows = target._compiled_rows
+    monkeypatch.setattr(target, "_compiled_rows", lambda groups: calls.append(len(groups)) or rows(groups))
+    for size in SIZES:
+        calls.clear()
+        assert decoder.slots(size) == size
+        outs = decoder.generate_batch(PROMPTS, MAX_NEW, eos_token_ids=eos, batch_size=size)
+        assert [o.ids for o in outs] == reference, f"batch_size={size}"
+        assert max(calls) == min(size, len(PROMPTS))  # the sequences of a step share one forward
+
+
+TREE = ([5, 2, 6, 3, 4, 7], [-1, -1, 0, 0, 2, 1])  # depth 3, two branches at the root: paths need a gather
+
+
+def _two_steps(target, items, packed: bool) -> list:
+    """The logits of two steps of each sequence: score its first draft, commit a path of it (a
+    tree's inner path: its KV gathered into place), then score its second draft after that path
+    and one more token; the sequences packed into one `score_batch` per step, or each alone."""
+    import torch
+
+    from spec_zoo.draft import Draft
+
+    def steps(batch_items, states):
+        first = target.score_batch([(st, prompt, draft) for st, (prompt, draft, _, _) in zip(states, batch_items)])
+        seconds = []
+        for st, (prompt, draft, path, second) in zip(states, batch_items):
+            if st is not None:
+                target.use(st)
+            target.commit(path)
+            if st is not None:
+                st.update(target.sequence())
+            seconds.append((st, prompt + [int(draft.tokens[i]) for i in path] + [7], second))
+        return [s.logits for s in first + target.score_batch(seconds)]
+
+    items = [(prompt, Draft(torch.tensor(tree[0]), tree[1]) if tree else Draft.chain(chain), path, Draft.chain(nxt))
+             for prompt, tree, chain, path, nxt in items]
+    if not packed:
+        out = []
+        for item in items:
+            target.reset(0)
+            first, second = steps([item], [None])
+            out += [first, second]
+        return out
+    target.hold(len(items))
+    states = []
+    for slot in range(len(items)):
+        target.reset(slot)
+        states.append(target.sequence())
+    logits = steps(items, states)
+    return [x for pair in zip(logits[: len(items)], logits[len(items):]) for x in pair]
+
+
+BATCH_STEPS = [  # prompt, tree (or None), chain, path committed, next draft
+    (PROMPTS[3], TREE, None, [1, 5], [4, 4]),
+    (PROMPTS[9], None, [3, 8, 2], [0, 1], []),
+    (PROMPTS[14], TREE, None, [0, 3], [9]),
+    (PROMPTS[5], None, [], [], [2, 2, 2]),
+]
+
+
+def test_packed_rows_are_bit_identical_to_each_sequence_scored_alone(compiled_case):
+    """Mixed prompt lengths, trees and chains, a tree path gathered into place: every logit row of a
+    packed batch equals the row of its sequence scored alone, bit for bit, over two steps."""
+    import torch
+
+    target = compiled_case[0]
+    alone, packed = _two_steps(target, BATCH_STEPS, False), _two_steps(target, BATCH_STEPS, True)
+    assert all(torch.equal(a, b) for a, b in zip(alone, packed, strict=True))
+
+
+@pytest.mark.parametrize("fault", ["neighbours_rollback", "kv_to_neighbour"])
+def test_a_planted_fault_between_neighbours_fails_the_batch_check(compiled_case, fault, monkeypatch):
+    """Planted faults: one sequence's rollback (the gather that keeps a tree's accepted path) also
+    applied to its neighbour's cache entry, or each row's KV written into its neighbour's entry.
+    The check above must fail."""
+    import torch
+    import torch._dynamo
+
+    from spec_zoo.runtime import CompiledTarget, PackedWrites, SlotCache
+
+    target = compiled_case[0]
+    alone = _two_steps(target, BATCH_STEPS, False)
+    if fault == "neighbours_rollback":
+        honest_commit = CompiledTarget.commit
+
+        def commit(self, path):
+            if path and path != list(range(len(path))):
+                mine, pending, base = self.cache, self._pending, self._base
+                self.cache = SlotCache(self.store, (mine.entry + 1) % self.entries)
+                self.cache.set_length(mine.layers[0].length)
+                honest_commit(self, path)
+                self.cache, self._pending, self._base = mine, pending, base
+            honest_commit(self, path)
+
+        monkeypatch.setattr(CompiledTarget, "commit", commit)
+    else:
+        honest_update = PackedWrites.update
+
+        def update(self, keys, values, layer_idx, *args, kwargs=None, **rest):
+            moved = dict(kwargs, row_cache=kwargs["row_cache"].roll(1))
+            return honest_update(self, keys, values, layer_idx, kwargs=moved)
+
+        monkeypatch.setattr(PackedWrites, "update", update)
+        torch._dynamo.reset()  # the fault must be traced into the graph
+        target._compiled = None
+    try:
+        packed = _two_steps(target, BATCH_STEPS, True)
+    finally:
+        if fault == "kv_to_neighbour":
+            monkeypatch.undo()
+            torch._dynamo.reset()
+            target._compiled = None
+    assert not all(torch.equal(a, b) for a, b in zip(alone, packed, strict=True))
