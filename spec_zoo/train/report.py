@@ -42,7 +42,7 @@ from spec_zoo.train.loop import load_teacher_target
 from spec_zoo.train.methods import recipe_of_artefact, recipes
 from spec_zoo.train.mixture import categories, mixture_texts
 from spec_zoo.train.recipe import Recipe, Student
-from spec_zoo.train.store import TeacherSet
+from spec_zoo.train.store import TeacherSet, data_budget
 from spec_zoo.train.workloads import workload_prompts
 
 
@@ -115,6 +115,7 @@ def run_report(cfg: DictConfig, target: Target | None = None) -> Path:
     r = cfg.report
     if int(r.per_category) < 1 or int(r.depth) < 1:
         raise ConfigError(f"report.per_category={r.per_category}, report.depth={r.depth}; both must be >= 1.")
+    data_budget(cfg.data)  # the held-out teacher data is the long part: it stops and resumes by shards
     if r.prompts not in ("mixture", "workloads"):
         raise ConfigError(f"report.prompts={r.prompts!r}; use mixture (the training mixture's categories) or "
                           "workloads (prompts shaped like real use, report.workloads).")
