@@ -21,7 +21,7 @@ from spec_zoo.target import Target
 from spec_zoo.train.data import generate_batch
 from spec_zoo.train.mixture import categories, mixture_prompts, mixture_texts
 from spec_zoo.train.report import run_report
-from spec_zoo.train.store import TeacherSet
+from spec_zoo.train.store import BudgetSpent, TeacherSet
 from spec_zoo.train.translations import english_sentences, looks_german
 from tests.heads import teacher, train_cfg
 from tests.test_distill import _prompts
@@ -88,6 +88,53 @@ def test_store_resumes_keeping_written_shards_and_grows(tmp_path):
     one = model.model(input_ids=more.ids[3:4, : int(more.prompt_len[3] + more.gen_len[3])]).last_hidden_state[0]
     assert len(states) == 20 and torch.allclose(states[3], one, atol=1e-5)
     assert again.store.states("final", None, 4)[3].equal(states[3])  # read back, not recomputed
+
+
+def _store_contents(root: Path) -> dict[str, dict[str, torch.Tensor]]:
+    from safetensors.torch import load_file
+
+    return {p.name: load_file(p) for p in sorted(root.glob("*.safetensors"))}
+
+
+def test_data_budget_stops_after_a_shard_and_reruns_make_the_uninterrupted_store(tmp_path, monkeypatch):
+    """``data.budget_s`` spent at once: each run writes one shard (teacher data, then target
+    states) and stops, saying how far it got; rerunning the same command until it finishes
+    leaves the store an uninterrupted run makes, tensor for tensor (sampled, so a resumed shard
+    generated with another seed would differ)."""
+    model = teacher()
+    monkeypatch.setattr(TeacherSet, "shard_prompts", 4)
+    final = lambda ids: model.model(input_ids=ids).last_hidden_state  # noqa: E731
+
+    def run(where, *overrides):
+        ts = TeacherSet(_data_cfg(tmp_path / where, "data.temperature=1.0", *overrides), Target(model), 20)
+        ts.fill(12, progress=False)
+        return ts.store.states("final", final, 4, progress=False), ts.store.root
+
+    whole, root = run("whole")
+    stops = []
+    while True:
+        try:
+            parts, resumed = run("stretches", "data.budget_s=1e-9")
+            break
+        except BudgetSpent as e:
+            stops.append(str(e))
+    assert [re.sub(r" in .*;", ";", m) for m in stops] == [
+        f"data.budget_s=1e-09: {what} of {n} of 12 prompts done; nothing is lost: rerun the same command to continue"
+        for what in ("teacher data", "target states (final)") for n in (4, 8)]
+    assert sorted(p.name for p in root.glob("shard-*.safetensors")) == [
+        f"shard-{a:07d}-{a + 4:07d}{kind}.safetensors" for a in (0, 4, 8) for kind in (".final", "")]
+    a, b = _store_contents(root), _store_contents(resumed)
+    assert a.keys() == b.keys() and all(a[f].keys() == b[f].keys() for f in a)
+    assert all(torch.equal(a[f][k], b[f][k]) for f in a for k in a[f])
+    assert all(torch.equal(x, y) for x, y in zip(whole, parts, strict=True))
+    assert (root / "manifest.json").read_text() == (resumed / "manifest.json").read_text().replace(
+        str(tmp_path / "stretches"), str(tmp_path / "whole"))
+
+
+def test_a_negative_data_budget_is_refused_naming_the_key(tmp_path):
+    with pytest.raises(ConfigError, match=r"data.budget_s=-1; use 0 \(no budget\)"):
+        TeacherSet(_data_cfg(tmp_path, "data.budget_s=-1"), Target(teacher()), 20)
+    assert not (tmp_path / "cache").exists()  # before the store opened
 
 
 class _Tokenizer:
