@@ -220,6 +220,35 @@ def test_acceptance_report_runs_on_a_tiny_model(tmp_path):
     assert "| pos 1 | pos 2 | pos 3 |" in md.read_text() and (md.parent / "acceptance.png").stat().st_size > 0
 
 
+def test_the_report_stops_on_data_budget_s_and_a_rerun_writes_the_uninterrupted_report(tmp_path, monkeypatch):
+    """The report's long part is the target's held-out continuations (its own store):
+    ``data.budget_s`` stops it after a shard, before anything is measured or written; the
+    rerun goes on from the store and writes the report an uninterrupted run writes."""
+    model = teacher()
+    head = train_eagle(train_cfg("train_eagle", tmp_path, "head.vocab_size=48", "train.steps=10",
+                                 "data.forced_prompts=0"), target=Target(model))
+    monkeypatch.setattr(TeacherSet, "shard_prompts", 2)
+
+    def report(where, *overrides):
+        with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+            cfg = compose("train_report", overrides=[
+                f"report.artefacts=[{head}]", "report.per_category=6", f"report.out={tmp_path / where}",
+                f"data.cache_dir={tmp_path / where / 'cache'}", "data.max_new_tokens=12", "data.top_k=8",
+                "data.batch_size=2", "progress=false", "threads=1", *overrides])
+        OmegaConf.update(cfg, "data.token_ids", _prompts(10, seed=9))
+        return run_report(cfg, target=Target(model))
+
+    whole = json.loads((report("whole").parent / "acceptance.json").read_text())
+    with pytest.raises(BudgetSpent, match="teacher data of 2 of 6 prompts done in .*rerun the same command"):
+        report("stretches", "data.budget_s=1e-9")
+    assert not list((tmp_path / "stretches").glob("acceptance.*"))  # nothing measured on part of the prompts
+    with pytest.raises(BudgetSpent, match="teacher data of 4 of 6 prompts"):
+        report("stretches", "data.budget_s=1e-9")
+    assert json.loads((report("stretches", "data.budget_s=1e-9").parent / "acceptance.json").read_text()) == whole
+    with pytest.raises(ConfigError, match=r"data.budget_s=-1; use 0 \(no budget\)"):
+        report("refused", "data.budget_s=-1")
+
+
 def test_translation_sentences_come_from_the_prose_and_only_german_answers_pass(tmp_path):
     article = ("Summarize this article.\n\nArticle: The council met on Monday to discuss the new budget plan for "
                "schools. It was short. Officials said the plan would take effect next year across the region.")
