@@ -18,6 +18,10 @@ continuation (the issue's "second position given the first"), overall and by dep
 mixture's (`spec_zoo.train.workloads`: conversations scored on the second answer, long
 documents, translation); ``report.compare`` sets the result beside a benchmark run's
 (`spec_zoo.train.bench_match`).
+
+The held-out continuations are the long part: they live in a store of their own, so
+``data.budget_s`` stops the report there (nothing measured or written) and the same command,
+rerun, goes on from the shards on disk.
 """
 
 from __future__ import annotations
