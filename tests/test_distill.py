@@ -162,6 +162,50 @@ def test_a_run_in_stretches_of_train_budget_s_equals_one_run(tmp_path, capsys):
     assert not (out.parent / ".draft.checkpoints").exists()  # the finished run cleans up
 
 
+def test_data_budget_s_stops_the_command_before_training_and_reruns_finish_the_run(tmp_path, monkeypatch, capsys):
+    """``spec-zoo-train distill data.budget_s=...`` spent after the first shard: the command ends
+    (exit 0) with the message, trains nothing on the part it has; rerun, it goes on from the
+    store and ends with the draft an uninterrupted run writes."""
+    import sys
+
+    from safetensors.torch import load_file
+
+    import spec_zoo.train.loop as loop
+    from spec_zoo.train.cli import main
+    from spec_zoo.train.store import TeacherSet
+
+    model, prompts = _teacher(), _prompts(32)
+    monkeypatch.setattr(TeacherSet, "shard_prompts", 16)
+    monkeypatch.setattr(loop, "load_teacher_target", lambda cfg: Target(model))
+    monkeypatch.chdir(tmp_path)
+    a = distill(_cfg(tmp_path / "a", "train.steps=5", prompts=prompts), target=Target(model))
+    b = tmp_path / "b"
+    args = ["spec-zoo-train", "distill", "data.max_new_tokens=16", "data.heldout=0.25", "data.batch_size=8",
+            "data.top_k=16", "student.layers=1", "student.vocab_size=48", "student.init=random", "train.steps=5",
+            "train.batch_size=8", "train.lr=1e-2", "train.warmup=4", "train.eval_every=10", "train.ckpt_every=10",
+            f"output.dir={b / 'draft'}", f"data.cache_dir={b / 'cache'}", "output.dtype=float32", "progress=false",
+            "threads=1", f"data.token_ids={json.dumps(prompts).replace(' ', '')}", "data.budget_s=1e-9"]
+    monkeypatch.setattr(sys, "argv", list(args))
+    main()  # returns: exit status 0
+    out = capsys.readouterr()
+    assert "data.budget_s=1e-09: teacher data of 16 of 32 prompts done in " in out.err
+    assert "rerun the same command to continue" in out.err and out.out == ""
+    assert not (b / "draft").exists() and not (b / ".draft.checkpoints").exists()  # nothing trained on the part
+    monkeypatch.setattr(sys, "argv", list(args))
+    main()  # the last shard: the store is whole, training runs
+    assert "teacher data of" not in capsys.readouterr().err
+    sa, sb = load_file(a / "model.safetensors"), load_file(b / "draft" / "model.safetensors")
+    assert sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
+
+
+def test_a_negative_data_budget_s_is_refused_before_the_target_loads(tmp_path, monkeypatch):
+    import spec_zoo.train.loop as loop
+
+    monkeypatch.setattr(loop, "load_teacher_target", lambda cfg: pytest.fail("loaded a model"))
+    with pytest.raises(ConfigError, match=r"data.budget_s=-5; use 0 \(no budget\)"):
+        distill(_cfg(tmp_path, "data.budget_s=-5"))
+
+
 @pytest.mark.parametrize("other", ["train.patience=2", "train.max_seconds=60"])
 def test_budget_s_refuses_what_a_checkpoint_does_not_keep(tmp_path, other):
     with pytest.raises(ConfigError, match="train.budget_s .*not checkpointed.*train.budget_s=0"):

@@ -21,7 +21,7 @@ from spec_zoo.target import Target
 from spec_zoo.train.data import generate_batch
 from spec_zoo.train.mixture import categories, mixture_prompts, mixture_texts
 from spec_zoo.train.report import run_report
-from spec_zoo.train.store import TeacherSet
+from spec_zoo.train.store import BudgetSpent, TeacherSet
 from spec_zoo.train.translations import english_sentences, looks_german
 from tests.heads import teacher, train_cfg
 from tests.test_distill import _prompts
@@ -88,6 +88,53 @@ def test_store_resumes_keeping_written_shards_and_grows(tmp_path):
     one = model.model(input_ids=more.ids[3:4, : int(more.prompt_len[3] + more.gen_len[3])]).last_hidden_state[0]
     assert len(states) == 20 and torch.allclose(states[3], one, atol=1e-5)
     assert again.store.states("final", None, 4)[3].equal(states[3])  # read back, not recomputed
+
+
+def _store_contents(root: Path) -> dict[str, dict[str, torch.Tensor]]:
+    from safetensors.torch import load_file
+
+    return {p.name: load_file(p) for p in sorted(root.glob("*.safetensors"))}
+
+
+def test_data_budget_stops_after_a_shard_and_reruns_make_the_uninterrupted_store(tmp_path, monkeypatch):
+    """``data.budget_s`` spent at once: each run writes one shard (teacher data, then target
+    states) and stops, saying how far it got; rerunning the same command until it finishes
+    leaves the store an uninterrupted run makes, tensor for tensor (sampled, so a resumed shard
+    generated with another seed would differ)."""
+    model = teacher()
+    monkeypatch.setattr(TeacherSet, "shard_prompts", 4)
+    final = lambda ids: model.model(input_ids=ids).last_hidden_state  # noqa: E731
+
+    def run(where, *overrides):
+        ts = TeacherSet(_data_cfg(tmp_path / where, "data.temperature=1.0", *overrides), Target(model), 20)
+        ts.fill(12, progress=False)
+        return ts.store.states("final", final, 4, progress=False), ts.store.root
+
+    whole, root = run("whole")
+    stops = []
+    while True:
+        try:
+            parts, resumed = run("stretches", "data.budget_s=1e-9")
+            break
+        except BudgetSpent as e:
+            stops.append(str(e))
+    assert [re.sub(r" in .*;", ";", m) for m in stops] == [
+        f"data.budget_s=1e-09: {what} of {n} of 12 prompts done; nothing is lost: rerun the same command to continue"
+        for what in ("teacher data", "target states (final)") for n in (4, 8)]
+    assert sorted(p.name for p in root.glob("shard-*.safetensors")) == [
+        f"shard-{a:07d}-{a + 4:07d}{kind}.safetensors" for a in (0, 4, 8) for kind in (".final", "")]
+    a, b = _store_contents(root), _store_contents(resumed)
+    assert a.keys() == b.keys() and all(a[f].keys() == b[f].keys() for f in a)
+    assert all(torch.equal(a[f][k], b[f][k]) for f in a for k in a[f])
+    assert all(torch.equal(x, y) for x, y in zip(whole, parts, strict=True))
+    assert (root / "manifest.json").read_text() == (resumed / "manifest.json").read_text().replace(
+        str(tmp_path / "stretches"), str(tmp_path / "whole"))
+
+
+def test_a_negative_data_budget_is_refused_naming_the_key(tmp_path):
+    with pytest.raises(ConfigError, match=r"data.budget_s=-1; use 0 \(no budget\)"):
+        TeacherSet(_data_cfg(tmp_path, "data.budget_s=-1"), Target(teacher()), 20)
+    assert not (tmp_path / "cache").exists()  # before the store opened
 
 
 class _Tokenizer:
@@ -171,6 +218,35 @@ def test_acceptance_report_runs_on_a_tiny_model(tmp_path):
     assert result["settings"]["prompts"] == {"token_ids": 6} and len(alpha) == 3
     assert alpha[0][1] > 0 and all(0 <= a <= r for a, r in alpha) and alpha[1][1] == alpha[0][0]
     assert "| pos 1 | pos 2 | pos 3 |" in md.read_text() and (md.parent / "acceptance.png").stat().st_size > 0
+
+
+def test_the_report_stops_on_data_budget_s_and_a_rerun_writes_the_uninterrupted_report(tmp_path, monkeypatch):
+    """The report's long part is the target's held-out continuations (its own store):
+    ``data.budget_s`` stops it after a shard, before anything is measured or written; the
+    rerun goes on from the store and writes the report an uninterrupted run writes."""
+    model = teacher()
+    head = train_eagle(train_cfg("train_eagle", tmp_path, "head.vocab_size=48", "train.steps=10",
+                                 "data.forced_prompts=0"), target=Target(model))
+    monkeypatch.setattr(TeacherSet, "shard_prompts", 2)
+
+    def report(where, *overrides):
+        with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+            cfg = compose("train_report", overrides=[
+                f"report.artefacts=[{head}]", "report.per_category=6", f"report.out={tmp_path / where}",
+                f"data.cache_dir={tmp_path / where / 'cache'}", "data.max_new_tokens=12", "data.top_k=8",
+                "data.batch_size=2", "progress=false", "threads=1", *overrides])
+        OmegaConf.update(cfg, "data.token_ids", _prompts(10, seed=9))
+        return run_report(cfg, target=Target(model))
+
+    whole = json.loads((report("whole").parent / "acceptance.json").read_text())
+    with pytest.raises(BudgetSpent, match="teacher data of 2 of 6 prompts done in .*rerun the same command"):
+        report("stretches", "data.budget_s=1e-9")
+    assert not list((tmp_path / "stretches").glob("acceptance.*"))  # nothing measured on part of the prompts
+    with pytest.raises(BudgetSpent, match="teacher data of 4 of 6 prompts"):
+        report("stretches", "data.budget_s=1e-9")
+    assert json.loads((report("stretches", "data.budget_s=1e-9").parent / "acceptance.json").read_text()) == whole
+    with pytest.raises(ConfigError, match=r"data.budget_s=-1; use 0 \(no budget\)"):
+        report("refused", "data.budget_s=-1")
 
 
 def test_translation_sentences_come_from_the_prose_and_only_german_answers_pass(tmp_path):

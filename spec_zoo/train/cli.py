@@ -58,13 +58,15 @@ def runner(command: str) -> Callable[[DictConfig], object]:
 
 def entry_point(command: str) -> Callable[[], None]:
     """The Hydra app of ``command``: its config validated (types and ranges before the teacher
-    loads), then its function run; bad input ends as one ``error:`` line, exit 2."""
+    loads), then its function run; bad input ends as one ``error:`` line, exit 2; a spent
+    ``data.budget_s`` with its message on stderr, exit 0 (the same command continues)."""
     config_name = f"train_{command}"
 
     @hydra.main(config_path=CONF_DIR, config_name=config_name, version_base="1.3")
     def app(cfg: DictConfig) -> None:
         from spec_zoo.api import quiet_loading
         from spec_zoo.schema import validate
+        from spec_zoo.train.store import BudgetSpent
 
         try:
             with quiet_loading():
@@ -73,6 +75,8 @@ def entry_point(command: str) -> Callable[[], None]:
         except ConfigError as e:
             print(f"error: {e}", file=sys.stderr)
             sys.exit(2)
+        except BudgetSpent as e:
+            print(e, file=sys.stderr)
 
     return app
 

@@ -24,6 +24,7 @@ LIMITS: dict[str, Limit] = {
     "data.forced_prompts": NON_NEGATIVE,
     "data.student_fraction": Limit(low=0, high=1),
     "data.heldout": UNIT,
+    "data.budget_s": NON_NEGATIVE,
     "train.steps": NON_NEGATIVE,
     "train.max_seconds": NON_NEGATIVE,
     "train.budget_s": NON_NEGATIVE,

@@ -36,7 +36,7 @@ from spec_zoo.train.data import TeacherData, concat_data, data_key, forced_data,
 from spec_zoo.train.losses import LOSSES
 from spec_zoo.train.mixture import FollowUp
 from spec_zoo.train.recipe import Recipe, Student
-from spec_zoo.train.store import TeacherSet
+from spec_zoo.train.store import TeacherSet, data_budget
 
 
 def check_config(cfg: DictConfig, recipe: Recipe) -> None:
@@ -55,6 +55,7 @@ def check_config(cfg: DictConfig, recipe: Recipe) -> None:
                           "train.patience: their step estimate and best weights are not checkpointed, so a resumed "
                           "run would differ; "
                           "set train.max_seconds=0 train.patience=0, or train.budget_s=0.")
+    data_budget(cfg.data)
     if int(cfg.data.get("forced_prompts", 0)) < 0:
         raise ConfigError(f"data.forced_prompts={cfg.data.forced_prompts}; use 0 or more prompts.")
     if not 0.0 <= float(cfg.data.get("student_fraction", 0.0)) <= 1.0:
@@ -113,7 +114,7 @@ def _lr(step: int, cfg: DictConfig, steps: int) -> float:
 
 # keys that leave a run's result as it is: a resume may change them (every other key must stay)
 _RESUMABLE = ("train.resume", "train.budget_s", "train.keep_checkpoints", "train.ckpt_every", "progress",
-              "output.dir", "output.overwrite", "data.cache_dir")
+              "output.dir", "output.overwrite", "data.cache_dir", "data.budget_s")
 
 
 def _result_config(cfg: DictConfig, dtype: torch.dtype) -> dict[str, str]:

@@ -18,6 +18,10 @@ continuation (the issue's "second position given the first"), overall and by dep
 mixture's (`spec_zoo.train.workloads`: conversations scored on the second answer, long
 documents, translation); ``report.compare`` sets the result beside a benchmark run's
 (`spec_zoo.train.bench_match`).
+
+The held-out continuations are the long part: they live in a store of their own, so
+``data.budget_s`` stops the report there (nothing measured or written) and the same command,
+rerun, goes on from the shards on disk.
 """
 
 from __future__ import annotations
@@ -42,7 +46,7 @@ from spec_zoo.train.loop import load_teacher_target
 from spec_zoo.train.methods import recipe_of_artefact, recipes
 from spec_zoo.train.mixture import categories, mixture_texts
 from spec_zoo.train.recipe import Recipe, Student
-from spec_zoo.train.store import TeacherSet
+from spec_zoo.train.store import TeacherSet, data_budget
 from spec_zoo.train.workloads import workload_prompts
 
 
@@ -115,6 +119,7 @@ def run_report(cfg: DictConfig, target: Target | None = None) -> Path:
     r = cfg.report
     if int(r.per_category) < 1 or int(r.depth) < 1:
         raise ConfigError(f"report.per_category={r.per_category}, report.depth={r.depth}; both must be >= 1.")
+    data_budget(cfg.data)  # the held-out teacher data is the long part: it stops and resumes by shards
     if r.prompts not in ("mixture", "workloads"):
         raise ConfigError(f"report.prompts={r.prompts!r}; use mixture (the training mixture's categories) or "
                           "workloads (prompts shaped like real use, report.workloads).")

@@ -15,6 +15,10 @@
 * ``shard-<start>-<end>.<name>.safetensors``: hidden states a recipe reads (``final``:
   the target's last-layer features; ``layer<E>``: the states entering layer E), one
   batched teacher-forced pass per shard, flat [positions, H] in sequence order.
+
+``data.budget_s`` bounds a run's teacher-data work (both passes) in wall seconds: once spent,
+the pass stops after the shard in progress and raises `BudgetSpent`; the same command, rerun,
+reads what is on disk and goes on, so the store ends as an uninterrupted run leaves it.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from __future__ import annotations
 import json
 import re
 import sys
+import time
 from pathlib import Path
 from typing import cast
 
@@ -39,15 +44,31 @@ FORMAT, VERSION = "spec-zoo-teacher-data", 1
 _SHARD = re.compile(r"shard-(\d{7})-(\d{7})\.safetensors")
 
 
+class BudgetSpent(Exception):
+    """``data.budget_s`` ran out with the store part done: nothing is lost (every shard written
+    is whole), and a command that needed all of it (training, the report) must stop rather than
+    go on with part; the message says how far it got and that the same command continues."""
+
+
+def data_budget(data) -> float:
+    """``data.budget_s`` of a config's ``data`` section (0 = none), refused when negative."""
+    seconds = float(data.get("budget_s", 0) or 0)
+    if seconds < 0:
+        raise ConfigError(f"data.budget_s={data.budget_s}; use 0 (no budget) or the wall seconds of teacher-data "
+                          "work a run may spend before it stops, to be continued by the same command.")
+    return seconds
+
+
 class TeacherStore:
     """A store directory opened for one identity (target, prompts, generation); see the module docstring."""
 
-    def __init__(self, root: Path, identity: dict):
+    def __init__(self, root: Path, identity: dict, budget_s: float = 0.0):
         self.root, self.identity = root, identity
         self.used: list[tuple[Path, int]] = []  # (shard, rows taken) behind the last `fill`
+        self.budget_s, self.opened = budget_s, time.time()  # data.budget_s, counted from the opening
 
     @classmethod
-    def open(cls, root, identity: dict) -> TeacherStore:
+    def open(cls, root, identity: dict, budget_s: float = 0.0) -> TeacherStore:
         root = resolved(root)
         root.mkdir(parents=True, exist_ok=True)
         manifest = root / "manifest.json"
@@ -56,7 +77,13 @@ class TeacherStore:
             _check(read_record(manifest, FORMAT, VERSION, "teacher-data store", fix), identity, root, fix)
         else:
             _write_json(manifest, {"format": FORMAT, "format_version": VERSION, **identity, "sequences": 0})
-        return cls(root, identity)
+        return cls(root, identity, budget_s)
+
+    def _stop(self, what: str, done: int, total: int) -> None:
+        """After a shard this run wrote: `BudgetSpent` once ``data.budget_s`` is spent, ``done`` of ``total`` ready."""
+        if self.budget_s and done < total and time.time() - self.opened >= self.budget_s:
+            raise BudgetSpent(f"data.budget_s={self.budget_s:g}: {what} of {done} of {total} prompts done in "
+                              f"{self.root}; nothing is lost: rerun the same command to continue")
 
     def shards(self) -> dict[int, int]:
         """Complete shards on disk: start -> end (the longest one per start)."""
@@ -78,30 +105,36 @@ class TeacherStore:
         g = self.identity["generation"]
         N, pos, parts, self.used = len(prompts), 0, [], []
         bar = tqdm(total=N, desc="teacher data", unit="prompt", disable=not progress, dynamic_ncols=True)
-        while pos < N:
-            existing = self.shards()
-            if pos in existing:
-                path = self.root / f"shard-{pos:07d}-{existing[pos]:07d}.safetensors"
-                part = self._load(path, prompts[pos : existing[pos]], pos)
-                if part is None:  # a torn file: regenerate it
-                    continue
-            else:
-                nxt = min([s for s in existing if s > pos], default=N)
-                end = min(pos + max(shard_prompts, batch_size), N, nxt)  # a shard holds at least one full batch
-                while end < min(N, nxt) and isinstance(prompts[end], FollowUp):  # never split a conversation
-                    end += 1
-                path = self.root / f"shard-{pos:07d}-{end:07d}.safetensors"
-                part = _generate(model, prompts[pos:end], categories[pos:end], batch_size, g, eos_ids, pad_id,
-                                 seed * 1_000_003 + pos, tokenizer)
-                _save(part, path)
-                _write_json(self.root / "manifest.json", {"format": FORMAT, "format_version": VERSION,
-                                                          **self.identity, "sequences": max(self.shards().values())})
-            rows = min(len(part["gen_len"]), N - pos)
-            parts.append({k: v[:rows] for k, v in part.items()})
-            self.used.append((path, rows))
-            pos += rows
-            bar.update(rows)
-        bar.close()
+        try:
+            while pos < N:
+                existing = self.shards()
+                wrote = pos not in existing  # the budget is checked after a shard written here: every run gets on
+                if not wrote:
+                    path = self.root / f"shard-{pos:07d}-{existing[pos]:07d}.safetensors"
+                    part = self._load(path, prompts[pos : existing[pos]], pos)
+                    if part is None:  # a torn file: regenerate it
+                        continue
+                else:
+                    nxt = min([s for s in existing if s > pos], default=N)
+                    end = min(pos + max(shard_prompts, batch_size), N, nxt)  # a shard holds at least one full batch
+                    while end < min(N, nxt) and isinstance(prompts[end], FollowUp):  # never split a conversation
+                        end += 1
+                    path = self.root / f"shard-{pos:07d}-{end:07d}.safetensors"
+                    part = _generate(model, prompts[pos:end], categories[pos:end], batch_size, g, eos_ids, pad_id,
+                                     seed * 1_000_003 + pos, tokenizer)
+                    _save(part, path)
+                    manifest = {"format": FORMAT, "format_version": VERSION, **self.identity,
+                                "sequences": max(self.shards().values())}
+                    _write_json(self.root / "manifest.json", manifest)
+                rows = min(len(part["gen_len"]), N - pos)
+                parts.append({k: v[:rows] for k, v in part.items()})
+                self.used.append((path, rows))
+                pos += rows
+                bar.update(rows)
+                if wrote:
+                    self._stop("teacher data", pos, N)
+        finally:
+            bar.close()
         return from_parts(parts)
 
     def _load(self, path: Path, expected: list[list[int] | FollowUp], start: int) -> dict | None:
@@ -123,7 +156,8 @@ class TeacherStore:
         (batched, right-padded: causal attention keeps padding out of the real positions)."""
         from tqdm import tqdm
 
-        out = []
+        out: list[torch.Tensor] = []
+        total = sum(rows for _, rows in self.used)
         for path, rows in tqdm(self.used, desc=f"target states ({name})", disable=not progress, dynamic_ncols=True):
             file = path.with_name(f"{path.stem}.{name}.safetensors")
             part = load_file(path)
@@ -137,6 +171,7 @@ class TeacherStore:
             if flat is None:
                 flat = _states(compute, part["ids"], lengths, batch_size)
                 _save({"states": flat}, file)
+                self._stop(f"target states ({name})", len(out) + rows, total)
             out += list(torch.split(flat, lengths))[:rows]
         return out
 
@@ -152,11 +187,14 @@ class TeacherSet:
     of its mixture (all of ``data.token_ids`` when given; ``heldout``: evaluation prompts,
     see `mixture_prompts`; ``per_category``: only the first that many of each category;
     ``given``: these prompts instead, `spec_zoo.train.workloads`), the target's EOS and
-    padding ids, and the store (``data.store``) opened for them."""
+    padding ids, and the store (``data.store``) opened for them, under ``data.budget_s``."""
+
+    shard_prompts = 128  # prompts per new shard: what a budget's stop may cost, and what one shard's write keeps
 
     def __init__(self, cfg, target, wanted: int, heldout: frozenset | None = None, per_category: int = 0,
                  given: Workloads | None = None, heldout_ngram: int = 0):
         d, model = cfg.data, target.model
+        budget_s = data_budget(d)  # refused before any work
         cats = categories(d)
         self.prompts: list[list[int] | FollowUp]
         if given is not None:
@@ -194,7 +232,7 @@ class TeacherSet:
             "generation": {"max_new_tokens": int(d.max_new_tokens), "top_k": int(d.top_k),
                            "temperature": float(d.temperature), "eos": self.eos_ids},
         }
-        self.store = TeacherStore.open(d.store, self.identity)
+        self.store = TeacherStore.open(d.store, self.identity, budget_s)
 
     def fill(self, n: int, progress: bool = True) -> TeacherData:
         """The teacher data of the first ``n`` prompts (generated where the store lacks them;
@@ -202,8 +240,8 @@ class TeacherSet:
         if n < len(self.prompts) and isinstance(self.prompts[n], FollowUp):
             n -= 1
         return self.store.fill(self.model, self.prompts[:n], self.categories[:n], batch_size=self.batch_size,
-                               eos_ids=self.eos_ids, pad_id=self.pad_id, seed=self.seed, progress=progress,
-                               tokenizer=self.tokenizer)
+                               eos_ids=self.eos_ids, pad_id=self.pad_id, seed=self.seed,
+                               shard_prompts=self.shard_prompts, progress=progress, tokenizer=self.tokenizer)
 
 
 @torch.no_grad()
