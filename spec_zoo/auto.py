@@ -180,6 +180,13 @@ def cached_choice(path: Path, candidates: list[str], temperature: float) -> dict
     return record
 
 
+def short(reason: str) -> str:
+    """A refusal's gist for the one line: paths cut to their last part, up to its first full stop
+    or parenthesis (the cache file keeps it whole)."""
+    gist = re.sub(r"'[^']*/([^'/]+)'", r"'\1'", reason)
+    return re.split(r"\. | \(|; ", gist, maxsplit=1)[0][:120]
+
+
 def say(line: str) -> None:
     print(f"spec-zoo: {line}", file=sys.stderr, flush=True)
 
@@ -195,6 +202,9 @@ def choose(auto: AutoChoice, target, given: Sequence[str | list[int]], encode: C
         say(f"{record['line']} (cached in {path}; drafter.recalibrate=true measures again)")
         return record["choice"]
     prompts = [encode(p) for p in auto.calibration_prompts(given)]
+    if not prompts:  # the bench gives none: its questions are what is measured
+        raise fail("drafter.workload", "is null and no prompt was given to calibrate on",
+                   "name a workload to calibrate on, e.g. params: {workload: repetitive}")
     table = cached_table(target)
     if table is None:
         say(f"drafter=auto: measuring this machine's cost table first (once; `spec-zoo costs` does it too), "
@@ -214,7 +224,7 @@ def choose(auto: AutoChoice, target, given: Sequence[str | list[int]], encode: C
         calibrations[name] = calibrate(decoder, prompts, auto.tokens)
     rows = ranked(calibrations, table, step_s)
     best, runner = rows[0], next((r for r in rows[1:]), None)
-    how = f"est. from {len(prompts)} prompt(s) x {auto.tokens} tokens"
+    how = f"est. from {len(prompts)} prompt{'s' * (len(prompts) != 1)} x {auto.tokens} tokens"
     if best[0] == PLAIN:
         why = f"no candidate pays ({how}; best drafter {runner[0]} {runner[1]:.2f}x)" if runner else \
             "no candidate could be built"
@@ -223,7 +233,7 @@ def choose(auto: AutoChoice, target, given: Sequence[str | list[int]], encode: C
         line = (f"drafter=auto chose {best[0]}: {best[1]:.2f}x plain ({how}: tau {calibrations[best[0]].tau:.2f}, "
                 f"{best[2] * 1e3:.0f} ms/step)" + (f"; runner-up {runner[0]} {runner[1]:.2f}x" if runner else ""))
     if skipped:
-        line += "; skipped " + ", ".join(f"{n} ({reason[:100]})" for n, reason in skipped.items())
+        line += "; skipped " + ", ".join(f"{n} ({short(reason)})" for n, reason in skipped.items())
     say(line)
     record = {"format": FORMAT, "version": 1, "choice": best[0], "line": line, "candidates": auto.candidates,
               "temperature": temperature, "speedups": {r[0]: r[1] for r in rows}, "skipped": skipped,
