@@ -10,14 +10,15 @@ import inspect
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict
 
+from spec_zoo.auto import AutoChoice, choose
 from spec_zoo.costs import cached_table
 from spec_zoo.decoder import Output, SpeculativeDecoder, refuse_empty
 from spec_zoo.errors import ConfigError, first_line
 from spec_zoo.interfaces import Drafter, Verifier
 from spec_zoo.models import check_model_config, load_target
-from spec_zoo.registry import build_component, compose, option_names, register_plugins
+from spec_zoo.registry import build_component, compose, compose_option, option_names, register_plugins
 from spec_zoo.sampling import SamplingParams
 from spec_zoo.schema import constructor_params, fail, locate, validate
 from spec_zoo.target import Target
@@ -91,10 +92,12 @@ def build_decoder(
     target: Target | None = None,
     drafter: Drafter | None = None,
     verifier: Verifier | None = None,
+    prompts: Sequence[str | list[int]] | None = None,
 ) -> SpeculativeDecoder:
     """Cheap checks first (missing keys, types and ranges, model section, sampling, verifier,
     prompt), then build the drafter (a draft model may load here), and load the target last,
-    so a bad value fails in milliseconds instead of after a model load."""
+    so a bad value fails in milliseconds instead of after a model load. ``drafter=auto`` loads
+    the target first and calibrates on ``prompts`` (default: ``cfg.prompt``; `choose_drafter`)."""
     if missing := sorted(OmegaConf.missing_keys(cfg)):
         raise ConfigError(f"{missing[0]}: must be set; give it on the command line, e.g. {missing[0]}=VALUE.")
     validate(cfg, "config")
@@ -113,11 +116,37 @@ def build_decoder(
                 "`spec-zoo-make-draft`, or set drafter.path=DIR to a model sharing the target's tokenizer."
             )
         drafter = build_component(cfg.drafter, "drafter")
+    if isinstance(drafter, AutoChoice):
+        if not verifier.lossless:
+            raise fail("drafter", f"auto prices lossless methods only, but verifier={verifier.name} is lossy",
+                       "use verifier=auto (greedy or rejection) with drafter=auto, or name the drafter")
+        target = target or load_checked_target(cfg.model)
+        drafter = choose_drafter(cfg, drafter, target, verifier, sampling, [cfg.prompt] if prompts is None else prompts)
     if target is None:
         target = load_checked_target(cfg.model)
     decoder = SpeculativeDecoder(target, drafter, verifier, sampling, seed=cfg.seed, cost_table=cached_table(target))
     compile_ahead(decoder)
     return decoder
+
+
+def choose_drafter(cfg: DictConfig, auto: AutoChoice, target: Target, verifier: Verifier, sampling: SamplingParams,
+                   prompts: Sequence[str | list[int]]) -> Drafter:
+    """The drafter `spec_zoo.auto.choose` picks, built exactly as ``drafter=<choice>`` would be:
+    ``cfg.drafter`` becomes that option (so the run's label and later builds from ``cfg`` see it),
+    and each candidate is calibrated through this module's own `build_decoder`."""
+
+    def build(name: str) -> SpeculativeDecoder:
+        trial = cfg.copy()
+        with open_dict(trial):
+            trial.drafter = compose_option("drafter", name)
+        return build_decoder(trial, target=target, verifier=verifier)
+
+    encoder = SpeculativeDecoder(target, verifier=verifier, sampling=sampling)  # plain: it only encodes
+    choice = choose(auto, target, prompts, lambda p: encoder.encode(p, chat=cfg.generation.chat), build,
+                    sampling.temperature)
+    with open_dict(cfg):
+        cfg.drafter = compose_option("drafter", choice)
+    return build_component(cfg.drafter, "drafter")
 
 
 def compiled_parts(decoder: SpeculativeDecoder) -> list[tuple[str, object]]:
@@ -238,6 +267,7 @@ def generate(
             target=model if isinstance(model, Target) else None,
             drafter=None if isinstance(drafter, str) else drafter,
             verifier=None if isinstance(verifier, str) or verifier is None else verifier,
+            prompts=batch,
         )
     if batch is None:
         return run(cfg, decoder, on_text)

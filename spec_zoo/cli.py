@@ -61,7 +61,7 @@ def _batch_main(cfg: DictConfig, drafter_choice: str | None) -> None:
         if cfg.out:
             done_requests(cfg.out, prompts)  # refused now, before any model loads
         with quiet_loading():
-            decoder = build_decoder(cfg)
+            decoder = build_decoder(cfg, prompts=prompts)  # drafter=auto calibrates on the first few
             outputs, wall = run_batch(cfg, decoder, prompts)
             if not (cfg.compare and outputs and not is_plain(decoder)):
                 print(label(cfg, decoder, drafter_choice))

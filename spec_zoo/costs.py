@@ -161,7 +161,7 @@ def set_aside_unreadable(path: Path) -> Path | None:
         return aside
 
 
-def _what_costs(target) -> tuple[str, str, str]:
+def what_costs(target) -> tuple[str, str, str]:
     """(model shape, runtime, dtype) of ``target``: what its cost depends on (with the host and
     the threads), the weights' values aside."""
     c = target.config
@@ -174,7 +174,7 @@ def _what_costs(target) -> tuple[str, str, str]:
 def table_path(target) -> Path:
     """Where the table of ``target`` on this machine lives, keyed by host, model shape,
     runtime, dtype and threads."""
-    shape, runtime, dtype = _what_costs(target)
+    shape, runtime, dtype = what_costs(target)
     return cache_root() / "costs" / f"{platform.node()}-{shape}-{runtime}-{dtype}-{torch.get_num_threads()}t.json"
 
 
@@ -218,7 +218,7 @@ def measure(target, max_tokens: int = 32, repeats: int = 9, contexts: Sequence[i
                     bar.update()
             curves[past] = [statistics.median(samples[m]) for m in samples]
     first, *others = contexts
-    return CostTable(curves[first], *_what_costs(target), torch.get_num_threads(),
+    return CostTable(curves[first], *what_costs(target), torch.get_num_threads(),
                      f"{platform.processor() or platform.machine()} {host_isa()}", first,
                      contexts={str(c): curves[c] for c in others})
 

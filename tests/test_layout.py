@@ -48,6 +48,7 @@ CORE_LAYERS = [
     ("draft_length", "runtime", "registry"),
     ("chain", "trees", "staged", "models", "schema", "compiled_head", "compiled_module"),
     ("decoder",),
+    ("auto",),
     ("api", ""),
 ]
 METHODS, TOOLS, TRAINING = len(CORE_LAYERS), len(CORE_LAYERS) + 1, len(CORE_LAYERS) + 2

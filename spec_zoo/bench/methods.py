@@ -18,13 +18,14 @@ from typing import TYPE_CHECKING, Any
 import torch
 from omegaconf import OmegaConf
 
+from spec_zoo.auto import AutoChoice, choose
 from spec_zoo.bench.peers import PEERS
 from spec_zoo.bench.records import BASELINE
 from spec_zoo.bench.specs import MethodSpec
 from spec_zoo.bench.trace import StepTrace
 from spec_zoo.costs import cached_table
 from spec_zoo.decoder import SpeculativeDecoder
-from spec_zoo.registry import build_component
+from spec_zoo.registry import build_component, compose_option
 from spec_zoo.sampling import SamplingParams
 from spec_zoo.target import Target
 
@@ -159,7 +160,17 @@ def _built(spec: MethodSpec, target: Target, sampling: SamplingParams, config_ha
         key = f"methods.{spec.name}"
         drafter = build_component(OmegaConf.create(spec.drafter), f"{key}.drafter")
         verifier = build_component(OmegaConf.create(spec.verifier), f"{key}.verifier") if spec.verifier else None
-        decoder = SpeculativeDecoder(target, drafter, verifier, sampling, seed, cost_table=cached_table(target))
+
+        def decoder_of(drafter) -> SpeculativeDecoder:
+            return SpeculativeDecoder(target, drafter, verifier, sampling, seed, cost_table=cached_table(target))
+
+        if isinstance(drafter, AutoChoice):  # one more method: chosen on its workload, then run as named
+            encode = SpeculativeDecoder(target, sampling=sampling).encode
+            name = choose(drafter, target, (), encode,
+                          lambda option: decoder_of(build_component(compose_option("drafter", option), key)),
+                          sampling.temperature)
+            drafter = build_component(compose_option("drafter", name), f"{key}.drafter")
+        decoder = decoder_of(drafter)
         return SpecZooMethod(spec.name, decoder, spec.record_params, config_hash,
                              spec.drafter_label, stop_strings, eos_token_ids)
     kwargs = dict(spec.params)
