@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-from spec_zoo.costs import CostTable, cached_table, measure, table_path, what_costs
+from spec_zoo.costs import CONTEXTS, CostTable, cached_table, measure, table_path, what_costs
 from spec_zoo.cpp_kernels import host_isa
 from spec_zoo.decoder import SpeculativeDecoder
 from spec_zoo.errors import ConfigError, first_line
@@ -38,6 +38,7 @@ from spec_zoo.schema import fail
 FORMAT = "spec-zoo-auto-choice"  # the cache file's record format (checked when read)
 PLAIN = "none"  # plain decoding: always priced, at 1.0x
 DEFAULT_CANDIDATES = ("ngram", "suffix", "eagle", "cascade")  # short: each one costs a calibration
+QUICK_MAX_TOKENS = 32  # without a stored table, t(M) is timed up to this M (beyond, extrapolated)
 
 
 class AutoChoice:
@@ -191,6 +192,23 @@ def say(line: str) -> None:
     print(f"spec-zoo: {line}", file=sys.stderr, flush=True)
 
 
+def costs_now(target, calibrations: list[Calibration]) -> tuple[CostTable, float]:
+    """(the cost table to price with, seconds of one plain step now). The stored table
+    (`spec-zoo costs`) when there is one, its plain step timed again now; else a short one,
+    measured here for only what the calibrations scored (up to their largest M, at their mean
+    context, 3 rounds: seconds, where the full table takes many minutes) and not stored."""
+    table = cached_table(target)
+    if table is not None:
+        return table, measure(target, max_tokens=1, contexts=[table.past], repeats=5, progress=False).seconds[0]
+    largest = max((max(m.scored) for m in calibrations), default=1)
+    context = max((m.context for m in calibrations), default=CONTEXTS[0])
+    say(f"drafter=auto: no stored cost table for this target ({table_path(target)}; `spec-zoo costs` "
+        f"measures one): timing t(1..{min(largest, QUICK_MAX_TOKENS)}) at {context} cached tokens instead")
+    table = measure(target, max_tokens=min(largest, QUICK_MAX_TOKENS), contexts=[context], repeats=3,
+                    progress=False)
+    return table, table.seconds[0]
+
+
 def choose(auto: AutoChoice, target, given: Sequence[str | list[int]], encode: Callable[[str | list[int]], list[int]],
            build: Callable[[str], SpeculativeDecoder], temperature: float) -> str:
     """The drafter option to decode with: the cached choice, or a new calibration's best. ``build``
@@ -205,13 +223,6 @@ def choose(auto: AutoChoice, target, given: Sequence[str | list[int]], encode: C
     if not prompts:  # the bench gives none: its questions are what is measured
         raise fail("drafter.workload", "is null and no prompt was given to calibrate on",
                    "name a workload to calibrate on, e.g. params: {workload: repetitive}")
-    table = cached_table(target)
-    if table is None:
-        say(f"drafter=auto: measuring this machine's cost table first (once; `spec-zoo costs` does it too), "
-            f"into {table_path(target)}")
-        table = measure(target, progress=False)
-        table.save(table_path(target))
-    step_s = measure(target, max_tokens=1, contexts=[table.past], repeats=5, progress=False).seconds[0]
     calibrations, skipped = {}, {}
     for name in auto.candidates:
         if name == PLAIN:
@@ -222,6 +233,7 @@ def choose(auto: AutoChoice, target, given: Sequence[str | list[int]], encode: C
             skipped[name] = str(err)
             continue
         calibrations[name] = calibrate(decoder, prompts, auto.tokens)
+    table, step_s = costs_now(target, list(calibrations.values()))
     rows = ranked(calibrations, table, step_s)
     best, runner = rows[0], next((r for r in rows[1:]), None)
     how = f"est. from {len(prompts)} prompt{'s' * (len(prompts) != 1)} x {auto.tokens} tokens"

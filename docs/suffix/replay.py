@@ -29,13 +29,14 @@ from spec_zoo.bench.dataset import load_questions, prompt_encoder
 from spec_zoo.costs import CostTable
 from spec_zoo.decoder import SpeculativeDecoder
 from spec_zoo.paths import cache_root
-from spec_zoo.target import Scores
+from spec_zoo.target import Scores, Target
 
 CONF = Path(__file__).resolve().parents[2] / "conf" / "drafter"
 
 
-class Oracle:
-    """A stand-in target whose logits put all mass on the recorded answer's next token."""
+class Oracle(Target):
+    """A stand-in target whose logits put all mass on the recorded answer's next token (a
+    `Target` with no model: it inherits the decode loop's batch calls, one sequence at a time)."""
 
     runtime, max_length, device, model = "replay", None, torch.device("cpu"), None
 
@@ -43,7 +44,7 @@ class Oracle:
         self.vocab_size, self.tokenizer = vocab_size, tokenizer
         self.full: list[int] = []
 
-    def reset(self) -> None:
+    def reset(self, slot: int = 0) -> None:
         pass
 
     def commit(self, path) -> None:
