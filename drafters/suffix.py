@@ -29,6 +29,7 @@ measurement never drafts its own earlier answer.
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import heapq
 import json
@@ -313,6 +314,17 @@ class SuffixDrafter(Drafter):
     @property  # computes the attribute Drafter declares (ComposedDrafter sets it per instance)
     def drafts_trees(self) -> bool:  # type: ignore[override]
         return self.branching
+
+    batches = True
+
+    def for_sequence(self) -> Drafter:
+        """Its own request index and calibration; the cache of earlier outputs is shared, so a
+        request drafts from every request filed before its steps (in a batch, those that ended
+        first): its drafts, never its greedy output, depend on its batch."""
+        twin = copy.copy(self)
+        twin._request, twin._own, twin._hidden = None, _SequenceIndex(), None
+        twin._drafted_prob = twin._predicted = twin._accepted = 0.0
+        return twin
 
     def begin(self, state: DecodeState) -> None:
         self.finish()

@@ -182,14 +182,16 @@ def compiled_case(request):
     return target, eos, [plain.generate(p, MAX_NEW, eos_token_ids=eos).ids for p in PROMPTS]
 
 
-@pytest.mark.parametrize("drafter", ["none", "ngram", "ngram_tree"])
+@pytest.mark.parametrize("drafter", ["none", "ngram", "ngram_tree", "suffix"])
 def test_compiled_batches_score_every_sequence_in_one_forward(compiled_case, drafter, monkeypatch):
     """Each request equals its batch-1 output at every batch size, and a step of a batch of n runs
     one graph call for all n sequences (not n calls)."""
     from spec_zoo.drafters.none import NoDrafter
+    from spec_zoo.drafters.suffix import SuffixDrafter
 
     target, eos, reference = compiled_case
-    chosen = {"none": NoDrafter, "ngram": NgramDrafter, "ngram_tree": lambda: NgramDrafter(branches=2)}[drafter]()
+    chosen = {"none": NoDrafter, "ngram": NgramDrafter, "ngram_tree": lambda: NgramDrafter(branches=2),
+              "suffix": SuffixDrafter}[drafter]()
     decoder = SpeculativeDecoder(target, chosen)
     calls = []
     rows = target._compiled_rows
