@@ -13,6 +13,7 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from spec_zoo.auto import AutoChoice, choose
+from spec_zoo.batch_policy import batch_policy
 from spec_zoo.costs import cached_table
 from spec_zoo.decoder import Output, SpeculativeDecoder, refuse_empty
 from spec_zoo.errors import ConfigError, first_line
@@ -108,6 +109,7 @@ def build_decoder(
     verifier = verifier or build_component(cfg.verifier, "verifier")
     verifier.check(sampling)
     refuse_empty(read_prompt(cfg))
+    policy = batch_policy(cfg.get("batch_policy"))
     if drafter is None:
         draft_path = cfg.drafter.get("path")
         if isinstance(draft_path, str) and not Path(draft_path).expanduser().is_dir():
@@ -124,7 +126,8 @@ def build_decoder(
         drafter = choose_drafter(cfg, drafter, target, verifier, sampling, [cfg.prompt] if prompts is None else prompts)
     if target is None:
         target = load_checked_target(cfg.model)
-    decoder = SpeculativeDecoder(target, drafter, verifier, sampling, seed=cfg.seed, cost_table=cached_table(target))
+    decoder = SpeculativeDecoder(target, drafter, verifier, sampling, seed=cfg.seed, cost_table=cached_table(target),
+                                 batch_policy=policy)
     compile_ahead(decoder)
     return decoder
 

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from spec_zoo.batch_policy import Acceptance, BatchPolicy
 from spec_zoo.draft import Draft
 from spec_zoo.errors import ConfigError
 from spec_zoo.interfaces import DecodeState, Drafter, Verdict, Verifier
@@ -55,6 +56,7 @@ class _Sequence:
     target_state: dict | None = None  # its target cache while other sequences are served
     slot: int = 0  # which of the sequences decoded at once it is (its cache entry on a static cache)
     start: float = 0.0
+    acceptance: Acceptance = field(default_factory=Acceptance)  # what a batch policy prices its drafts by
     stats: RunStats = field(init=False)
 
     def __post_init__(self):
@@ -71,6 +73,10 @@ class SpeculativeDecoder:
                 far (`CostTable.at`). None: drafters use their configured priors.
     observers:  callables told of every step after its commit (`StepObserver`): how a
                 benchmark traces a run without touching the drafter.
+    batch_policy: how deep each live sequence's draft is scored when several share a forward
+                (`spec_zoo.batch_policy`: goodput or a fixed schedule); None scores every draft
+                as its drafter proposed. Greedy runs only: a sampled request's draws must not
+                depend on its neighbours.
     """
 
     def __init__(
@@ -81,9 +87,11 @@ class SpeculativeDecoder:
         sampling: SamplingParams | None = None,
         seed: int = 0,
         cost_table: CostTable | None = None,
+        batch_policy: BatchPolicy | None = None,
     ):
         self.target = target
         self.cost_table = cost_table
+        self.batch_policy = batch_policy
         self.observers: list[StepObserver] = []
         self.sampling = sampling or SamplingParams()
         # the defaults are the shipped options drafter=none and verifier=auto, built by name:
@@ -194,7 +202,7 @@ class SpeculativeDecoder:
                 i, seq = waiting.pop(0)
                 self._begin(seq, free.pop(0), fork=slots > 1)
                 live.append((i, seq))
-            drafts = [self._propose(seq) for _, seq in live]
+            drafts = self._cut([self._propose(seq) for _, seq in live], [seq for _, seq in live])
             t0 = time.perf_counter()
             batch = [(seq.target_state, seq.state.tokens, draft) for (_, seq), (draft, _) in zip(live, drafts)]
             scores = self.target.score_batch(batch, hidden=self.drafter.needs_target_hidden)
@@ -236,6 +244,16 @@ class SpeculativeDecoder:
             seq.target_state = self.target.sequence()  # a drafter may have run the target (a partial forward)
         return draft, seconds
 
+    def _cut(self, drafts: list[tuple[Draft, float]], seqs: list[_Sequence]) -> list[tuple[Draft, float]]:
+        """The drafts cut to the depths the batch policy scores (greedy runs of several sequences)."""
+        if self.batch_policy is None or len(seqs) < 2 or not self.sampling.greedy:
+            return drafts
+        table = None
+        if self.cost_table is not None:
+            table = self.cost_table.at(sum(len(seq.state.tokens) for seq in seqs) // len(seqs))
+        depths = self.batch_policy.depths([d for d, _ in drafts], [seq.acceptance.rate for seq in seqs], table)
+        return [(draft.truncated(depth), s) for (draft, s), depth in zip(drafts, depths, strict=True)]
+
     def _settle(self, seq: _Sequence, draft: Draft, scores: Scores, draft_s: float, score_s: float) -> list[int]:
         """Verify the scored draft, commit the verdict to the target and the sequence, and return
         the tokens committed this step (cut at an eos or a stop string)."""
@@ -271,6 +289,7 @@ class SpeculativeDecoder:
         tokens += step_tokens
         generated += step_tokens
         step = StepStats(len(draft), len(verdict.path), draft.depth, len(step_tokens), draft_s, score_s + t2 - t1)
+        seq.acceptance.update(draft.depth, len(verdict.path))
         drafter.on_commit(draft, verdict, step)
         for observe in self.observers:
             observe(draft, verdict, step)

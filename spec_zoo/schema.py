@@ -79,6 +79,7 @@ TYPES: dict[str, tuple[tuple[type, ...], bool]] = {
     "prompt": ((str, list), False),
     "prompt_file": ((str,), True),
     "prompts_file": ((str,), True),
+    "batch_policy": ((str, dict), False),
     "out": ((str,), True),
     "seed": ((int,), False),
     "model.path": ((str,), True),

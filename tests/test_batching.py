@@ -87,6 +87,84 @@ def test_the_one_call_api_takes_a_list_of_prompts(case):
     assert isinstance(outs, list) and [o.ids for o in outs] == [o.ids for o in alone]
 
 
+# -- draft depths in a batch (spec_zoo.batch_policy) ---------------------------------------------------
+def _table(seconds):
+    from spec_zoo.costs import CostTable
+
+    return CostTable(list(seconds), "m", "eager", "float32", 1, "test")
+
+
+def _chains(*depths):
+    import torch
+
+    from spec_zoo.draft import Draft
+
+    return [Draft.chain(torch.arange(d)) if d else Draft.empty() for d in depths]
+
+
+def test_goodput_scores_the_levels_that_pay_for_their_rows():
+    from spec_zoo.batch_policy import Goodput
+
+    flat_to_8 = _table([1.0] * 8 + [2.0] * 24)
+    # 4 rows are free beyond the 2 committed tokens' rows: the likelier sequence takes them all
+    assert Goodput().depths(_chains(8, 8), [0.9, 0.3], flat_to_8) == [6, 0]
+    assert Goodput().depths(_chains(8, 8), [0.9, 0.9], flat_to_8) == [3, 3]
+    # every row dearer than the step it might save: nothing is drafted
+    linear = _table([float(m) for m in range(1, 65)])
+    assert Goodput().depths(_chains(8, 8, 8, 8), [0.95] * 4, linear) == [0, 0, 0, 0]
+    # never deeper than proposed; alone or without a table the drafter's own choice stands
+    assert Goodput().depths(_chains(2, 0), [0.9, 0.9], flat_to_8) == [2, 0]
+    assert Goodput().depths(_chains(8), [0.1], linear) == [8]
+    assert Goodput().depths(_chains(8, 8), [0.1, 0.1], None) == [8, 8]
+
+
+def test_a_schedule_caps_by_the_number_of_live_sequences():
+    from spec_zoo.batch_policy import Schedule, batch_policy
+
+    schedule = Schedule({1: 8, 4: 4, 8: 0})
+    assert schedule.depths(_chains(6, 6, 6), [0.9] * 3, None) == [6, 6, 6]
+    assert schedule.depths(_chains(6, 2, 6, 6, 6), [0.9] * 5, None) == [4, 2, 4, 4, 4]
+    assert schedule.depths(_chains(*[6] * 9), [0.9] * 9, None) == [0] * 9
+    assert batch_policy("drafter") is None
+    for bad in ["fastest", {0: 4}, {"x": 4}, {4: -1}]:
+        with pytest.raises(ConfigError, match="batch_policy"):
+            batch_policy(bad)
+
+
+@pytest.mark.parametrize("policy", ["goodput", "schedule"])
+def test_a_batch_policy_cuts_drafts_never_outputs(case, policy):
+    """With a cost curve on which long drafts do not pay, the policy scores fewer rows than the
+    drafter proposed, and every request's greedy output is still its batch-1 output."""
+    from spec_zoo.batch_policy import Goodput, Schedule
+
+    model, eos, reference = case
+    rule = Goodput() if policy == "goodput" else Schedule({1: 8, 4: 1})
+    steep = _table([1.0, 1.2] + [1.0 + 0.6 * m for m in range(2, 64)])
+    rows = {}
+    for name, chosen in (("proposed", None), ("cut", rule)):
+        decoder = SpeculativeDecoder(Target(model), NgramDrafter(num_draft=6, adaptive=False), cost_table=steep,
+                                     batch_policy=chosen)
+        outs = decoder.generate_batch(PROMPTS, MAX_NEW, eos_token_ids=eos, batch_size=8)
+        assert [o.ids for o in outs] == reference
+        rows[name] = sum(s.drafted for o in outs for s in o.stats.steps)
+    assert rows["cut"] < rows["proposed"]
+
+
+def test_a_sampled_batch_ignores_the_policy(case):
+    """A sampled request's draws follow its draft: cutting it by its neighbours would change them."""
+    from spec_zoo.batch_policy import Schedule
+
+    model, _, _ = case
+    sampling, seeds = SamplingParams(temperature=1.0), [11, 12]
+
+    def decoder(policy):
+        return SpeculativeDecoder(Target(model), NgramDrafter(), sampling=sampling, batch_policy=policy)
+
+    alone = [decoder(None).generate(p, 16, eos_token_ids=[], seed=s).ids for p, s in zip(PROMPTS[3:5], seeds)]
+    outs = decoder(Schedule({1: 0})).generate_batch(PROMPTS[3:5], 16, eos_token_ids=[], seeds=seeds, batch_size=2)
+    assert [o.ids for o in outs] == alone
+
+
 # -- the command line: spec-zoo prompts_file=... batch_size=... out=... ------------------------------
 def _cli(*args: str):
     import subprocess

@@ -46,7 +46,7 @@ CORE_LAYERS = [
      "attention_kernel", "compile_cache"),
     ("target", "interfaces", "draft_head"),
     ("draft_length", "runtime", "registry"),
-    ("chain", "trees", "staged", "models", "schema", "compiled_head", "compiled_module"),
+    ("chain", "trees", "staged", "models", "schema", "compiled_head", "compiled_module", "batch_policy"),
     ("decoder",),
     ("auto",),
     ("api", ""),

@@ -1,0 +1,129 @@
+"""How deep each sequence's draft is scored when several requests share a forward.
+
+Alone, a drafter prices its own draft length against t(k + 1) (`spec_zoo.draft_length`). In a
+batch of B sequences the step costs t(R) for all R rows together, so every draft token is paid
+by the whole batch: a draft worth scoring alone may not be worth its rows next to seven others
+(vLLM's measured reversals at high load). A policy cuts each proposed draft to a depth before
+the batch is scored:
+
+- `Goodput` (SmartSpec, arXiv 2406.14066): the depths that maximise the batch's expected
+  committed tokens per unit of scoring time, sum_i (1 + a_i + ... + a_i^k_i) / t(R), with a_i
+  each sequence's running acceptance and t the target's measured cost table; all zero (plain
+  decoding) when no draft pays for its rows.
+- `Schedule` (TensorRT-LLM's ``draft_len_schedule``): a fixed longest depth per number of
+  live sequences, the alternative to ablate against.
+
+Cutting a draft never changes a greedy output (the verifier keeps the target's argmax), so a
+policy steers greedy runs only: when sampling, which draws a request makes depends on its draft,
+and its draws must not depend on its neighbours (docs/batching.md's guarantee).
+"""
+
+from __future__ import annotations
+
+import heapq
+from abc import ABC, abstractmethod
+from collections.abc import Mapping, Sequence
+
+from spec_zoo.costs import CostTable
+from spec_zoo.draft import Draft
+from spec_zoo.draft_length import CHAIN_DECAY, CHAIN_PRIOR_ACCEPT, CHAIN_PRIOR_WEIGHT
+from spec_zoo.errors import ConfigError
+
+
+class Acceptance:
+    """One sequence's running per-level acceptance: the chance that a draft level is accepted
+    given the levels above it were (decayed counts, the drafters' prior; `DraftLength`'s rule)."""
+
+    def __init__(self):
+        self.ok = self.bad = 0.0
+
+    @property
+    def rate(self) -> float:
+        return (self.ok + CHAIN_PRIOR_ACCEPT * CHAIN_PRIOR_WEIGHT) / (self.ok + self.bad + CHAIN_PRIOR_WEIGHT)
+
+    def update(self, depth: int, accepted: int) -> None:
+        """Learn from one scored draft of ``depth`` levels of which ``accepted`` held; an empty
+        draft lets old evidence fade, so a sequence cut to nothing is tried again later."""
+        rejected = int(accepted < depth)
+        fade = CHAIN_DECAY ** (accepted + rejected if depth else 1)
+        self.ok, self.bad = self.ok * fade + accepted, self.bad * fade + rejected
+
+
+class BatchPolicy(ABC):
+    """Chooses, for the drafts of the live sequences, how many levels of each to score."""
+
+    @abstractmethod
+    def depths(self, drafts: Sequence[Draft], acceptance: Sequence[float], table: CostTable | None) -> list[int]:
+        """The depth to cut each draft to (at most its own), given each sequence's acceptance
+        and the target's cost table at the batch's context (None when there is none)."""
+
+
+class Goodput(BatchPolicy):
+    """The depths of greatest expected committed tokens per second over the whole batch.
+
+    Each level added to sequence i gains a_i^(k + 1) expected tokens and costs its nodes' rows;
+    taking the levels in order of gain per row gives the best set of levels for each row count
+    (a_i^k falls with k, so no sequence's level is taken before its parent), and the policy keeps
+    the prefix whose ratio to t(R) is highest. Without a cost table it cannot price rows and
+    leaves every draft as proposed."""
+
+    def depths(self, drafts, acceptance, table):
+        depths = [0] * len(drafts)
+        if table is None or len(drafts) < 2:  # alone, the drafter's own length rule priced its draft
+            return [d.depth for d in drafts]
+        level_rows = [_rows_per_level(d) for d in drafts]
+        heap = [(-a / rows[0], i) for i, (a, rows) in enumerate(zip(acceptance, level_rows, strict=True)) if rows]
+        heapq.heapify(heap)
+        rows, gain = len(drafts), float(len(drafts))  # every sequence scores its last committed token
+        best, best_ratio = list(depths), gain / table.relative(rows)
+        taken = [0] * len(drafts)
+        while heap:
+            _, i = heapq.heappop(heap)
+            k = taken[i]
+            rows += level_rows[i][k]
+            gain += acceptance[i] ** (k + 1)
+            taken[i] = k + 1
+            if k + 1 < len(level_rows[i]):
+                heapq.heappush(heap, (-acceptance[i] ** (k + 2) / level_rows[i][k + 1], i))
+            if (ratio := gain / table.relative(rows)) > best_ratio:
+                best, best_ratio = list(taken), ratio
+        return best
+
+
+class Schedule(BatchPolicy):
+    """A fixed longest depth by the number of live sequences: the entry of the largest batch
+    size not above it (``{1: 8, 4: 4, 8: 2, 16: 0}``: 3 live sequences draft up to 8 levels)."""
+
+    def __init__(self, lengths: Mapping[int, int]):
+        try:
+            self.lengths = sorted((int(b), int(k)) for b, k in lengths.items())
+        except (TypeError, ValueError):
+            self.lengths = []
+        if not self.lengths or any(b < 1 or k < 0 for b, k in self.lengths):
+            raise ConfigError(f"batch_policy: {dict(lengths)!r} is not a schedule of batch size -> longest draft; "
+                              "pass e.g. batch_policy='{1: 8, 4: 4, 8: 2, 16: 0}' (sizes >= 1, lengths >= 0).")
+
+    def depths(self, drafts, acceptance, table):
+        cap = next((k for b, k in reversed(self.lengths) if b <= len(drafts)), None)
+        return [d.depth if cap is None else min(d.depth, cap) for d in drafts]
+
+
+def batch_policy(value: str | Mapping | None) -> BatchPolicy | None:
+    """The policy a config names: ``goodput``, ``drafter`` (None: each draft scored as proposed)
+    or a schedule mapping."""
+    if value is None or value == "drafter":
+        return None
+    if value == "goodput":
+        return Goodput()
+    if isinstance(value, Mapping):
+        return Schedule(value)
+    raise ConfigError(f"batch_policy: {value!r} is not a policy; pass goodput, drafter, "
+                      "or a schedule such as batch_policy='{1: 8, 4: 4, 8: 2, 16: 0}'.")
+
+
+def _rows_per_level(draft: Draft) -> list[int]:
+    """How many nodes each level of the draft holds (a chain: one per level)."""
+    counts = [0] * draft.depth
+    for d in draft.depths:
+        counts[d] += 1
+    return counts
