@@ -85,13 +85,16 @@ class CostTable:
         return float(self.drafts.get(key, default)) if key else default
 
     def relative(self, tokens: int) -> float:
-        """t(tokens) / t(1); past the table, extrapolated along its last step."""
+        """t(tokens) / t(1); past the table (a batch's rows), extrapolated along the mean slope of its
+        second half: one step of a stepwise curve, or a noisy last pair, would price every extra row
+        as free or as a jump."""
         if tokens < 1:
             raise ValueError(f"a forward scores at least one token, not {tokens}")
         t = self.seconds
         if tokens <= len(t):
             return t[tokens - 1] / t[0]
-        slope = (t[-1] - t[-2]) if len(t) > 1 else t[0]
+        mid = (len(t) - 1) // 2
+        slope = max((t[-1] - t[mid]) / (len(t) - 1 - mid), 0.0) if len(t) > 1 else t[0]
         return (t[-1] + slope * (tokens - len(t))) / t[0]
 
     def save(self, path: Path) -> Path:

@@ -467,7 +467,9 @@ def test_the_decoder_prices_each_step_at_its_context(tiny_llama):
 def test_relative_cost_extrapolates_past_the_table():
     table = CostTable([1.0, 1.0, 1.0, 1.0, 1.7], "m", "compiled", "float32", 1, "x")
     assert table.relative(4) == 1.0 and table.relative(5) == 1.7
-    assert table.relative(7) == pytest.approx(1.7 + 2 * 0.7)
+    assert table.relative(7) == pytest.approx(1.7 + 2 * 0.35)  # the second half's mean slope: 0.7 over 2 rows
+    noisy = CostTable([1.0, 1.4, 1.8, 2.2, 2.1], "m", "compiled", "float32", 1, "x")
+    assert noisy.relative(6) == pytest.approx(2.1 + 0.15)  # a last pair's dip does not make rows free
 
 
 def test_the_draft_length_follows_the_cost_table():

@@ -4,7 +4,14 @@ methods that decode side by side. Spec-Bench's first turns (``--per-category`` o
 Run on an idle host, one thread, pinned:
 
     OMP_NUM_THREADS=1 taskset -c 0 python docs/batching/measure.py OUT [--dtype bfloat16] [--gemm amx]
-        [--sizes 1,2,4,8,16] [--methods none,ngram] [--per-category 3] [--tokens 128] [--repeats 2]
+        [--sizes 1,2,4,8,16] [--methods none ngram LABEL:OVERRIDE,...] [--per-category 3] [--tokens 128]
+        [--repeats 2]
+
+A method is a drafter's name, or a label and the config overrides it stands for, e.g.
+``ngram8_fixed:drafter=ngram,drafter.num_draft=8,drafter.adaptive=false,batch_policy=drafter``
+(a fixed draft of 8 scored as proposed) beside ``ngram8_goodput:drafter=ngram,drafter.num_draft=8,
+drafter.adaptive=false`` (the same drafts cut by the default goodput policy). ``none`` (plain decoding) is
+the baseline of the table's last column.
 
 Each (repeat, batch size, method) run appends one JSON line to OUT/records.jsonl at once (a rerun skips
 what is there), with its wall time, tokens, tokens/s and how many requests equal their batch-1 output;
@@ -32,14 +39,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("out", type=Path)
     parser.add_argument("--dtype", default="bfloat16")
-    parser.add_argument("--gemm", default="amx")
+    parser.add_argument("--gemm", default=None, help="model.gemm (default: amx in bfloat16, inductor in float32)")
     parser.add_argument("--sizes", default="1,2,4,8,16")
-    parser.add_argument("--methods", default="none,ngram")
+    parser.add_argument("--methods", nargs="+", default=["none", "ngram"])
     parser.add_argument("--per-category", type=int, default=3)
     parser.add_argument("--tokens", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=2)
     args = parser.parse_args()
     torch.set_num_threads(1)
+    args.gemm = args.gemm or ("amx" if args.dtype == "bfloat16" else "inductor")
     args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / "records.jsonl"
     done = [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
@@ -50,8 +58,11 @@ def main() -> None:
     start = time.perf_counter()
     target.warm_up()
     print(f"compiled in {time.perf_counter() - start:.0f} s (cached: {target.compile_cached})", flush=True)
-    decoders = {m: build_decoder(compose_config(settings + [f"drafter={m}"]), target=target)
-                for m in args.methods.split(",")}
+    decoders = {label: build_decoder(compose_config(settings + overrides), target=target)
+                for label, overrides in map(method_overrides, args.methods)}
+    table = next(iter(decoders.values())).cost_table
+    none = "none (goodput leaves drafts as proposed; run `spec-zoo costs` with the same model settings first)"
+    print(f"cost table: {none if table is None else table.machine}", flush=True)
     questions = load_questions(per_category=args.per_category)
     encode = prompt_encoder(next(iter(decoders.values())))
     prompts = [encode(q.turns[:1], []) for q in questions]
@@ -77,6 +88,9 @@ def main() -> None:
                 base = reference.get(method)
                 record = key | {"wall_s": wall, "new_tokens": sum(len(i) for i in ids),
                                 "tok_s": sum(len(i) for i in ids) / wall, "slots": decoder.slots(size),
+                                "steps": sum(len(o.stats.steps) for o in outs),
+                                "drafted": sum(s.drafted for o in outs for s in o.stats.steps),
+                                "accepted": sum(s.accepted for o in outs for s in o.stats.steps),
                                 "equal_to_batch_1": None if base is None else sum(a == b for a, b in zip(ids, base)),
                                 "equal_to_plain": None if "none" not in reference else
                                 sum(a == b for a, b in zip(ids, reference["none"])),
@@ -89,6 +103,12 @@ def main() -> None:
                       f"({wall:.0f} s; equal to batch 1: {record['equal_to_batch_1']}/{len(prompts)}, "
                       f"to plain: {record['equal_to_plain']})", flush=True)
     report(args.out, done)
+
+
+def method_overrides(spec: str) -> tuple[str, list[str]]:
+    """``ngram`` -> ("ngram", ["drafter=ngram"]); ``label:a=1,b=2`` -> ("label", ["a=1", "b=2"])."""
+    label, _, overrides = spec.partition(":")
+    return label, overrides.split(",") if overrides else [f"drafter={label}"]
 
 
 def report(out: Path, records: list[dict]) -> None:
