@@ -91,6 +91,7 @@ TYPES: dict[str, tuple[tuple[type, ...], bool]] = {
     "dataset.category_field": ((str,), True),
     "dataset.id_field": ((str,), True),
     "summarize": ((str,), True),
+    "batches": ((str,), True),
     "methods": ((list, dict, str), True),
     "method_params": ((dict,), True),
 }

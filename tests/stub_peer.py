@@ -1,7 +1,8 @@
 """A stand-in peer engine speaking the worker protocol of `spec_zoo.bench.vllm_worker`, for the
 adapter's tests (no vLLM in CI): its "greedy" output is a fixed function of the prompt; with a
 ``speculative_config`` it reports drafted/accepted counts, and with method ``broken`` its last
-token differs from the plain output; ``crash`` as the model dir makes it die while loading."""
+token differs from the plain output; a batch (``prompts``) is answered as its requests one by one;
+``crash`` as the model dir makes it die while loading."""
 
 import json
 import sys
@@ -16,17 +17,22 @@ def main() -> None:
     print(json.dumps({"ready": True, "version": "stub"}), flush=True)
     for line in sys.stdin:
         request = json.loads(line)
-        out = []
-        for i in range(request["max_new_tokens"]):
-            out.append((sum(request["prompt_ids"]) + 3 * i) % 50 + 2)
-            if out[-1] in request["eos"]:
-                break
+        outs = []
+        for prompt in request.get("prompts") or [request["prompt_ids"]]:  # a batch, or one request
+            out = []
+            for i in range(request["max_new_tokens"]):
+                out.append((sum(prompt) + 3 * i) % 50 + 2)
+                if out[-1] in request["eos"]:
+                    break
+            if speculation and speculation["method"] == "broken":
+                out[-1] = out[-1] % 50 + 3
+            outs.append(out)
         counts = {"drafted": None, "accepted": None}
         if speculation:
-            counts = {"drafted": 2 * len(out), "accepted": len(out) // 2}
-            if speculation["method"] == "broken":
-                out[-1] = out[-1] % 50 + 3
-        print(json.dumps({"output_ids": out, "wall_s": 0.01 if speculation else 0.02, **counts}), flush=True)
+            counts = {"drafted": 2 * len(outs[0]), "accepted": len(outs[0]) // 2}
+        wall = {"wall_s": 0.01 if speculation else 0.02}
+        reply = {"outputs": outs} if "prompts" in request else {"output_ids": outs[0]}
+        print(json.dumps({**reply, **wall, **counts}), flush=True)
 
 
 main()

@@ -287,6 +287,64 @@ def test_interrupted_run_resumes_without_duplicates_or_losses(target, tmp_path):
     assert again == []  # nothing left to measure
 
 
+def test_a_batched_run_decodes_each_group_as_one_batch_with_every_output_its_batch_1_output(target, tmp_path):
+    methods = build(target, ["ar", "ngram"])
+    alone = bench(target, methods, tmp_path / "one.jsonl")
+    batched = bench(target, methods, tmp_path / "two.jsonl", batch_size=2)
+
+    def key(r):
+        return r["method"], r["question_id"], r["turn"], r["repeat"]
+
+    assert {key(r): r["output_ids"] for r in batched} == {key(r): r["output_ids"] for r in alone}
+    assert all(r["matches_baseline"] for r in batched) and len(batched) == len(alone)
+    # turn 1: both questions side by side; turn 2: only the two-turn question is left
+    assert sorted((r["method"], r["turn"], r["batch_requests"]) for r in batched) == sorted(
+        (m, t, n) for m in ("ar", "ngram") for t, n in ((1, 2), (1, 2), (2, 1)))
+    for turn1 in ([r for r in batched if r["method"] == m and r["turn"] == 1] for m in ("ar", "ngram")):
+        assert turn1[0]["batch_wall_s"] == turn1[1]["batch_wall_s"] >= max(r["wall_s"] for r in turn1)
+    dtype = str(target.dtype).removeprefix("torch.")
+    assert {(r["batch_size"], r["dtype"]) for r in batched} == {(2, dtype)} and batched[0]["isa"]
+    assert {r["batch_size"] for r in alone} == {1}
+    seen = []
+    bench(target, methods, tmp_path / "two.jsonl", batch_size=2, on_record=seen.append)
+    assert seen == []  # complete batches are not measured again
+
+
+def test_throughput_against_batch_size_pairs_each_method_with_plain_at_its_batch(tmp_path):
+    from spec_zoo.bench.batches import throughput_table, write_batches
+
+    def rec(method, size, repeat, tokens, batch_s, requests, plain="ar", match=True):
+        return {"method": method, "batch_size": size, "repeat": repeat, "new_tokens": tokens, "wall_s": batch_s,
+                "batch_wall_s": batch_s, "batch_requests": requests, "plain": plain, "matches_baseline": match,
+                "lossless": True}
+
+    records = []
+    for repeat, jitter in ((0, 1.0), (1, 1.1)):
+        records += [rec("ar", 1, repeat, 100, 10 * jitter, 1), rec("ngram", 1, repeat, 100, 5 * jitter, 1)]
+        # batch 4: four requests of 100 tokens each, side by side
+        records += [rec("ar", 4, repeat, 100, 20 * jitter, 4) for _ in range(4)]
+        records += [rec("ngram", 4, repeat, 100, 16 * jitter, 4, match=i > 0) for i in range(4)]
+    table = throughput_table(records)
+    assert table["ar", 1]["tok_s"] == pytest.approx((10 + 100 / 11) / 2)
+    assert table["ar", 4]["x_batch_1"] == pytest.approx(2.0)  # 400 tokens in 20 s against 100 in 10 s
+    assert table["ngram", 4]["speedup"] == pytest.approx(20 / 16)
+    assert table["ngram", 1]["speedup"] == pytest.approx(2.0)
+    assert table["ngram", 4]["equal"] == [6, 8] and table["ar", 4]["ci"] > 0
+    with pytest.raises(ConfigError, match="batches: .* holds no results.jsonl; pass the out= of a sweep"):
+        write_batches(tmp_path)
+
+
+def test_a_sweep_is_tabulated_and_plotted_from_its_results_files(target, tmp_path):
+    from spec_zoo.bench.batches import write_batches
+
+    methods = build(target, ["ar", "ngram"])
+    for size in (1, 2):
+        bench(target, methods, tmp_path / f"batch_size={size}" / "results.jsonl", batch_size=size)
+    text = write_batches(tmp_path).read_text()
+    assert "| ngram | 2 |" in text and "| ar | 1 |" in text and "| 3/3 |" in text
+    assert (tmp_path / "throughput.png").stat().st_size > 0 and (tmp_path / "speedup.png").stat().st_size > 0
+
+
 # -- summary --------------------------------------------------------------------------
 def rec(method, category, qid, new_tokens, wall_s, forwards=None, drafted=None, accepted=None, match=None):
     return {"schema_version": SCHEMA_VERSION, "method": method, "category": category, "question_id": qid, "turn": 1,

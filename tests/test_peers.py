@@ -70,6 +70,23 @@ def test_peer_methods_run_beside_ours_compared_with_their_own_plain_decoding(tar
         method.close()
 
 
+def test_a_peer_that_batches_takes_a_batch_in_one_call(target, tmp_path, stub_engine):
+    """At batch_size 2 vLLM gets each group of questions in one request; every output equals its
+    batch-1 output, and each record carries the batch's time."""
+    specs, _ = resolve_methods({"ar": None, "vllm_ar": None}, [])
+    methods = [build_method(s, target, SamplingParams(), "h-ar", eos_token_ids=EOS) if s.engine == "spec_zoo"
+               else build_peer_method(s, target, f"h-{s.name}", EOS) for s in specs]
+    alone = bench(target, methods, tmp_path / "one.jsonl")
+    batched = bench(target, methods, tmp_path / "two.jsonl", batch_size=2)
+    key = lambda r: (r["method"], r["question_id"], r["turn"])  # noqa: E731
+    assert sorted(map(key, alone)) == sorted(map(key, batched))
+    assert {key(r): r["output_ids"] for r in alone} == {key(r): r["output_ids"] for r in batched}
+    peer = [r for r in batched if r["method"] == "vllm_ar" and r["turn"] == 1]
+    assert [(r["batch_size"], r["batch_requests"], r["wall_s"]) for r in peer] == [(2, 2, 0.02), (2, 2, 0.02)]
+    assert {key(r): r["matches_baseline"] for r in alone} == {key(r): r["matches_baseline"] for r in batched}
+    methods[1].close()
+
+
 def test_a_missing_peer_environment_names_the_install_command(tmp_path, monkeypatch):
     monkeypatch.setenv("SPEC_ZOO_VLLM_VENV", str(tmp_path / "nowhere"))
     with pytest.raises(ConfigError, match=r"method vllm_ar: the vllm environment is missing .*`make peer-vllm`"):

@@ -62,9 +62,18 @@ def write_summary(summary: Summary, out_dir, key: str = "out") -> Path:
     return path
 
 
-def bench(cfg: DictConfig) -> Summary:
-    """Run (or, with ``summarize=PATH``, only summarize) the benchmark described by ``cfg``."""
+def bench(cfg: DictConfig) -> Summary | None:
+    """Run (or, with ``summarize=PATH``, only summarize; with ``batches=DIR``, only plot a batch-size
+    sweep) the benchmark described by ``cfg``; its summary (None: a plan or a sweep's plot)."""
     validate(cfg, "bench")
+    if cfg.get("batches"):
+        from spec_zoo.bench.batches import write_batches
+
+        folder = resolved(cfg.batches)
+        if not folder.is_dir():
+            raise ConfigError(f"batches: {cfg.batches} is not a directory; pass the out= of a batch-size sweep.")
+        write_batches(folder)
+        return None
     if cfg.summarize:
         results = resolved(cfg.summarize)
         if not results.is_file():
@@ -151,6 +160,8 @@ def _run(cfg: DictConfig, specs, questions, sampling: SamplingParams, notes: lis
         model.pop("device_map", None)
     run_settings = {"model": model, "generation": OmegaConf.to_container(gen),
                     "dataset": {"name": data.name, "path": data.path}, "seed": cfg.seed}
+    if cfg.batch_size != 1:  # another configuration; unset, the records of runs made before the key still resume
+        run_settings["batch_size"] = cfg.batch_size
     hashes = [s.config_hash(run_settings) for s in specs]
     for note in notes:
         print(note)
@@ -161,7 +172,7 @@ def _run(cfg: DictConfig, specs, questions, sampling: SamplingParams, notes: lis
                         cfg.get("plan_tokens_per_s", 25.0), results_path))
         return None
     print(f"{len(questions)} questions x {len(specs)} methods ({', '.join(s.name for s in specs)}) "
-          f"x {cfg.repeats} repeat(s) -> {results_path}")
+          f"x {cfg.repeats} repeat(s), {cfg.batch_size} request(s) at a time -> {results_path}")
 
     target = load_target(**cfg.model)
     plain = SpeculativeDecoder(target, sampling=sampling)  # encodes prompts; its EOS set serves every method
@@ -179,6 +190,7 @@ def _run(cfg: DictConfig, specs, questions, sampling: SamplingParams, notes: lis
         target=target, context=run_context(cfg.model.name, data.name, sampling.temperature, target.device),
         max_new_tokens=gen.max_new_tokens, repeats=cfg.repeats, seed=cfg.seed, greedy=sampling.greedy,
         warmup_tokens=cfg.warmup_tokens, progress=cfg.progress, traces_path=out / TRACE_FILE if cfg.traces else None,
+        batch_size=cfg.batch_size,
     )
     summary = summarize(records)
     write_summary(summary, out)

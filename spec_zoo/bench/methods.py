@@ -47,6 +47,7 @@ class Method(ABC):
     plain decoding (its output is compared with that one's, `spec_zoo.bench.specs.with_plains`)."""
 
     plain: str = BASELINE
+    dtype: str | None = None  # the target's weights as this method computes with them
 
     def __init__(self, name: str, drafter: str, verifier: str, params: dict, config_hash: str):
         self.name, self.drafter, self.verifier = name, drafter, verifier
@@ -58,6 +59,13 @@ class Method(ABC):
         """Generate after ``prompt_ids`` (EOS included in the output when hit); ``request_id``
         names the question served (drafters that learn across requests hide its earlier output)."""
 
+    def run_batch(self, prompts: Sequence[list[int]], max_new_tokens: int, seed: int,
+                  request_ids: Sequence[Hashable], batch_size: int) -> list[Measurement]:
+        """Generate after each prompt, up to ``batch_size`` at once; one `Measurement` per prompt.
+        An engine that cannot decode requests side by side runs them one after another (this
+        default): its throughput at a batch size is then its throughput alone."""
+        return [self.run(p, max_new_tokens, seed, r) for p, r in zip(prompts, request_ids, strict=True)]
+
 
 class SpecZooMethod(Method):
     """A `SpeculativeDecoder` (plain decoding when its drafter is ``none``)."""
@@ -66,6 +74,7 @@ class SpecZooMethod(Method):
                  drafter: str | None = None, stop_strings: Sequence[str] = (), eos_token_ids=None):
         super().__init__(name, drafter or decoder.drafter.name, decoder.verifier.name, params, config_hash)
         self.decoder, self.stop_strings, self.eos_token_ids = decoder, tuple(stop_strings), eos_token_ids
+        self.dtype = str(decoder.target.dtype).removeprefix("torch.")
 
     def run(self, prompt_ids, max_new_tokens, seed, request_id=None):
         with StepTrace(self.decoder) as trace:
@@ -75,6 +84,17 @@ class SpecZooMethod(Method):
         fields = {**stats.as_dict(), "drafted": stats.drafted, "accepted": stats.accepted,
                   "predicted_speedup": trace.predicted_speedup}
         return Measurement(out.ids, fields, trace.columns(stats))
+
+    def run_batch(self, prompts, max_new_tokens, seed, request_ids, batch_size):
+        """`SpeculativeDecoder.generate_batch`: the requests side by side where the drafter keeps
+        per-sequence state (`SpeculativeDecoder.slots`); per-step traces only for one at a time
+        (an observer cannot tell a batch's sequences apart)."""
+        if batch_size == 1:
+            return super().run_batch(prompts, max_new_tokens, seed, request_ids, batch_size)
+        outs = self.decoder.generate_batch(prompts, max_new_tokens, self.stop_strings, self.eos_token_ids,
+                                           [seed] * len(prompts), batch_size, request_ids)
+        return [Measurement(out.ids, {**out.stats.as_dict(), "drafted": out.stats.drafted,
+                                      "accepted": out.stats.accepted, "predicted_speedup": None}) for out in outs]
 
 
 class TransformersMethod(Method):
@@ -88,6 +108,7 @@ class TransformersMethod(Method):
         params = dict(generate_kwargs or {}) if params is None else params
         super().__init__(name, drafter, "transformers", params, config_hash)
         self.model = model
+        self.dtype = str(model.dtype).removeprefix("torch.")
         self.kwargs: dict[str, Any] = {"do_sample": not sampling.greedy}
         if eos_token_ids:  # else generate() falls back to the model's generation_config
             eos = sorted(eos_token_ids)

@@ -31,6 +31,7 @@ class PeerMethod(Method):
                  eos_token_ids: Sequence[int] | None = None, threads: int = 1, command: Sequence[str] | None = None):
         peer = PEERS[engine]
         super().__init__(name, peer.drafter_label(params), engine, params, config_hash)
+        self.engine, self.dtype = peer, dtype
         self.eos = sorted(eos_token_ids or [])
         self.speculative = self.drafter != "none"
         self.log = tempfile.TemporaryFile("w+", encoding="utf-8")  # noqa: SIM115 - the engine's output, kept open
@@ -68,8 +69,23 @@ class PeerMethod(Method):
         self.ready()
         self._send({"prompt_ids": list(prompt_ids), "max_new_tokens": max_new_tokens, "eos": self.eos})
         reply = self._reply()
-        new, wall = list(reply["output_ids"]), float(reply["wall_s"])
-        drafted, accepted = reply.get("drafted"), reply.get("accepted")
+        return self._measurement(prompt_ids, list(reply["output_ids"]), float(reply["wall_s"]),
+                                 reply.get("drafted"), reply.get("accepted"))
+
+    def run_batch(self, prompts, max_new_tokens, seed, request_ids, batch_size):
+        """The engine's own batching where it has one: every prompt of the batch in one call. Each
+        request's ``wall_s`` is then the batch's (the engine reports no latency per request) and
+        its draft counts are the batch's, so a speculative peer's tau and alpha stay null per request."""
+        if batch_size == 1 or not self.engine.batches:
+            return super().run_batch(prompts, max_new_tokens, seed, request_ids, batch_size)
+        self.ready()
+        self._send({"prompts": [list(p) for p in prompts], "max_new_tokens": max_new_tokens, "eos": self.eos})
+        reply = self._reply()
+        wall = float(reply["wall_s"])
+        return [self._measurement(p, list(ids), wall, None, None)
+                for p, ids in zip(prompts, reply["outputs"], strict=True)]
+
+    def _measurement(self, prompt_ids, new: list[int], wall: float, drafted, accepted) -> Measurement:
         # greedy: each target forward commits one token of its own plus the accepted drafts
         forwards = len(new) - accepted if accepted is not None else None if self.speculative else len(new)
         fields = {

@@ -6,7 +6,10 @@ Protocol, one JSON object per line: the first line read is the setup (``model``,
 ``engine_args``: the engine's own keyword arguments with its ``speculative_config``), answered
 ``{"ready": true, "version": ...}``. Then each request ``{"prompt_ids", "max_new_tokens", "eos"}``
 is answered ``{"output_ids", "wall_s", "drafted", "accepted"}`` (greedy; ``wall_s`` times the
-engine's generation alone; drafted / accepted over this request, null without speculation). Any
+engine's generation alone; drafted / accepted over this request, null without speculation). A
+worker of an engine that batches (`PeerEngine.batches`) also takes ``{"prompts": [ids, ...],
+"max_new_tokens", "eos"}``, decodes them side by side and answers ``{"outputs": [ids, ...],
+"wall_s", "drafted", "accepted"}`` (the batch's time and counts). Any
 failure is answered ``{"error": "..."}``. The engine's own prints go to stderr: stdout carries the
 protocol only.
 """

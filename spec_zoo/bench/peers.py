@@ -31,6 +31,7 @@ class PeerEngine:
     install: str  # the command that makes that venv
     speculation_key: str  # the engine argument that turns speculation on
     reads_gguf: bool = False  # the engine loads a GGUF file (params.model_path), not the target's model dir
+    batches: bool = False  # its worker decodes a list of prompts side by side (the protocol's "prompts")
 
     def python(self, params: Mapping) -> Path:
         venv = params.get("venv") or os.environ.get(f"SPEC_ZOO_{self.name.upper()}_VENV") or self.venv
@@ -85,7 +86,7 @@ class PeerEngine:
 
 
 PEERS = {
-    "vllm": PeerEngine("vllm", "vllm_worker.py", ".venv-vllm", "make peer-vllm", "speculative_config"),
+    "vllm": PeerEngine("vllm", "vllm_worker.py", ".venv-vllm", "make peer-vllm", "speculative_config", batches=True),
     "llamacpp": PeerEngine("llamacpp", "llamacpp_worker.py", ".venv-llamacpp", "make peer-llamacpp",
                            "speculative_config", reads_gguf=True),
 }

@@ -1,6 +1,10 @@
 """The results file (DESIGN.md "Benchmark results", a contract): JSON Lines, one record per
 (method, prompt, turn, repeat), appended and flushed as soon as it is measured, so an
-interrupted run loses at most the record being written and a rerun resumes.
+interrupted run loses at most the record being written and a rerun resumes. In a run with
+``batch_size`` > 1 a record is one request of a batch: ``wall_s`` is its own latency (its
+neighbours' steps included), ``batch_wall_s`` the whole batch's time and ``batch_requests``
+its size, whose records are written together when it ends (a rerun measures a batch again
+whole).
 
 With ``traces=true`` the bench also appends each spec-zoo record's per-step trace to
 ``traces.jsonl`` beside it (`TRACE_FILE`: the record's key fields and ``steps``, one list
@@ -40,7 +44,7 @@ FIELDS = (
     "target_forwards", "tau", "alpha", "drafted", "accepted", "draft_s", "verify_s",
     "accept_per_position", "predicted_speedup", "output_ids", "plain", "matches_baseline", "top2_margin_at_mismatch",
     "temperature", "seed", "max_new_tokens", "device", "platform", "machine", "threads", "torch_version",
-    "spec_zoo_version", "config_hash",
+    "spec_zoo_version", "config_hash", "dtype", "isa", "batch_size", "batch_requests", "batch_wall_s",
 )
 
 
@@ -123,6 +127,7 @@ FIELD_TYPES = {
     "draft_s": (_NUMBER, False), "verify_s": (_NUMBER, False), "accept_per_position": ((list,), False),
     "predicted_speedup": (_NUMBER, False), "plain": ((str,), False), "matches_baseline": ((bool,), False),
     "top2_margin_at_mismatch": (_NUMBER, False), "lossless": ((bool,), False), "params": ((dict,), False),
+    "batch_size": (_INT, False), "batch_requests": (_INT, False), "batch_wall_s": (_NUMBER, False),
 }
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import platform
+import time
 from collections.abc import Callable, Hashable, Sequence
 from contextlib import nullcontext
 
@@ -42,7 +43,7 @@ def run_context(model: str, dataset: str, temperature: float, device) -> dict:
     return {
         "model": model, "dataset": dataset, "temperature": temperature, "device": str(device),
         "torch_version": torch.__version__, "spec_zoo_version": spec_zoo.__version__,
-        "platform": platform.platform(), "machine": machine(), "threads": torch.get_num_threads(),
+        "platform": platform.platform(), "machine": machine(), "isa": host_isa(), "threads": torch.get_num_threads(),
     }
 
 
@@ -93,6 +94,7 @@ def run_benchmark(
     on_record: Callable[[dict], None] | None = None,
     progress: bool = True,
     traces_path=None,
+    batch_size: int = 1,
 ) -> list[dict]:
     """Measure every method on every question turn, ``repeats`` times; return the records
     of this configuration (those found in ``results_path`` plus the new ones).
@@ -100,53 +102,57 @@ def run_benchmark(
     ``methods[0]`` must be the baseline (``ar``). ``context`` holds the shared fields
     (see `run_context`). ``on_record`` sees each new record after it is written.
     ``traces_path``: append each new record's per-step trace there (`records.TRACE_FILE`).
+    ``batch_size``: the questions go in groups of this many, and each method decodes a group's
+    turn as one batch of requests (`Method.run_batch`): per group, repeat and turn every method
+    runs in turn, so drift hits all alike, as it does one question at a time (batch size 1).
+    A group's records are written when it ends; a rerun measures again only groups not complete.
     """
     if not methods or methods[0].name != BASELINE:
         raise ValueError(f"methods[0] must be the baseline {BASELINE!r}")
     names = [m.name for m in methods]
     if late := next((m for i, m in enumerate(methods) if i and m.plain not in names[:i]), None):
         raise ValueError(f"method {late.name}: its plain method {late.plain!r} must run before it")
-    if repeats < 1:
-        raise ValueError(f"repeats={repeats}; it must be a positive integer")
+    if repeats < 1 or batch_size < 1:
+        raise ValueError(f"repeats={repeats}, batch_size={batch_size}; both must be positive integers")
     done = {record_key(r): r for r in check_schema(read_records(results_path), str(results_path))}
-    # run order: question, repeat, turn, then every method (baseline first)
-    plan = [(q, r, t, m) for q in questions for r in range(repeats)
-            for t in range(1, len(q.turns) + 1) for m in methods]
-    if any(_key(*step) not in done for step in plan):
+    groups = [questions[i:i + batch_size] for i in range(0, len(questions), batch_size)]
+    # run order: group of questions, repeat, turn, then every method (baseline first)
+    plan = [(group, r, t, m) for group in groups for r in range(repeats)
+            for t in range(1, max(len(q.turns) for q in group) + 1) for m in methods]
+    if any(_key(q, r, t, m) not in done for group, r, t, m in plan for q in group if t <= len(q.turns)):
         # warm-up: first-call costs (allocations, kernel selection) stay out of the timings
-        prompt = encode(questions[0].turns[:1], [])
+        prompts = [encode(q.turns[:1], []) for q in groups[0]]
+        ids = [q.question_id for q in groups[0]]
         for method in methods:  # what it writes stays hidden from that question (drafter=suffix)
-            method.run(prompt, min(warmup_tokens, max_new_tokens), seed, questions[0].question_id)
+            method.run_batch(prompts, min(warmup_tokens, max_new_tokens), seed, ids, batch_size)
 
     records = []
+    answers: dict[tuple[str, Hashable], list[list[int]]] = {}  # each method's own answers to each question
     with (RecordWriter(results_path) as writer, RecordWriter(traces_path) if traces_path else nullcontext() as traces,
-          tqdm(total=len(plan), desc="bench", disable=not progress) as bar):
-        for question, repeat, turn, method in plan:
-            if turn == 1 and method is methods[0]:
-                answers: dict[str, list[list[int]]] = {m.name: [] for m in methods}  # each method's own answers
-            record = done.get(_key(question, repeat, turn, method))
-            if record is None:
-                bar.set_postfix_str(f"{method.name} q{question.question_id} t{turn}")
-                mine, base = answers[method.name], answers[method.plain]
-                prompt = encode(question.turns[:turn], mine)
-                # comparable to its plain method only on the same prompt: the same earlier answers
-                comparable = greedy and mine == base[: turn - 1]
-                # drafters that learn across requests (drafter=suffix) hide what this question's
-                # earlier runs produced: a repeat must not draft its own answer
-                values, trace = _measure(method, prompt, max_new_tokens, seed + repeat, target,
-                                         base[turn - 1] if method is not methods[0] else None, comparable,
-                                         question.question_id)
-                values.update(context, category=question.category, question_id=question.question_id,
-                              turn=turn, repeat=repeat)
-                record = {f: values[f] for f in FIELDS}
-                if traces is not None and trace is not None:  # before its record: a resume re-measures both
-                    traces.write({**{f: record[f] for f in KEY_FIELDS}, "steps": trace})
-                writer.write(record)
-                if on_record:
-                    on_record(record)
-            answers[method.name].append(record["output_ids"])
-            records.append(record)
-            bar.update()
+          tqdm(total=sum(len(g) for g, *_ in plan), desc="bench", disable=not progress) as bar):
+        for group, repeat, turn, method in plan:
+            wave = [q for q in group if turn <= len(q.turns)]
+            if turn == 1:
+                for q in wave:
+                    answers[method.name, q.question_id] = []
+            found = [done.get(_key(q, repeat, turn, method)) for q in wave]
+            wave_records = [r for r in found if r is not None]
+            if len(wave_records) < len(wave):
+                more = f"+{len(wave) - 1}" if len(wave) > 1 else ""
+                bar.set_postfix_str(f"{method.name} q{wave[0].question_id}{more} t{turn}")
+                measured = _measure_wave(method, methods[0], wave, repeat, turn, encode, answers,
+                                         max_new_tokens, seed + repeat, target, greedy, batch_size, context)
+                for record, trace in measured:
+                    if traces is not None and trace is not None:  # before its record: a resume re-measures both
+                        traces.write({**{f: record[f] for f in KEY_FIELDS}, "steps": trace})
+                    writer.write(record)
+                    if on_record:
+                        on_record(record)
+                wave_records = [record for record, _ in measured]
+            for q, record in zip(wave, wave_records, strict=True):
+                answers[method.name, q.question_id].append(record["output_ids"])
+                records.append(record)
+            bar.update(len(group))
     return records
 
 
@@ -161,25 +167,38 @@ def _lossless(method: Method) -> bool | None:
     return None if decoder is None else bool(decoder.verifier.lossless)
 
 
-def _measure(method: Method, prompt: list[int], max_new_tokens: int, seed: int, target: Target,
-             baseline_ids: list[int] | None, comparable: bool,
-             request_id: Hashable | None = None) -> tuple[dict, dict | None]:
-    """Run ``method`` once; return its record's method and measurement fields, and its
-    per-step trace (None: not a spec-zoo decoder). ``baseline_ids``: the output of its plain
-    method (`Method.plain`) on this prompt, None when ``method`` is the baseline itself."""
-    measured = method.run(prompt, max_new_tokens, seed, request_id)
-    if baseline_ids is None:
-        baseline_ids = measured.output_ids
-    matches = measured.output_ids == baseline_ids if comparable else None
-    margin = None
-    if matches is False:
-        at = first_difference(measured.output_ids, baseline_ids)
-        if at is not None and at < len(baseline_ids):
-            margin = top2_margin(target, prompt + baseline_ids[:at])
-    return {
-        **measured.fields, "schema_version": SCHEMA_VERSION, "method": method.name, "drafter": method.drafter,
-        "verifier": method.verifier, "lossless": _lossless(method), "params": method.params,
-        "output_ids": measured.output_ids, "plain": method.plain,
-        "matches_baseline": matches, "top2_margin_at_mismatch": margin, "seed": seed,
-        "max_new_tokens": max_new_tokens, "config_hash": method.config_hash,
-    }, measured.trace
+def _measure_wave(method: Method, baseline: Method, wave: Sequence[Question], repeat: int, turn: int,
+                  encode: Encode, answers: dict, max_new_tokens: int, seed: int, target: Target, greedy: bool,
+                  batch_size: int, context: dict) -> list[tuple[dict, dict | None]]:
+    """Run ``method`` on this turn of every question of ``wave`` as one batch; return each
+    question's record and per-step trace (None: not a spec-zoo decoder, or decoded in a batch)."""
+    mine = [answers[method.name, q.question_id] for q in wave]
+    prompts = [encode(q.turns[:turn], own) for q, own in zip(wave, mine, strict=True)]
+    # drafters that learn across requests (drafter=suffix) hide what this question's earlier runs
+    # produced: a repeat must not draft its own answer
+    start = time.perf_counter()
+    measured = method.run_batch(prompts, max_new_tokens, seed, [q.question_id for q in wave], batch_size)
+    wave_s = time.perf_counter() - start
+    out = []
+    for q, prompt, own, m in zip(wave, prompts, mine, measured, strict=True):
+        base = answers[method.plain, q.question_id]
+        # comparable to its plain method only on the same prompt: the same earlier answers
+        comparable = greedy and own == base[: turn - 1]
+        baseline_ids = m.output_ids if method is baseline else base[turn - 1]
+        matches = m.output_ids == baseline_ids if comparable else None
+        margin = None
+        if matches is False:
+            at = first_difference(m.output_ids, baseline_ids)
+            if at is not None and at < len(baseline_ids):
+                margin = top2_margin(target, prompt + baseline_ids[:at])
+        values = {
+            **m.fields, "schema_version": SCHEMA_VERSION, "method": method.name, "drafter": method.drafter,
+            "verifier": method.verifier, "lossless": _lossless(method), "params": method.params,
+            "output_ids": m.output_ids, "plain": method.plain, "matches_baseline": matches,
+            "top2_margin_at_mismatch": margin, "seed": seed, "max_new_tokens": max_new_tokens,
+            "config_hash": method.config_hash, "dtype": method.dtype, "batch_size": batch_size,
+            "batch_requests": len(wave), "batch_wall_s": wave_s,
+            **context, "category": q.category, "question_id": q.question_id, "turn": turn, "repeat": repeat,
+        }
+        out.append(({f: values.get(f) for f in FIELDS}, m.trace))
+    return out

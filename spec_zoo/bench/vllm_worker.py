@@ -39,14 +39,18 @@ def start(setup: dict):
         params = vllm.SamplingParams(temperature=0.0, max_tokens=request["max_new_tokens"],
                                      stop_token_ids=request.get("eos") or None, detokenize=False)
         before = _spec_counters(llm) if speculative else None
+        prompts = request["prompts"] if "prompts" in request else [request["prompt_ids"]]  # a batch: side by side
         begin = time.perf_counter()
-        out = llm.generate([TokensPrompt(prompt_token_ids=request["prompt_ids"])], params, use_tqdm=False)
+        out = llm.generate([TokensPrompt(prompt_token_ids=ids) for ids in prompts], params, use_tqdm=False)
         wall = time.perf_counter() - begin
         counts = {"drafted": None, "accepted": None}
         if before is not None:
             after = _spec_counters(llm)
             counts = {k: None if before[k] is None else after[k] - before[k] for k in after}
-        return {"output_ids": list(out[0].outputs[0].token_ids), "wall_s": wall, **counts}
+        outputs = [list(o.outputs[0].token_ids) for o in out]
+        if "prompts" in request:
+            return {"outputs": outputs, "wall_s": wall, **counts}
+        return {"output_ids": outputs[0], "wall_s": wall, **counts}
 
     return vllm.__version__, generate
 
