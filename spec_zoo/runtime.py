@@ -345,11 +345,13 @@ class CompiledTarget(Target):
         row count would let inductor pick another GEMM for one row, whose rows differ in the
         last bits)."""
         to, top = self.device, self.cache_slots - 1
+        rows_top = self.entries * self.cache_slots - 1  # a batch's rows: up to every entry's worth
         ids, positions, mask = ids[None].to(to), positions[None].to(to), mask.to(to)
         slots, draft_mask, row_cache, write_at = slots.to(to), draft_mask.to(to), row_cache.to(to), write_at.to(to)
-        for tensor, dim in ((ids, 1), (positions, 1), (mask, 2), (mask, 3), (slots, 0), (slots, 1), (draft_mask, 0),
-                            (draft_mask, 1), (row_cache, 0), (write_at, 0)):
-            torch._dynamo.mark_dynamic(tensor, dim, min=2, max=top)
+        for tensor, dim, most in ((ids, 1, rows_top), (positions, 1, rows_top), (mask, 2, rows_top), (mask, 3, top),
+                                  (slots, 0, rows_top), (slots, 1, top), (draft_mask, 0, rows_top),
+                                  (draft_mask, 1, top), (row_cache, 0, rows_top), (write_at, 0, rows_top)):
+            torch._dynamo.mark_dynamic(tensor, dim, min=2, max=most)
         return ids, positions, mask, slots, draft_mask, row_cache, write_at
 
     def _rows(self, ids, positions, mask, draft_slots, draft_mask, row_cache, write_at):

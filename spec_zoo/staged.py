@@ -19,6 +19,7 @@ from a tree policy that learns (``auto``), nothing is kept between steps.
 
 from __future__ import annotations
 
+import copy
 from dataclasses import replace
 from pathlib import Path
 from typing import ClassVar
@@ -89,6 +90,16 @@ class LevelDrafter(ChainDrafter):
         self._attached(target)
         file_costs(self)
         self.target = target
+
+    batches = True
+
+    def for_sequence(self) -> LevelDrafter:
+        """The same heads (and compiled graph); its own draft-length estimates and tree policy
+        (``auto`` learns acceptance per sequence). Each sequence then drafts from its own hidden
+        state, and the target scores every sequence's draft in one forward."""
+        twin = copy.copy(self)
+        twin.length, twin.tree = copy.deepcopy(self.length), copy.deepcopy(self.tree)
+        return twin
 
     def begin(self, state: DecodeState) -> None:
         self.length.reset()

@@ -260,16 +260,24 @@ def compiled_case(request):
     return target, eos, [plain.generate(p, MAX_NEW, eos_token_ids=eos).ids for p in PROMPTS]
 
 
-@pytest.mark.parametrize("drafter", ["none", "ngram", "ngram_tree", "suffix"])
+@pytest.mark.parametrize("drafter", ["none", "ngram", "ngram_tree", "suffix", "medusa_tree", "hydra"])
 def test_compiled_batches_score_every_sequence_in_one_forward(compiled_case, drafter, monkeypatch):
     """Each request equals its batch-1 output at every batch size, and a step of a batch of n runs
-    one graph call for all n sequences (not n calls)."""
+    one graph call for all n sequences (not n calls); the heads' drafters read each sequence's own
+    hidden states out of the packed forward."""
+    from spec_zoo.drafters.hydra.drafter import HydraDrafter
+    from spec_zoo.drafters.hydra.heads import HydraHeads
+    from spec_zoo.drafters.medusa.drafter import MedusaDrafter
     from spec_zoo.drafters.none import NoDrafter
     from spec_zoo.drafters.suffix import SuffixDrafter
+    from spec_zoo.trees import Static
+    from tests.drafts import MEDUSA_TREE, medusa_heads, staged_heads
 
     target, eos, reference = compiled_case
     chosen = {"none": NoDrafter, "ngram": NgramDrafter, "ngram_tree": lambda: NgramDrafter(branches=2),
-              "suffix": SuffixDrafter}[drafter]()
+              "suffix": SuffixDrafter,
+              "medusa_tree": lambda: MedusaDrafter(medusa_heads(target.model), tree=Static(MEDUSA_TREE)),
+              "hydra": lambda: HydraDrafter(staged_heads(HydraHeads, target.model), num_draft=3)}[drafter]()
     decoder = SpeculativeDecoder(target, chosen)
     calls = []
     rows = target._compiled_rows
