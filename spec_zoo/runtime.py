@@ -290,7 +290,7 @@ class CompiledTarget(Target):
         return results
 
     def layer_mask(self, past: int, q: int) -> torch.Tensor:
-        return slot_mask(past, q, self.cache_slots, self.dtype, self.device)
+        return slot_mask(past, q, past + q, self.dtype, self.device)  # over what `SlotLayer.update` returns
 
     def _prefill(self, tokens: list[int], past: int) -> torch.Tensor:
         stack, q = self.stack, len(tokens)
@@ -486,11 +486,14 @@ class SlotLayer:
         self.length = max(0, self.length + tokens)
 
     def update(self, keys: torch.Tensor, values: torch.Tensor, *args, **kwargs):
+        """Append; return the sequence's keys and values so far, not the whole entry: an eager
+        prompt of q tokens then attends over its own q + past slots, not all max_cache_len of them
+        (which made a batch's prompts cost more than its decoding)."""
         q = keys.shape[-2]
         self.keys[..., self.length: self.length + q, :] = keys
         self.values[..., self.length: self.length + q, :] = values
         self.length += q
-        return self.keys, self.values
+        return self.keys[..., : self.length, :], self.values[..., : self.length, :]
 
 
 class SlotCache:
