@@ -442,7 +442,8 @@ def test_jsonl_dataset_brings_your_own_prompts(tmp_path):
      (["methods={n:{engine:transformers,runtime:compiled}}"], "method n: runtime='compiled'"),
      (["methods={n:{drafter:none,runtime:compiled,model:{dtype:float64}}}"], "methods.n.runtime=compiled computes in"),
      (["methods={n:{drafter:none,runtime:compiled,model:{dtype:float32,gemm:amx}}}"],
-      "methods.n: gemm='amx' with dtype=float32")],
+      "methods.n: gemm='amx' with dtype=float32"),
+     (["batch_size=4", "batch_policy=fastest"], "batch_policy: 'fastest' is not a policy")],
 )
 def test_cli_rejects_more_bad_input_before_loading_a_model(overrides, message, tmp_path, monkeypatch):
     from spec_zoo.bench.cli import bench as run_cli

@@ -17,6 +17,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from spec_zoo.api import quiet_loading
+from spec_zoo.batch_policy import batch_policy
 from spec_zoo.bench.dataset import load_dataset, prompt_encoder
 from spec_zoo.bench.methods import build_method
 from spec_zoo.bench.peer_method import build_peer_method
@@ -91,6 +92,7 @@ def bench(cfg: DictConfig) -> Summary | None:
         raise ConfigError(f"seed: {cfg.seed} + {cfg.repeats - 1} (repeat r uses seed + r) passes 2^64 - 1, the "
                           "largest seed; e.g. seed=0.")
     data, gen = cfg.dataset, cfg.generation
+    batch_policy(cfg.get("batch_policy"))  # a bad policy is refused before anything loads
     questions = load_dataset(data)
     if empty := next((q for q in questions if any(not t.strip() for t in q.turns)), None):
         raise ConfigError(f"dataset: question {empty.question_id} has an empty prompt; fill it in or remove "
@@ -162,6 +164,8 @@ def _run(cfg: DictConfig, specs, questions, sampling: SamplingParams, notes: lis
                     "dataset": {"name": data.name, "path": data.path}, "seed": cfg.seed}
     if cfg.batch_size != 1:  # another configuration; unset, the records of runs made before the key still resume
         run_settings["batch_size"] = cfg.batch_size
+        raw = cfg.get("batch_policy")
+        run_settings["batch_policy"] = OmegaConf.to_container(raw) if isinstance(raw, DictConfig) else raw
     hashes = [s.config_hash(run_settings) for s in specs]
     for note in notes:
         print(note)
@@ -177,8 +181,10 @@ def _run(cfg: DictConfig, specs, questions, sampling: SamplingParams, notes: lis
     target = load_target(**cfg.model)
     plain = SpeculativeDecoder(target, sampling=sampling)  # encodes prompts; its EOS set serves every method
     eos = sorted(plain._eos_ids())
+    policy = batch_policy(cfg.get("batch_policy"))
+
     def built(spec, config_hash, on):
-        return build_method(spec, on, sampling, config_hash, cfg.seed, list(gen.stop_strings), eos)
+        return build_method(spec, on, sampling, config_hash, cfg.seed, list(gen.stop_strings), eos, policy)
 
     # peer engines start first: their workers load (vLLM: minutes) while our compiled runtimes compile
     peers = {s.name: build_peer_method(s, target, h, eos) for s, h in zip(specs, hashes) if s.engine in PEERS}

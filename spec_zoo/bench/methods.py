@@ -19,6 +19,7 @@ import torch
 from omegaconf import OmegaConf
 
 from spec_zoo.auto import AutoChoice, choose
+from spec_zoo.batch_policy import BatchPolicy
 from spec_zoo.bench.peers import PEERS
 from spec_zoo.bench.records import BASELINE
 from spec_zoo.bench.specs import MethodSpec
@@ -165,25 +166,29 @@ class TransformersMethod(Method):
 
 
 def build_method(spec: MethodSpec, target: Target, sampling: SamplingParams, config_hash: str, seed: int = 0,
-                 stop_strings: Sequence[str] = (), eos_token_ids: Sequence[int] | None = None) -> Method:
+                 stop_strings: Sequence[str] = (), eos_token_ids: Sequence[int] | None = None,
+                 batch_policy: BatchPolicy | None = None) -> Method:
     """Instantiate a resolved spec on a loaded target (loads draft/assistant models); a peer
-    engine's is `spec_zoo.bench.peer_method.build_peer_method`."""
+    engine's is `spec_zoo.bench.peer_method.build_peer_method`. ``batch_policy``: how a spec-zoo
+    method cuts its drafts in a batch (`spec_zoo.batch_policy`)."""
     if spec.engine in PEERS:
         raise ValueError(f"method {spec.name}: a peer engine's method is built by build_peer_method")
-    method = _built(spec, target, sampling, config_hash, seed, stop_strings, eos_token_ids)
+    method = _built(spec, target, sampling, config_hash, seed, stop_strings, eos_token_ids, batch_policy)
     method.plain = spec.plain
     return method
 
 
 def _built(spec: MethodSpec, target: Target, sampling: SamplingParams, config_hash: str, seed: int,
-           stop_strings: Sequence[str], eos_token_ids: Sequence[int] | None) -> Method:
+           stop_strings: Sequence[str], eos_token_ids: Sequence[int] | None,
+           batch_policy: BatchPolicy | None) -> Method:
     if spec.engine == "spec_zoo":
         key = f"methods.{spec.name}"
         drafter = build_component(OmegaConf.create(spec.drafter), f"{key}.drafter")
         verifier = build_component(OmegaConf.create(spec.verifier), f"{key}.verifier") if spec.verifier else None
 
         def decoder_of(drafter) -> SpeculativeDecoder:
-            return SpeculativeDecoder(target, drafter, verifier, sampling, seed, cost_table=cached_table(target))
+            return SpeculativeDecoder(target, drafter, verifier, sampling, seed, cost_table=cached_table(target),
+                                      batch_policy=batch_policy)
 
         if isinstance(drafter, AutoChoice):  # one more method: chosen on its workload, then run as named
             encode = SpeculativeDecoder(target, sampling=sampling).encode
