@@ -78,8 +78,7 @@ def write_batches(folder: Path) -> Path:
 
     records = sweep_records(folder)
     table = throughput_table(records)
-    machines = sorted({f"{r.get('machine')} | {r.get('isa')} | {r.get('threads')} thread(s) | {r.get('dtype')}"
-                       for r in records})
+    machines = sorted({f"{r.get('machine')} | {r.get('threads')} thread(s) | {r.get('dtype')}" for r in records})
     lines = ["# Throughput against batch size", "", *(f"- {m}" for m in machines), "",
              "| method | batch | tok/s (95 % CI) | speedup over plain at this batch | x batch 1 | equal to plain |",
              "|---|---|---|---|---|---|"]
