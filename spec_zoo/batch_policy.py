@@ -26,27 +26,7 @@ from collections.abc import Mapping, Sequence
 
 from spec_zoo.costs import CostTable
 from spec_zoo.draft import Draft
-from spec_zoo.draft_length import CHAIN_DECAY, CHAIN_PRIOR_ACCEPT, CHAIN_PRIOR_WEIGHT
 from spec_zoo.errors import ConfigError
-
-
-class Acceptance:
-    """One sequence's running per-level acceptance: the chance that a draft level is accepted
-    given the levels above it were (decayed counts, the drafters' prior; `DraftLength`'s rule)."""
-
-    def __init__(self):
-        self.ok = self.bad = 0.0
-
-    @property
-    def rate(self) -> float:
-        return (self.ok + CHAIN_PRIOR_ACCEPT * CHAIN_PRIOR_WEIGHT) / (self.ok + self.bad + CHAIN_PRIOR_WEIGHT)
-
-    def update(self, depth: int, accepted: int) -> None:
-        """Learn from one scored draft of ``depth`` levels of which ``accepted`` held; an empty
-        draft lets old evidence fade, so a sequence cut to nothing is tried again later."""
-        rejected = int(accepted < depth)
-        fade = CHAIN_DECAY ** (accepted + rejected if depth else 1)
-        self.ok, self.bad = self.ok * fade + accepted, self.bad * fade + rejected
 
 
 class BatchPolicy(ABC):
@@ -68,15 +48,14 @@ class Goodput(BatchPolicy):
     leaves every draft as proposed."""
 
     def depths(self, drafts, acceptance, table):
-        depths = [0] * len(drafts)
         if table is None or len(drafts) < 2:  # alone, the drafter's own length rule priced its draft
             return [d.depth for d in drafts]
         level_rows = [_rows_per_level(d) for d in drafts]
         heap = [(-a / rows[0], i) for i, (a, rows) in enumerate(zip(acceptance, level_rows, strict=True)) if rows]
         heapq.heapify(heap)
         rows, gain = len(drafts), float(len(drafts))  # every sequence scores its last committed token
-        best, best_ratio = list(depths), gain / table.relative(rows)
         taken = [0] * len(drafts)
+        best, best_ratio = list(taken), gain / table.relative(rows)
         while heap:
             _, i = heapq.heappop(heap)
             k = taken[i]

@@ -15,8 +15,9 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from spec_zoo.batch_policy import Acceptance, BatchPolicy
+from spec_zoo.batch_policy import BatchPolicy
 from spec_zoo.draft import Draft
+from spec_zoo.draft_length import Acceptance
 from spec_zoo.errors import ConfigError
 from spec_zoo.interfaces import DecodeState, Drafter, Verdict, Verifier
 from spec_zoo.registry import build_option

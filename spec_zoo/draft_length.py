@@ -51,6 +51,27 @@ TIME_DECAY = 0.97  # weight of past step timings per step (memory of ~30 steps)
 MIN_STEPS = 8  # timed steps before a fit is trusted
 
 
+class Acceptance:
+    """A running per-level acceptance: the chance that a draft level is accepted given the
+    levels above it were (decayed counts under a mild prior). One per bucket of a drafter's
+    `DraftLength`, and one per sequence for a batch's policy (`spec_zoo.batch_policy`)."""
+
+    def __init__(self):
+        self.ok = self.bad = 0.0
+
+    @property
+    def rate(self) -> float:
+        return (self.ok + CHAIN_PRIOR_ACCEPT * CHAIN_PRIOR_WEIGHT) / (self.ok + self.bad + CHAIN_PRIOR_WEIGHT)
+
+    def update(self, drafted: int, accepted: int) -> None:
+        """Learn from one scored draft of ``drafted`` levels of which ``accepted`` held: that many
+        successes, then one failure unless all passed; an empty draft lets old evidence fade, so
+        drafting is retried later."""
+        rejected = int(accepted < drafted)
+        fade = CHAIN_DECAY ** (accepted + rejected if drafted else 1)
+        self.ok, self.bad = self.ok * fade + accepted, self.bad * fade + rejected
+
+
 class DraftLength:
     """Chooses the draft length for the next step and learns from what was accepted."""
 
@@ -88,7 +109,7 @@ class DraftLength:
 
     def reset(self) -> None:
         """Forget acceptance evidence (a new sequence); measured costs carry over."""
-        self._evidence: dict[object, list[float]] = {}  # bucket -> [accepted, rejected] (decayed counts)
+        self._evidence: dict[object, Acceptance] = {}  # bucket -> its decayed counts
         self._first_step = True  # its time includes the prompt's prefill: not a sample of t(k)
 
     def costs(self, timings_steer: bool = True) -> tuple[float, float]:
@@ -107,8 +128,7 @@ class DraftLength:
 
     def acceptance(self, bucket: object = None) -> float:
         """Estimated probability that a draft token is accepted given its predecessors were."""
-        ok, bad = self._evidence.get(bucket, (0.0, 0.0))
-        return (ok + CHAIN_PRIOR_ACCEPT * CHAIN_PRIOR_WEIGHT) / (ok + bad + CHAIN_PRIOR_WEIGHT)
+        return (self._evidence.get(bucket) or Acceptance()).rate
 
     def choose(self, bucket: object = None, state: DecodeState | None = None) -> int:
         """Tokens to draft now; 0 means drafting is not expected to pay off. ``state`` says
@@ -136,14 +156,9 @@ class DraftLength:
             self._xtx.mul_(TIME_DECAY).add_(torch.outer(x, x))
             self._xty.mul_(TIME_DECAY).add_(x * seconds)
         self._first_step = False
-        if drafted == 0:  # nothing to learn; let old evidence fade so drafting is retried later
-            if bucket in self._evidence:
-                self._evidence[bucket] = [x * CHAIN_DECAY for x in self._evidence[bucket]]
+        if drafted == 0 and bucket not in self._evidence:  # nothing to learn, nothing to fade
             return
-        ok, bad = self._evidence.get(bucket, (0.0, 0.0))
-        rejected = int(accepted < drafted)
-        fade = CHAIN_DECAY ** (accepted + rejected)
-        self._evidence[bucket] = [ok * fade + accepted, bad * fade + rejected]
+        self._evidence.setdefault(bucket, Acceptance()).update(drafted, accepted)
 
 
 def _solve(xtx: torch.Tensor, xty: torch.Tensor) -> torch.Tensor | None:

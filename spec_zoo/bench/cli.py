@@ -17,7 +17,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from spec_zoo.api import quiet_loading
-from spec_zoo.batch_policy import batch_policy
+from spec_zoo.batch_policy import BatchPolicy, batch_policy
 from spec_zoo.bench.dataset import load_dataset, prompt_encoder
 from spec_zoo.bench.methods import build_method
 from spec_zoo.bench.peer_method import build_peer_method
@@ -92,7 +92,7 @@ def bench(cfg: DictConfig) -> Summary | None:
         raise ConfigError(f"seed: {cfg.seed} + {cfg.repeats - 1} (repeat r uses seed + r) passes 2^64 - 1, the "
                           "largest seed; e.g. seed=0.")
     data, gen = cfg.dataset, cfg.generation
-    batch_policy(cfg.get("batch_policy"))  # a bad policy is refused before anything loads
+    policy = batch_policy(cfg.get("batch_policy"))  # a bad policy is refused before anything loads
     questions = load_dataset(data)
     if empty := next((q for q in questions if any(not t.strip() for t in q.turns)), None):
         raise ConfigError(f"dataset: question {empty.question_id} has an empty prompt; fill it in or remove "
@@ -132,7 +132,7 @@ def bench(cfg: DictConfig) -> Summary | None:
                 f"out: {out} is being written by another spec-zoo-bench run (it holds {out / LOCK_FILE}); "
                 "wait for it to finish (a rerun then resumes), or give another out= directory.")))
             keep(f"the records written so far stay in {results_path}; rerun the same command to resume")
-        return _run(cfg, specs, questions, sampling, notes, out, results_path)
+        return _run(cfg, specs, questions, sampling, policy, notes, out, results_path)
 
 
 @contextmanager
@@ -150,7 +150,8 @@ def removed_if_left_empty(out: Path):
         raise
 
 
-def _run(cfg: DictConfig, specs, questions, sampling: SamplingParams, notes: list[str], out: Path, results_path: Path):
+def _run(cfg: DictConfig, specs, questions, sampling: SamplingParams, policy: BatchPolicy | None, notes: list[str],
+         out: Path, results_path: Path):
     """The plan (``dry_run``) or the measured run of `bench`, once ``out`` is this run's."""
     from spec_zoo.decoder import SpeculativeDecoder
     from spec_zoo.models import load_target
@@ -181,7 +182,6 @@ def _run(cfg: DictConfig, specs, questions, sampling: SamplingParams, notes: lis
     target = load_target(**cfg.model)
     plain = SpeculativeDecoder(target, sampling=sampling)  # encodes prompts; its EOS set serves every method
     eos = sorted(plain._eos_ids())
-    policy = batch_policy(cfg.get("batch_policy"))
 
     def built(spec, config_hash, on):
         return build_method(spec, on, sampling, config_hash, cfg.seed, list(gen.stop_strings), eos, policy)

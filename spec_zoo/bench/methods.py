@@ -28,6 +28,7 @@ from spec_zoo.costs import cached_table
 from spec_zoo.decoder import SpeculativeDecoder
 from spec_zoo.registry import build_component, compose_option
 from spec_zoo.sampling import SamplingParams
+from spec_zoo.stats import RunStats
 from spec_zoo.target import Target
 
 if TYPE_CHECKING:
@@ -81,10 +82,7 @@ class SpecZooMethod(Method):
         with StepTrace(self.decoder) as trace:
             out = self.decoder.generate(prompt_ids, max_new_tokens, self.stop_strings, self.eos_token_ids, seed,
                                         request_id=request_id)
-        stats = out.stats
-        fields = {**stats.as_dict(), "drafted": stats.drafted, "accepted": stats.accepted,
-                  "predicted_speedup": trace.predicted_speedup}
-        return Measurement(out.ids, fields, trace.columns(stats))
+        return Measurement(out.ids, _fields(out.stats, trace.predicted_speedup), trace.columns(out.stats))
 
     def run_batch(self, prompts, max_new_tokens, seed, request_ids, batch_size):
         """`SpeculativeDecoder.generate_batch`: the requests side by side where the drafter keeps
@@ -94,8 +92,13 @@ class SpecZooMethod(Method):
             return super().run_batch(prompts, max_new_tokens, seed, request_ids, batch_size)
         outs = self.decoder.generate_batch(prompts, max_new_tokens, self.stop_strings, self.eos_token_ids,
                                            [seed] * len(prompts), batch_size, request_ids)
-        return [Measurement(out.ids, {**out.stats.as_dict(), "drafted": out.stats.drafted,
-                                      "accepted": out.stats.accepted, "predicted_speedup": None}) for out in outs]
+        return [Measurement(out.ids, _fields(out.stats, None)) for out in outs]
+
+
+def _fields(stats: RunStats, predicted_speedup: float | None) -> dict:
+    """A spec-zoo decoder's measurement fields of one request."""
+    return {**stats.as_dict(), "drafted": stats.drafted, "accepted": stats.accepted,
+            "predicted_speedup": predicted_speedup}
 
 
 class TransformersMethod(Method):

@@ -200,5 +200,5 @@ def _measure_wave(method: Method, baseline: Method, wave: Sequence[Question], re
             "batch_requests": len(wave), "batch_wall_s": wave_s,
             **context, "category": q.category, "question_id": q.question_id, "turn": turn, "repeat": repeat,
         }
-        out.append(({f: values.get(f) for f in FIELDS}, m.trace))
+        out.append(({f: values[f] for f in FIELDS}, m.trace))
     return out
