@@ -8,6 +8,7 @@ target's features forwarded to every member.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 from collections.abc import Mapping, Sequence
 
@@ -152,6 +153,18 @@ class ComposedDrafter(Drafter):
         self.sibling_modes = tuple(sorted({mode for m in self.members for mode in m.sibling_modes}))
         self.vocab_size: int | None = None
         self._own: list[Draft] = [Draft.empty() for _ in self.members]
+        self.batches = all(m.batches for m in self.members)  # per sequence only if every member can be
+
+    def hold(self, sequences: int) -> None:
+        for member in self.members:
+            member.hold(sequences)
+
+    def for_sequence(self, slot: int) -> ComposedDrafter:
+        """Each member's fork for the sequence; its own drafts and evidence (made by `begin`)."""
+        twin = copy.copy(self)
+        twin.members = [member.for_sequence(slot) for member in self.members]
+        twin._own = [Draft.empty() for _ in self.members]
+        return twin
 
     def check(self, labels: list[str]) -> None:
         """Check this drafter's own settings, before any member is built (a model may load)."""

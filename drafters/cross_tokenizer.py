@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import torch
 
-from spec_zoo.chain import ChainDrafter
 from spec_zoo.costs import file_costs
 from spec_zoo.draft import Draft
 from spec_zoo.draft_length import DraftLength
@@ -45,10 +44,10 @@ from spec_zoo.interfaces import DecodeState
 from spec_zoo.sampling import check_sample_mode, drafts_sampled, to_full_vocab
 from spec_zoo.target import Target
 
-from .small_model import draft_runner
+from .small_model import DraftModelSequences, draft_runner
 
 
-class CrossTokenizerDrafter(ChainDrafter):
+class CrossTokenizerDrafter(DraftModelSequences):
     """A chain drafted by a causal LM of any vocabulary, re-tokenized into the target's.
 
     path:             the draft model: a local HF model directory (with its tokenizer), a loaded
@@ -120,14 +119,10 @@ class CrossTokenizerDrafter(ChainDrafter):
                               "token-level intersection cannot sample; set drafter.sample=false (text drafting).")
         return torch.tensor(list(pairs.values())), torch.tensor(list(pairs))
 
-    def begin(self, state: DecodeState) -> None:
-        self.runner.reset()
-        self.length.reset()
-
     def _text(self, tokenizer, ids: list[int]) -> str:
         return tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
 
-    def propose(self, state: DecodeState) -> Draft:
+    def _draft(self, state: DecodeState) -> Draft:
         committed = self._text(self.target_tok, state.tokens)
         mine = self.draft_tok.encode(committed, add_special_tokens=False)
         if not mine or self._text(self.draft_tok, mine) != committed:

@@ -24,6 +24,7 @@ n-grams; accepting a correct Jacobi guess too is exact and never worse). Determi
 
 from __future__ import annotations
 
+import copy
 import random
 
 import torch
@@ -57,6 +58,12 @@ class LookaheadDrafter(Drafter):
                               "need window >= 1, ngram >= 2 and guesses >= 0.")
         self.window, self.ngram, self.guesses = window, ngram, guesses
         self.pool_from_prompt, self.seed = pool_from_prompt, seed
+
+    batches = True
+
+    def for_sequence(self, slot: int) -> LookaheadDrafter:
+        """Its own window, pool and guesses (all made by `begin`); the settings are shared."""
+        return copy.copy(self)
 
     def begin(self, state: DecodeState) -> None:
         pick = random.Random(self.seed)

@@ -81,7 +81,7 @@ class NgramDrafter(Drafter):
 
     batches = True
 
-    def for_sequence(self) -> Drafter:
+    def for_sequence(self, slot: int) -> Drafter:
         """Its own index, match state and draft-length estimates; the settings are shared."""
         twin = copy.copy(self)
         twin.length = copy.deepcopy(self.length)

@@ -10,7 +10,7 @@ class NoDrafter(Drafter):
     name = "none"
     batches = True
 
-    def for_sequence(self) -> Drafter:
+    def for_sequence(self, slot: int) -> Drafter:
         return self  # stateless
 
     def propose(self, state: DecodeState) -> Draft:

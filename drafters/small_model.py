@@ -7,6 +7,8 @@ what is still committed and feeds only the new tokens.
 
 from __future__ import annotations
 
+import copy
+
 import torch
 
 from spec_zoo.chain import ChainDrafter
@@ -20,7 +22,43 @@ from spec_zoo.target import Target
 from spec_zoo.trees import DraftTreeForward, TopK, build_tree_policy
 
 
-class SmallModelDrafter(ChainDrafter):
+class DraftModelSequences(ChainDrafter):
+    """What a drafter that drafts with a causal LM run as a `Target` (``runner``) needs to batch:
+    each sequence in its own cache entry of the draft model (`Target.hold`; entry ``slot``, swapped
+    in with `Target.use` around each draft) and with its own draft-length estimates and tree
+    policy; the model (and a compiled draft's graph) is shared. Alone it is entry 0."""
+
+    runner: Target
+    length: DraftLength
+    batches = True
+    slot = 0  # the draft model's cache entry of the sequence drafted (`for_sequence`)
+
+    def hold(self, sequences: int) -> None:
+        self.runner.hold(sequences)
+
+    def for_sequence(self, slot: int) -> DraftModelSequences:
+        twin = copy.copy(self)
+        twin.length, twin.tree, twin.slot = copy.deepcopy(self.length), copy.deepcopy(self.tree), slot
+        return twin
+
+    def begin(self, state: DecodeState) -> None:
+        self.runner.reset(self.slot)
+        self._held = self.runner.sequence()
+        self.length.reset()
+
+    def propose(self, state: DecodeState) -> Draft:
+        self.runner.use(self._held)  # the draft model holds this sequence's cache while it drafts
+        try:
+            return self._draft(state)
+        finally:
+            self._held = self.runner.sequence()
+
+    def _draft(self, state: DecodeState) -> Draft:
+        """The draft after ``state.tokens``, the draft model holding this sequence's cache."""
+        raise NotImplementedError
+
+
+class SmallModelDrafter(DraftModelSequences):
     """Chain drafting (adaptive length) or tree drafting by a policy (`spec_zoo.trees`).
 
     path:       a local HF model directory (safetensors), an already loaded model, a `Target`
@@ -95,10 +133,6 @@ class SmallModelDrafter(ChainDrafter):
         """The draft model when it runs compiled (``runtime=compiled``): what `spec-zoo warmup` compiles."""
         return [self.runner] if hasattr(self.runner, "warm_up") else []
 
-    def begin(self, state: DecodeState) -> None:
-        self.runner.reset()
-        self.length.reset()
-
     def to_target_vocab(self, logits: torch.Tensor) -> torch.Tensor:
         """The draft model's logits as logits over the target's vocabulary (identity here;
         a drafter with a reduced draft vocabulary maps them back)."""
@@ -107,7 +141,7 @@ class SmallModelDrafter(ChainDrafter):
     def _next_logits(self, tokens: list[int]) -> torch.Tensor:
         return self.to_target_vocab(self.runner.score(tokens, Draft.empty()).logits[-1])
 
-    def propose(self, state: DecodeState) -> Draft:
+    def _draft(self, state: DecodeState) -> Draft:
         if self.tree is not None:
             expand = DraftTreeForward(self.runner, state.tokens, self.to_target_vocab)
             return self.tree.build(expand, state, drafts_sampled(self.sample_mode, state.sampling))

@@ -317,7 +317,7 @@ class SuffixDrafter(Drafter):
 
     batches = True
 
-    def for_sequence(self) -> Drafter:
+    def for_sequence(self, slot: int) -> Drafter:
         """Its own request index and calibration; the cache of earlier outputs is shared, so a
         request drafts from every request filed before its steps (in a batch, those that ended
         first): its drafts, never its greedy output, depend on its batch."""

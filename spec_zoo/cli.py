@@ -36,11 +36,13 @@ def _hydra_main(cfg: DictConfig) -> None:
     try:
         with quiet_loading():  # progress bars and load reports would interleave with the text
             decoder = build_decoder(cfg)
-            out = run(cfg, decoder, on_text=lambda text: print(text, end="", flush=True))
+            # text streams as it is committed; a target without a tokenizer (a bare local model) gives ids
+            texts = decoder.target.tokenizer is not None
+            out = run(cfg, decoder, on_text=(lambda text: print(text, end="", flush=True)) if texts else None)
             plain = plain_run(cfg, decoder) if cfg.compare and not is_plain(decoder) else None
     except ConfigError as e:
         _fail(e)
-    print()
+    print(out.ids if not texts else "")
     print(f"{label(cfg, decoder, drafter_choice)} | {out.stats.summary()}")
     if plain is not None:
         print(comparison(out, plain, greedy=decoder.sampling.temperature == 0))

@@ -69,6 +69,7 @@ class CompiledHead:
         self._compiled = None
         self.compile_s: float | None = None
         self.compile_cached = False
+        self._held: dict | None = None  # the sequence whose KV the static cache holds (`use`)
 
     @property
     def cache_slots(self) -> int:
@@ -83,6 +84,29 @@ class CompiledHead:
     def reset(self) -> None:
         """Forget the sequence (the tensors stay: the graph holds their addresses)."""
         crop_all(self.cache, 0)
+
+    @staticmethod
+    def sequence() -> dict:
+        """A new, empty sequence to `use`: drafters of a batch share the head, its graph and its
+        one static cache, into which each sequence's KV is moved while it drafts."""
+        return {"kv": [], "length": 0}
+
+    def use(self, sequence: dict) -> None:
+        """Make the static cache hold ``sequence``: the KV of the one held before is copied out to
+        its own state and this one's copied in (its fed positions only; nothing moves when it is
+        held already, as a sequence decoded alone always is)."""
+        if self._held is sequence:
+            return
+        held, n = self._held, self.length
+        if held is not None:
+            held["kv"] = [(layer.keys[:, :, :n].clone(), layer.values[:, :, :n].clone())
+                          for layer in self.cache.layers]
+            held["length"] = n
+        for layer, (keys, values) in zip(self.cache.layers, sequence["kv"]):
+            layer.keys[:, :, : keys.shape[2]].copy_(keys)
+            layer.values[:, :, : values.shape[2]].copy_(values)
+        crop_all(self.cache, sequence["length"])
+        self._held = sequence
 
     def causal(self, embeds: torch.Tensor, features: torch.Tensor, pick: list[int]):
         """`rows` for m tokens fed in order after the cache's length (each reads those before

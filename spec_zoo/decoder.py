@@ -195,6 +195,7 @@ class SpeculativeDecoder:
         gets decoded alone."""
         slots = self.slots(batch_size)
         self.target.hold(slots)
+        self.drafter.hold(slots)
         waiting, live = list(enumerate(requests)), list[tuple[int, _Sequence]]()
         free = list(range(slots))
         outputs: list[Output | None] = [None] * len(requests)
@@ -220,7 +221,7 @@ class SpeculativeDecoder:
         return [out for out in outputs if out is not None]
 
     def _begin(self, seq: _Sequence, slot: int, fork: bool) -> None:
-        seq.drafter = self.drafter.for_sequence() if fork else self.drafter
+        seq.drafter = self.drafter.for_sequence(slot) if fork else self.drafter
         seq.slot = slot
         self.target.reset(slot)
         if fork:  # alone, the target holds the one live sequence: nothing to swap

@@ -113,10 +113,16 @@ class Drafter(ABC):
         """Called once when a decoder is built: check compatibility with the target
         (vocabulary, device) and grab what is shared with it. Raise `ConfigError` on mismatch."""
 
-    def for_sequence(self) -> Drafter:
-        """A drafter for one more sequence of a batch (only called when ``batches``): it shares
-        this one's models and tables but none of its per-sequence state (caches, indexes,
-        acceptance estimates), so each sequence drafts exactly as it would alone."""
+    def hold(self, sequences: int) -> None:
+        """Called before a batch's first `for_sequence` with how many sequences decode at once:
+        a drafter whose draft model keeps a cache entry per sequence makes room for them here."""
+
+    def for_sequence(self, slot: int) -> Drafter:
+        """A drafter for one more sequence of a batch (only called when ``batches``), decoded in
+        place ``slot`` (0 <= slot < the ``sequences`` given to `hold`; a later request may take the
+        place of one that ended): it shares this one's models and tables but none of its
+        per-sequence state (caches, indexes, acceptance estimates), so each sequence drafts
+        exactly as it would alone. A draft model's cache entry for the sequence is entry ``slot``."""
         raise NotImplementedError(f"drafter={self.name} declares batches=True but has no for_sequence")
 
     def begin(self, state: DecodeState) -> None:

@@ -93,7 +93,7 @@ class LevelDrafter(ChainDrafter):
 
     batches = True
 
-    def for_sequence(self) -> LevelDrafter:
+    def for_sequence(self, slot: int) -> LevelDrafter:
         """The same heads (and compiled graph); its own draft-length estimates and tree policy
         (``auto`` learns acceptance per sequence). Each sequence then drafts from its own hidden
         state, and the target scores every sequence's draft in one forward."""

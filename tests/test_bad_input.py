@@ -890,3 +890,16 @@ def test_a_bad_suffix_cache_path_is_refused_before_the_model_loads(case, tmp_pat
     message = rejects("drafter=suffix", f"drafter.cache_path={path}", match=f"^drafter.cache_path: .*{says}")
     assert "\n" not in message and ";" in message  # the problem; the fix
     assert snapshot(tmp_path) == before
+
+
+def test_a_model_without_a_tokenizer_prints_its_ids(tmp_path):
+    """A bare local model (no tokenizer) with a prompt of ids: the command line cannot stream text,
+    so it prints the generated ids, then its summary (it used to fail at the first decoded piece)."""
+    path = saved_model(tmp_path / "model")
+    exe = str(Path(sys.executable).with_name("spec-zoo"))
+    result = subprocess.run([exe, "model=local", f"model.path={path}", "prompt=[3,4,5]", "compare=false",
+                             "generation.max_new_tokens=5"], cwd=tmp_path, capture_output=True, text=True,
+                            timeout=300)
+    assert result.returncode == 0, result.stderr
+    ids, summary = result.stdout.strip().splitlines()[-2:]
+    assert len(json.loads(ids)) == 5 and "tau" in summary

@@ -36,10 +36,58 @@ def test_each_request_equals_its_batch_1_output(case, drafter):
     assert any(len(r) < MAX_NEW for r in reference) and any(len(r) == MAX_NEW for r in reference)
     decoder = SpeculativeDecoder(Target(model), drafter_lineup(model)[drafter]())
     for size in SIZES:
+        assert decoder.slots(size) == size  # every shipped drafter interleaves its requests
         outs = decoder.generate_batch(PROMPTS, MAX_NEW, eos_token_ids=eos, batch_size=size)
         assert [o.ids for o in outs] == reference, f"batch_size={size}"
         assert [o.stats.new_tokens for o in outs] == [len(r) for r in reference]
         assert [o.prompt_ids for o in outs] == PROMPTS
+
+
+def _drafts(outputs) -> list[list[tuple[int, int]]]:
+    """Each request's steps as (nodes drafted, nodes accepted): what its drafter proposed."""
+    return [[(step.drafted, step.accepted) for step in out.stats.steps] for out in outputs]
+
+
+# drafters whose drafts follow the tokens alone (no learned cost, no clock): a fork must draft them exactly
+STEADY = ["ngram_k1", "small_chain_k3", "small_tree_2x3", "early_exit_k3", "early_exit_adapter_no_reuse",
+          "eagle_k3", "eagle_tree_dynamic", "medusa_tree", "parallel_k3", "merge_ngram_small"]
+
+
+@pytest.mark.parametrize("drafter", STEADY)
+def test_each_request_drafts_as_it_does_alone(case, drafter):
+    """A sequence's drafter state is its own: its draft model's cache entry, its head's cache, its
+    features. Every step drafts and accepts what the request does decoded alone, at every batch size
+    (a drafter reading its neighbour's cache would still give the right output, lossless as the
+    verification is, but not these drafts)."""
+    model, eos, reference = case
+    decoder = SpeculativeDecoder(Target(model), drafter_lineup(model)[drafter]())
+    alone = _drafts(decoder.generate_batch(PROMPTS, MAX_NEW, eos_token_ids=eos, batch_size=1))
+    assert any(accepted for steps in alone for _, accepted in steps)
+    for size in SIZES[1:]:
+        assert _drafts(decoder.generate_batch(PROMPTS, MAX_NEW, eos_token_ids=eos, batch_size=size)) == alone
+
+
+def test_a_draft_model_keeps_each_sequences_cache(case, monkeypatch):
+    """The draft model holds a cache entry per sequence, so in a batch it reads each request's
+    tokens once, as alone. Planted fault: the forks share one cache (no swap); it follows whichever
+    sequence drafted last, so every draft re-reads its prompt (same drafts, many more tokens)."""
+    from spec_zoo.drafters.small_model import DraftModelSequences
+
+    model, eos, reference = case
+    decoder = SpeculativeDecoder(Target(model), drafter_lineup(model)["small_chain_k3"]())
+    runner, fed = decoder.drafter.runner, []
+    forward = runner._forward
+    monkeypatch.setattr(runner, "_forward", lambda new, *rest: fed.append(len(new)) or forward(new, *rest))
+
+    def tokens_read(size: int) -> int:
+        fed.clear()
+        assert [o.ids for o in decoder.generate_batch(PROMPTS, MAX_NEW, eos_token_ids=eos, batch_size=size)] == reference
+        return sum(fed)
+
+    alone = tokens_read(1)
+    assert tokens_read(8) == alone
+    monkeypatch.setattr(DraftModelSequences, "propose", lambda self, state: self._draft(state))
+    assert tokens_read(8) > 2 * alone
 
 
 @pytest.mark.parametrize("family", ["qwen2", "gemma2"])
@@ -260,34 +308,78 @@ def compiled_case(request):
     return target, eos, [plain.generate(p, MAX_NEW, eos_token_ids=eos).ids for p in PROMPTS]
 
 
-@pytest.mark.parametrize("drafter", ["none", "ngram", "ngram_tree", "suffix", "medusa_tree", "hydra"])
-def test_compiled_batches_score_every_sequence_in_one_forward(compiled_case, drafter, monkeypatch):
-    """Each request equals its batch-1 output at every batch size, and a step of a batch of n runs
-    one graph call for all n sequences (not n calls); the heads' drafters read each sequence's own
-    hidden states out of the packed forward."""
+def _compiled_drafter(name: str, model):
+    """A drafter of the compiled line-up: its draft model, head or exit compiled too where it has one."""
+    from spec_zoo.drafters.cascade import CascadeDrafter
+    from spec_zoo.drafters.eagle.drafter import EagleDrafter
+    from spec_zoo.drafters.early_exit.drafter import EarlyExitDrafter
     from spec_zoo.drafters.hydra.drafter import HydraDrafter
     from spec_zoo.drafters.hydra.heads import HydraHeads
     from spec_zoo.drafters.medusa.drafter import MedusaDrafter
     from spec_zoo.drafters.none import NoDrafter
+    from spec_zoo.drafters.small_model import SmallModelDrafter
     from spec_zoo.drafters.suffix import SuffixDrafter
     from spec_zoo.trees import Static
-    from tests.drafts import MEDUSA_TREE, medusa_heads, staged_heads
+    from tests.drafts import MEDUSA_TREE, eagle_head, medusa_heads, noisy_copy, staged_heads
 
+    def eagle(**options):
+        return EagleDrafter(eagle_head(model).to(model.dtype), runtime="compiled", adaptive=False, **options)
+
+    return {"none": NoDrafter, "ngram": NgramDrafter, "ngram_tree": lambda: NgramDrafter(branches=2),
+            "suffix": SuffixDrafter,
+            "medusa_tree": lambda: MedusaDrafter(medusa_heads(model), tree=Static(MEDUSA_TREE)),
+            "hydra": lambda: HydraDrafter(staged_heads(HydraHeads, model), num_draft=3),
+            "eagle": lambda: eagle(num_draft=3),
+            "eagle_tree": lambda: eagle(tree={"policy": "topk", "width": 2, "depth": 2}),
+            "early_exit": lambda: EarlyExitDrafter(1, num_draft=3, adaptive=False, reuse_kv=False,
+                                                   runtime="compiled"),
+            "small_model": lambda: SmallModelDrafter(noisy_copy(model, 1.0), num_draft=3, runtime="compiled",
+                                                     dtype=str(model.dtype).removeprefix("torch.")),
+            "cascade": lambda: CascadeDrafter([NgramDrafter(num_draft=2, adaptive=False), eagle(num_draft=3)]),
+            }[name]()
+
+
+# fixed lengths and trees (the others steer by the clock, or draft from a cache of every request's output)
+COMPILED_STEADY = ("medusa_tree", "hydra", "eagle", "eagle_tree", "early_exit", "small_model")
+
+
+@pytest.mark.parametrize("drafter", ["none", "ngram", "ngram_tree", "suffix", "medusa_tree", "hydra", "eagle",
+                                     "eagle_tree", "early_exit", "small_model", "cascade"])
+def test_compiled_batches_score_every_sequence_in_one_forward(compiled_case, drafter, monkeypatch):
+    """Each request equals its batch-1 output at every batch size, and a step of a batch of n runs
+    one graph call for all n sequences (not n calls); the heads' drafters read each sequence's own
+    hidden states out of the packed forward, and the compiled draft models, heads and exits hold
+    each sequence's own cache: every request drafts what it drafts alone."""
     target, eos, reference = compiled_case
-    chosen = {"none": NoDrafter, "ngram": NgramDrafter, "ngram_tree": lambda: NgramDrafter(branches=2),
-              "suffix": SuffixDrafter,
-              "medusa_tree": lambda: MedusaDrafter(medusa_heads(target.model), tree=Static(MEDUSA_TREE)),
-              "hydra": lambda: HydraDrafter(staged_heads(HydraHeads, target.model), num_draft=3)}[drafter]()
-    decoder = SpeculativeDecoder(target, chosen)
+    decoder = SpeculativeDecoder(target, _compiled_drafter(drafter, target.model))
     calls = []
     rows = target._compiled_rows
     monkeypatch.setattr(target, "_compiled_rows", lambda groups: calls.append(len(groups)) or rows(groups))
+    alone = None
     for size in SIZES:
         calls.clear()
         assert decoder.slots(size) == size
         outs = decoder.generate_batch(PROMPTS, MAX_NEW, eos_token_ids=eos, batch_size=size)
         assert [o.ids for o in outs] == reference, f"batch_size={size}"
         assert max(calls) == min(size, len(PROMPTS))  # the sequences of a step share one forward
+        if drafter in COMPILED_STEADY:
+            alone = alone or _drafts(outs)
+            assert _drafts(outs) == alone, f"batch_size={size}"
+
+
+def test_a_compiled_head_that_keeps_its_neighbours_kv_fails_the_draft_check(compiled_case, monkeypatch):
+    """Planted fault: the compiled EAGLE head's one static cache is not swapped between the
+    sequences of a batch (each drafts on whatever its neighbour left there). Outputs stay right
+    (verification is lossless); the per-request drafts of the check above must differ."""
+    from spec_zoo.compiled_head import CompiledHead
+
+    target, eos, reference = compiled_case
+    decoder = SpeculativeDecoder(target, _compiled_drafter("eagle", target.model))
+    alone = _drafts(decoder.generate_batch(PROMPTS, MAX_NEW, eos_token_ids=eos, batch_size=1))
+    monkeypatch.setattr(CompiledHead, "use", lambda self, sequence: None)
+    outs = decoder.generate_batch(PROMPTS, MAX_NEW, eos_token_ids=eos, batch_size=8)
+    assert [o.ids for o in outs] == reference
+    assert _drafts(outs) != alone
 
 
 TREE = ([5, 2, 6, 3, 4, 7], [-1, -1, 0, 0, 2, 1])  # depth 3, two branches at the root: paths need a gather

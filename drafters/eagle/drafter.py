@@ -21,6 +21,7 @@ the committed tokens, every chain token and every tree level are calls of that g
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 
 import torch
@@ -133,9 +134,20 @@ class EagleDrafter(ChainDrafter):
             return load_eagle(source or SHIPPED, target.model)
         return load_published(source, target.model, fmt)
 
+    batches = True
+
+    def for_sequence(self, slot: int) -> EagleDrafter:
+        """The same head (and compiled graph); its own head cache, features and draft-length and
+        tree estimates. A compiled head's one static cache holds each sequence's KV in turn
+        (`CompiledHead.use`)."""
+        twin = copy.copy(self)
+        twin.length, twin.tree = copy.deepcopy(self.length), copy.deepcopy(self.tree)
+        return twin
+
     def begin(self, state: DecodeState) -> None:
         if self.compiled is not None:
-            self.compiled.reset()
+            self._sequence = self.compiled.sequence()
+            self.compiled.use(self._sequence)
         self.cache = self.compiled.cache if self.compiled is not None else DynamicCache()
         self._fed: list[int] = []  # tokens whose KV is in the head's cache, in order
         self._exact = 0  # leading positions of the cache computed from the target's true features
@@ -177,6 +189,8 @@ class EagleDrafter(ChainDrafter):
     def propose(self, state: DecodeState) -> Draft:
         if self.target is None:
             raise RuntimeError("EagleDrafter.attach(target) must be called before drafting")
+        if self.compiled is not None:
+            self.compiled.use(self._sequence)  # its KV in the head's static cache (shared by a batch's drafters)
         if state.target_hidden is not None and state.target_hidden is not self._seen:
             self._features.append(state.target_hidden)
             self._seen = state.target_hidden

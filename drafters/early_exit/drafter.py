@@ -23,6 +23,7 @@ With ``runtime=compiled`` the draft is one compiled graph on its own static cach
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 
 import torch
@@ -172,9 +173,20 @@ class EarlyExitDrafter(ChainDrafter):
         """The draft's compiled graph when it runs compiled: what `spec-zoo warmup` compiles."""
         return [self.compiled] if self.compiled is not None else []
 
+    batches = True
+
+    def for_sequence(self, slot: int) -> EarlyExitDrafter:
+        """The same layers (and compiled graph); its own shallow and adapter caches and draft-length
+        and tree estimates. With KV reuse its shallow KV is in the sequence's own target cache; a
+        compiled draft's one static cache holds each sequence's KV in turn (`CompiledHead.use`)."""
+        twin = copy.copy(self)
+        twin.length, twin.tree = copy.deepcopy(self.length), copy.deepcopy(self.tree)
+        return twin
+
     def begin(self, state: DecodeState) -> None:
         if self.compiled is not None:
-            self.compiled.reset()
+            self._sequence = self.compiled.sequence()
+            self.compiled.use(self._sequence)
         # layers 0..E-1 when not reusing the target's cache (the compiled draft's cache holds the adapter's too)
         self._shallow = self.compiled.cache if self.compiled is not None else DynamicCache()
         self._adapted = DynamicCache()  # the adapter's own layer
@@ -257,6 +269,8 @@ class EarlyExitDrafter(ChainDrafter):
     def propose(self, state: DecodeState) -> Draft:
         if self.target is None:
             raise RuntimeError("EarlyExitDrafter.attach(target) must be called before drafting")
+        if self.compiled is not None:
+            self.compiled.use(self._sequence)  # its KV in the draft's static cache (shared by a batch's drafters)
         tokens = state.tokens
         k = min(self.length.choose(state=state), state.max_depth) if self.tree is None else state.max_depth
         if k == 0 and not self.reuse_kv:  # a plain target step; the shallow cache catches up later

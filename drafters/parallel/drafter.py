@@ -85,7 +85,7 @@ class ParallelDrafter(DistilledDrafter):
         return self.to_target_vocab(self.runner.score(tokens, draft).logits)
 
     @torch.no_grad()
-    def propose(self, state: DecodeState) -> Draft:
+    def _draft(self, state: DecodeState) -> Draft:
         if not self.mask_ids:
             raise RuntimeError("ParallelDrafter.attach(target) must be called before drafting")
         if self.tree is not None:
