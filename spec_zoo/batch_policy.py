@@ -32,10 +32,21 @@ from spec_zoo.errors import ConfigError
 class BatchPolicy(ABC):
     """Chooses, for the drafts of the live sequences, how many levels of each to score."""
 
-    @abstractmethod
     def depths(self, drafts: Sequence[Draft], acceptance: Sequence[float], table: CostTable | None) -> list[int]:
         """The depth to cut each draft to (at most its own), given each sequence's acceptance
         and the target's cost table at the batch's context (None when there is none)."""
+        return self.levels([_rows_per_level(d) for d in drafts], acceptance, table)
+
+    def bounds(self, caps: Sequence[int], acceptance: Sequence[float], table: CostTable | None) -> list[int]:
+        """Before drafting: the deepest chain worth drafting for each sequence (at most ``caps[i]``),
+        so that no drafter spends time on levels the batch would not score (`depths` then cuts
+        the drafts made)."""
+        return self.levels([[1] * cap for cap in caps], acceptance, table)
+
+    @abstractmethod
+    def levels(self, level_rows: Sequence[list[int]], acceptance: Sequence[float],
+               table: CostTable | None) -> list[int]:
+        """How many levels of each sequence's draft to score, given its nodes per level."""
 
 
 class Goodput(BatchPolicy):
@@ -47,14 +58,22 @@ class Goodput(BatchPolicy):
     the prefix whose ratio to t(R) is highest. Without a cost table it cannot price rows and
     leaves every draft as proposed."""
 
-    def depths(self, drafts, acceptance, table):
-        if table is None or len(drafts) < 2:  # alone, the drafter's own length rule priced its draft
-            return [d.depth for d in drafts]
-        level_rows = [_rows_per_level(d) for d in drafts]
+    #: levels priced before drafting (`bounds`); a sequence given all of them is not bounded
+    PRICED_LEVELS = 16
+
+    def bounds(self, caps, acceptance, table):
+        if table is None:
+            return list(caps)
+        priced = super().bounds([min(cap, self.PRICED_LEVELS) for cap in caps], acceptance, table)
+        return [cap if bound == min(cap, self.PRICED_LEVELS) else bound for cap, bound in zip(caps, priced)]
+
+    def levels(self, level_rows, acceptance, table):
+        if table is None or len(level_rows) < 2:  # alone, the drafter's own length rule priced its draft
+            return [len(rows) for rows in level_rows]
         heap = [(-a / rows[0], i) for i, (a, rows) in enumerate(zip(acceptance, level_rows, strict=True)) if rows]
         heapq.heapify(heap)
-        rows, gain = len(drafts), float(len(drafts))  # every sequence scores its last committed token
-        taken = [0] * len(drafts)
+        rows, gain = len(level_rows), float(len(level_rows))  # every sequence scores its last committed token
+        taken = [0] * len(level_rows)
         best, best_ratio = list(taken), gain / table.relative(rows)
         while heap:
             _, i = heapq.heappop(heap)
@@ -82,9 +101,9 @@ class Schedule(BatchPolicy):
             raise ConfigError(f"batch_policy: {dict(lengths)!r} is not a schedule of batch size -> longest draft; "
                               "pass e.g. batch_policy='{1: 8, 4: 4, 8: 2, 16: 0}' (sizes >= 1, lengths >= 0).")
 
-    def depths(self, drafts, acceptance, table):
-        cap = next((k for b, k in reversed(self.lengths) if b <= len(drafts)), None)
-        return [d.depth if cap is None else min(d.depth, cap) for d in drafts]
+    def levels(self, level_rows, acceptance, table):
+        cap = next((k for b, k in reversed(self.lengths) if b <= len(level_rows)), None)
+        return [len(rows) if cap is None else min(len(rows), cap) for rows in level_rows]
 
 
 def batch_policy(value: str | Mapping | None) -> BatchPolicy | None:

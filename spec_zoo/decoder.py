@@ -204,7 +204,9 @@ class SpeculativeDecoder:
                 i, seq = waiting.pop(0)
                 self._begin(seq, free.pop(0), fork=slots > 1)
                 live.append((i, seq))
-            drafts = self._cut([self._propose(seq) for _, seq in live], [seq for _, seq in live])
+            seqs = [seq for _, seq in live]
+            bounds = self._bounds(seqs)
+            drafts = self._cut([self._propose(seq, bound) for seq, bound in zip(seqs, bounds)], seqs)
             t0 = time.perf_counter()
             batch = [(seq.target_state, seq.state.tokens, draft) for (_, seq), (draft, _) in zip(live, drafts)]
             scores = self.target.score_batch(batch, hidden=self.drafter.needs_target_hidden)
@@ -229,31 +231,52 @@ class SpeculativeDecoder:
         seq.start = time.perf_counter()
         seq.drafter.begin(seq.state)
 
-    def _propose(self, seq: _Sequence) -> tuple[Draft, float]:
-        """The sequence's draft (with the target holding its state, which a drafter may read), and
-        the seconds drafting took."""
+    def _propose(self, seq: _Sequence, bound: int | None) -> tuple[Draft, float]:
+        """The sequence's draft, at most ``bound`` deep (with the target holding its state, which a
+        drafter may read), and the seconds drafting took."""
         state, tokens = seq.state, seq.state.tokens
         if seq.target_state is not None:
             self.target.use(seq.target_state)
-        state.max_depth = seq.max_new_tokens - len(seq.generated) - 1
+        state.max_depth = self._left(seq) if bound is None else min(bound, self._left(seq))
         if self.cost_table is not None:
             state.cost_table = self.cost_table.at(len(tokens))  # scoring is dearer after a longer context
         t0 = time.perf_counter()
-        draft = seq.drafter.propose(state) if state.max_depth > 0 else Draft.empty()
+        # a drafter bounded to nothing this step is still asked: it follows every step (EAGLE takes its features)
+        draft = seq.drafter.propose(state) if self._left(seq) > 0 else Draft.empty()
         draft = draft.truncated(state.max_depth)
         seconds = time.perf_counter() - t0
         if seq.target_state is not None:
             seq.target_state = self.target.sequence()  # a drafter may have run the target (a partial forward)
         return draft, seconds
 
+    @staticmethod
+    def _left(seq: _Sequence) -> int:
+        """The deepest draft worth scoring: tokens left, less the one the verifier adds."""
+        return seq.max_new_tokens - len(seq.generated) - 1
+
+    def _policy_table(self, seqs: list[_Sequence]) -> tuple[BatchPolicy | None, CostTable | None]:
+        """The batch policy when it sets this step's depths (greedy runs of several sequences), and
+        the cost table at the batch's mean context."""
+        if self.batch_policy is None or len(seqs) < 2 or not self.sampling.greedy:
+            return None, None
+        if self.cost_table is None:
+            return self.batch_policy, None
+        return self.batch_policy, self.cost_table.at(sum(len(seq.state.tokens) for seq in seqs) // len(seqs))
+
+    def _bounds(self, seqs: list[_Sequence]) -> list[int | None]:
+        """How deep each sequence may draft this step (None: as deep as it likes): what the policy
+        would score of chains as deep as each may go, so no drafting is spent on levels it cuts."""
+        policy, table = self._policy_table(seqs)
+        if policy is None:
+            return [None] * len(seqs)
+        return list(policy.bounds([self._left(seq) for seq in seqs], [seq.acceptance.rate for seq in seqs], table))
+
     def _cut(self, drafts: list[tuple[Draft, float]], seqs: list[_Sequence]) -> list[tuple[Draft, float]]:
         """The drafts cut to the depths the batch policy scores (greedy runs of several sequences)."""
-        if self.batch_policy is None or len(seqs) < 2 or not self.sampling.greedy:
+        policy, table = self._policy_table(seqs)
+        if policy is None:
             return drafts
-        table = None
-        if self.cost_table is not None:
-            table = self.cost_table.at(sum(len(seq.state.tokens) for seq in seqs) // len(seqs))
-        depths = self.batch_policy.depths([d for d, _ in drafts], [seq.acceptance.rate for seq in seqs], table)
+        depths = policy.depths([d for d, _ in drafts], [seq.acceptance.rate for seq in seqs], table)
         return [(draft.truncated(depth), s) for (draft, s), depth in zip(drafts, depths, strict=True)]
 
     def _settle(self, seq: _Sequence, draft: Draft, scores: Scores, draft_s: float, score_s: float) -> list[int]:

@@ -198,6 +198,36 @@ def test_a_batch_policy_cuts_drafts_never_outputs(case, policy):
     assert rows["cut"] < rows["proposed"]
 
 
+@pytest.mark.parametrize("drafter", ["small_chain_k3", "eagle_k3", "cascade_ngram_eagle"])
+def test_the_policy_bounds_each_draft_before_it_is_made(case, drafter, monkeypatch):
+    """On a cost curve where long drafts do not pay, the policy bounds each sequence's draft before
+    the drafter makes it (`BatchPolicy.bounds`), so draft models and heads run fewer forwards than
+    when the drafts are only cut afterwards; a drafter bounded to nothing for some steps is still
+    asked (EAGLE keeps every target feature), and every output is its batch-1 output."""
+    from spec_zoo.batch_policy import Goodput
+    from spec_zoo.drafters.eagle.drafter import EagleDrafter
+    from spec_zoo.target import Target as Runner
+
+    model, eos, reference = case
+    steep = _table([1.0, 1.2] + [1.0 + 0.6 * m for m in range(2, 64)])
+    calls = []
+    for cls, name in ((EagleDrafter, "_run"), (Runner, "_forward")):  # a head's forwards, a draft model's
+        honest = getattr(cls, name)
+        monkeypatch.setattr(cls, name, lambda self, *a, honest=honest, **k: calls.append(1) or honest(self, *a, **k))
+    forwards = {}
+    for name, policy in (("cut after", None), ("bounded", Goodput())):
+        decoder = SpeculativeDecoder(Target(model), drafter_lineup(model)[drafter](), cost_table=steep,
+                                     batch_policy=policy)
+        if policy is None:  # the same cut, made after drafting: every drafter drafts what it likes
+            monkeypatch.setattr(decoder, "_bounds", lambda seqs: [None] * len(seqs))
+            decoder.batch_policy = Goodput()
+        calls.clear()
+        outs = decoder.generate_batch(PROMPTS, MAX_NEW, eos_token_ids=eos, batch_size=8)
+        assert [o.ids for o in outs] == reference
+        forwards[name] = len(calls)
+    assert forwards["bounded"] < forwards["cut after"]
+
+
 def test_a_sampled_batch_ignores_the_policy(case):
     """A sampled request's draws follow its draft: cutting it by its neighbours would change them."""
     from spec_zoo.batch_policy import Schedule
