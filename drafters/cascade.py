@@ -124,6 +124,10 @@ class CascadeDrafter(ComposedDrafter):
         drafting = self.costs[i] if self.labels[i] in self._costs else table.draft_cost(key, self.costs[i])
         return table.relative(len(draft) + 1) + drafting * levels
 
+    def level_cost(self, table) -> float:
+        """The member that drafted last step (the first member before any has) drafts the next level."""
+        return self.members[self._chosen or 0].level_cost(table)
+
     def begin(self, state: DecodeState) -> None:
         super().begin(state)
         self._reset_evidence()

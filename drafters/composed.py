@@ -159,6 +159,10 @@ class ComposedDrafter(Drafter):
         for member in self.members:
             member.hold(sequences)
 
+    def level_cost(self, table) -> float:
+        """Every member drafts (a merge): their costs added."""
+        return sum(member.level_cost(table) for member in self.members)
+
     def for_sequence(self, slot: int) -> ComposedDrafter:
         """Each member's fork for the sequence; its own drafts and evidence (made by `begin`)."""
         twin = copy.copy(self)

@@ -7,9 +7,10 @@ by the whole batch: a draft worth scoring alone may not be worth its rows next t
 the batch is scored:
 
 - `Goodput` (SmartSpec, arXiv 2406.14066): the depths that maximise the batch's expected
-  committed tokens per unit of scoring time, sum_i (1 + a_i + ... + a_i^k_i) / t(R), with a_i
-  each sequence's running acceptance and t the target's measured cost table; all zero (plain
-  decoding) when no draft pays for its rows.
+  committed tokens per unit of time, sum_i (1 + a_i + ... + a_i^k_i) / (t(R) + sum_i d_i k_i),
+  with a_i each sequence's running acceptance, t the target's measured cost table and d_i what
+  drafting a level costs its drafter (before drafting; once drafted, that time is spent); all
+  zero (plain decoding) when no draft pays for its rows.
 - `Schedule` (TensorRT-LLM's ``draft_len_schedule``): a fixed longest depth per number of
   live sequences, the alternative to ablate against.
 
@@ -37,53 +38,62 @@ class BatchPolicy(ABC):
         and the target's cost table at the batch's context (None when there is none)."""
         return self.levels([_rows_per_level(d) for d in drafts], acceptance, table)
 
-    def bounds(self, caps: Sequence[int], acceptance: Sequence[float], table: CostTable | None) -> list[int]:
+    def bounds(self, caps: Sequence[int], acceptance: Sequence[float], table: CostTable | None,
+               drafting: Sequence[float] | None = None) -> list[int]:
         """Before drafting: the deepest chain worth drafting for each sequence (at most ``caps[i]``),
         so that no drafter spends time on levels the batch would not score (`depths` then cuts
-        the drafts made)."""
-        return self.levels([[1] * cap for cap in caps], acceptance, table)
+        the drafts made). ``drafting[i]``: what drafting one level costs sequence i's drafter, in
+        target forwards (`Drafter.level_cost`); afterwards that time is spent, so `depths` leaves it out."""
+        return self.levels([[1] * cap for cap in caps], acceptance, table, drafting)
 
     @abstractmethod
     def levels(self, level_rows: Sequence[list[int]], acceptance: Sequence[float],
-               table: CostTable | None) -> list[int]:
-        """How many levels of each sequence's draft to score, given its nodes per level."""
+               table: CostTable | None, drafting: Sequence[float] | None = None) -> list[int]:
+        """How many levels of each sequence's draft to score, given its nodes per level (and what
+        drafting a level costs each, when it is still to be done)."""
 
 
 class Goodput(BatchPolicy):
     """The depths of greatest expected committed tokens per second over the whole batch.
 
-    Each level added to sequence i gains a_i^(k + 1) expected tokens and costs its nodes' rows;
+    Each level added to sequence i gains a_i^(k + 1) expected tokens and costs its nodes' rows
+    (and, before drafting, its drafting, counted in rows at the table's mean cost of a row);
     taking the levels in order of gain per row gives the best set of levels for each row count
     (a_i^k falls with k, so no sequence's level is taken before its parent), and the policy keeps
-    the prefix whose ratio to t(R) is highest. Without a cost table it cannot price rows and
+    the prefix whose ratio to its cost, t(R) plus the drafting, is highest. Without a cost table it cannot price rows and
     leaves every draft as proposed."""
 
     #: levels priced before drafting (`bounds`); a sequence given all of them is not bounded
     PRICED_LEVELS = 16
 
-    def bounds(self, caps, acceptance, table):
+    def bounds(self, caps, acceptance, table, drafting=None):
         if table is None:
             return list(caps)
-        priced = super().bounds([min(cap, self.PRICED_LEVELS) for cap in caps], acceptance, table)
+        priced = super().bounds([min(cap, self.PRICED_LEVELS) for cap in caps], acceptance, table, drafting)
         return [cap if bound == min(cap, self.PRICED_LEVELS) else bound for cap, bound in zip(caps, priced)]
 
-    def levels(self, level_rows, acceptance, table):
+    def levels(self, level_rows, acceptance, table, drafting=None):
         if table is None or len(level_rows) < 2:  # alone, the drafter's own length rule priced its draft
             return [len(rows) for rows in level_rows]
-        heap = [(-a / rows[0], i) for i, (a, rows) in enumerate(zip(acceptance, level_rows, strict=True)) if rows]
+        # a level's price in rows: its nodes, and its drafting at the table's mean cost of a row
+        unit = max((table.relative(len(table.seconds)) - 1.0) / max(len(table.seconds) - 1, 1), 1e-6)
+        extra = [d / unit for d in drafting] if drafting is not None else [0.0] * len(level_rows)
+        heap = [(-a / (rows[0] + extra[i]), i)
+                for i, (a, rows) in enumerate(zip(acceptance, level_rows, strict=True)) if rows]
         heapq.heapify(heap)
         rows, gain = len(level_rows), float(len(level_rows))  # every sequence scores its last committed token
-        taken = [0] * len(level_rows)
+        taken, spent = [0] * len(level_rows), 0.0  # spent: drafting still to be done, in target forwards
         best, best_ratio = list(taken), gain / table.relative(rows)
         while heap:
             _, i = heapq.heappop(heap)
             k = taken[i]
             rows += level_rows[i][k]
             gain += acceptance[i] ** (k + 1)
+            spent += drafting[i] if drafting is not None else 0.0
             taken[i] = k + 1
             if k + 1 < len(level_rows[i]):
-                heapq.heappush(heap, (-acceptance[i] ** (k + 2) / level_rows[i][k + 1], i))
-            if (ratio := gain / table.relative(rows)) > best_ratio:
+                heapq.heappush(heap, (-acceptance[i] ** (k + 2) / (level_rows[i][k + 1] + extra[i]), i))
+            if (ratio := gain / (table.relative(rows) + spent)) > best_ratio:
                 best, best_ratio = list(taken), ratio
         return best
 
@@ -101,7 +111,7 @@ class Schedule(BatchPolicy):
             raise ConfigError(f"batch_policy: {dict(lengths)!r} is not a schedule of batch size -> longest draft; "
                               "pass e.g. batch_policy='{1: 8, 4: 4, 8: 2, 16: 0}' (sizes >= 1, lengths >= 0).")
 
-    def levels(self, level_rows, acceptance, table):
+    def levels(self, level_rows, acceptance, table, drafting=None):
         cap = next((k for b, k in reversed(self.lengths) if b <= len(level_rows)), None)
         return [len(rows) if cap is None else min(len(rows), cap) for rows in level_rows]
 

@@ -125,6 +125,16 @@ class Drafter(ABC):
         exactly as it would alone. A draft model's cache entry for the sequence is entry ``slot``."""
         raise NotImplementedError(f"drafter={self.name} declares batches=True but has no for_sequence")
 
+    def level_cost(self, table: CostTable | None) -> float:
+        """What drafting one more level costs, in target forwards: what a batch policy weighs
+        before it lets a sequence draft deeper. A drafter with a draft-length rule (``length``,
+        `spec_zoo.draft_length.DraftLength`) costs what that rule prices (its measured cost in
+        ``table``, else its ``token_cost``); one without, nothing."""
+        length = getattr(self, "length", None)
+        if length is None:
+            return 0.0
+        return table.draft_cost(length.cost_key, length.prior_cost) if table is not None else length.prior_cost
+
     def begin(self, state: DecodeState) -> None:
         """Called at the start of each sequence, before the first ``propose``."""
 

@@ -64,7 +64,8 @@ def test_each_request_drafts_as_it_does_alone(case, drafter):
     alone = _drafts(decoder.generate_batch(PROMPTS, MAX_NEW, eos_token_ids=eos, batch_size=1))
     assert any(accepted for steps in alone for _, accepted in steps)
     for size in SIZES[1:]:
-        assert _drafts(decoder.generate_batch(PROMPTS, MAX_NEW, eos_token_ids=eos, batch_size=size)) == alone
+        outs = decoder.generate_batch(PROMPTS, MAX_NEW, eos_token_ids=eos, batch_size=size)
+        assert [o.ids for o in outs] == reference and _drafts(outs) == alone, f"batch_size={size}"
 
 
 def test_a_draft_model_keeps_each_sequences_cache(case, monkeypatch):
@@ -81,7 +82,8 @@ def test_a_draft_model_keeps_each_sequences_cache(case, monkeypatch):
 
     def tokens_read(size: int) -> int:
         fed.clear()
-        assert [o.ids for o in decoder.generate_batch(PROMPTS, MAX_NEW, eos_token_ids=eos, batch_size=size)] == reference
+        outs = decoder.generate_batch(PROMPTS, MAX_NEW, eos_token_ids=eos, batch_size=size)
+        assert [o.ids for o in outs] == reference
         return sum(fed)
 
     alone = tokens_read(1)
@@ -164,6 +166,21 @@ def test_goodput_scores_the_levels_that_pay_for_their_rows():
     assert Goodput().depths(_chains(2, 0), [0.9, 0.9], flat_to_8) == [2, 0]
     assert Goodput().depths(_chains(8), [0.1], linear) == [8]
     assert Goodput().depths(_chains(8, 8), [0.1, 0.1], None) == [8, 8]
+
+
+def test_before_drafting_goodput_weighs_what_drafting_costs_too():
+    from spec_zoo.batch_policy import Goodput
+
+    flat_to_8 = _table([1.0] * 8 + [2.0] * 24)
+    # the six free rows as in the test above, when drafting is free or cheap
+    assert Goodput().bounds([8, 8], [0.9, 0.9], flat_to_8) == [3, 3]
+    assert Goodput().bounds([8, 8], [0.9, 0.9], flat_to_8, [0.2, 0.2]) == [3, 3]
+    # a level costing half a target step to draft never pays for a 0.9 chance of a token
+    assert Goodput().bounds([8, 8], [0.9, 0.9], flat_to_8, [0.5, 0.5]) == [0, 0]
+    assert Goodput().bounds([8, 8], [0.9, 0.9], flat_to_8, [0.0, 0.5]) == [6, 0]
+    # a sequence given every priced level is not bounded; without a table none is
+    assert Goodput().bounds([40, 40], [1.0, 1.0], _table([1.0] * 64)) == [40, 40]
+    assert Goodput().bounds([30, 30], [0.1, 0.1], None) == [30, 30]
 
 
 def test_a_schedule_caps_by_the_number_of_live_sequences():

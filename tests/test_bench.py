@@ -223,6 +223,29 @@ def test_method_entries_resolve_interpolations(tmp_path, monkeypatch):
     assert spec.draft_model_path == f"{tmp_path}/other-draft" == spec.record_params["path"]
 
 
+@pytest.mark.parametrize("same_vocab", [True, False])
+def test_an_assistant_of_another_vocabulary_runs_as_universal_assisted_generation(monkeypatch, draft_cache,
+                                                                                   same_vocab):
+    """`hf_assisted_cross`: an assistant whose tokenizer differs from the target's is handed to
+    transformers with assistant_tokenizer= and tokenizer= (universal assisted generation, the peer
+    of drafter=cross_tokenizer); one of the same vocabulary is plain assisted generation."""
+    from types import SimpleNamespace
+
+    import spec_zoo.models
+
+    def tokenizer(vocab):
+        return SimpleNamespace(get_vocab=lambda: vocab)
+
+    ours, theirs = tokenizer({"a": 0, "b": 1}), tokenizer({"a": 0, "b": 1} if same_vocab else {"ab": 0})
+    monkeypatch.setattr(spec_zoo.models, "load_causal_lm", lambda *a, **k: (make_tiny_llama(seed=1), theirs))
+    method = build(Target(make_tiny_llama(), ours), ["hf_assisted_cross"])[-1]  # after the baseline, ar
+    assert "assistant_model" in method.kwargs
+    if same_vocab:
+        assert "assistant_tokenizer" not in method.kwargs
+    else:
+        assert method.kwargs["assistant_tokenizer"] is theirs and method.kwargs["tokenizer"] is ours
+
+
 # -- runner ---------------------------------------------------------------------------
 def test_records_follow_the_contract(target, tmp_path, draft_cache):
     methods = build(target, ["hf_ar", "ngram", "hf_pld", "small_model", "small_model_tree", "hf_assisted"])

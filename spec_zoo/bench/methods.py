@@ -208,6 +208,9 @@ def _built(spec: MethodSpec, target: Target, sampling: SamplingParams, config_ha
 
         a = spec.assistant
         path = a.get("path") or truncated_draft(int(a["draft_layers"]))
-        kwargs["assistant_model"], _ = load_causal_lm(path, a.get("dtype", "float32"), a.get("device", "cpu"))
+        kwargs["assistant_model"], theirs = load_causal_lm(path, a.get("dtype", "float32"), a.get("device", "cpu"))
+        if theirs is not None and target.tokenizer is not None and theirs.get_vocab() != target.tokenizer.get_vocab():
+            # another vocabulary: transformers' universal assisted generation, which re-tokenizes through text
+            kwargs.update(assistant_tokenizer=theirs, tokenizer=target.tokenizer)
     return TransformersMethod(spec.name, target.model, sampling, config_hash, spec.drafter_label, kwargs,
                               spec.record_params, eos_token_ids, stop_strings, target.tokenizer)
