@@ -60,8 +60,8 @@ class Goodput(BatchPolicy):
     (and, before drafting, its drafting, counted in rows at the table's mean cost of a row);
     taking the levels in order of gain per row gives the best set of levels for each row count
     (a_i^k falls with k, so no sequence's level is taken before its parent), and the policy keeps
-    the prefix whose ratio to its cost, t(R) plus the drafting, is highest. Without a cost table it cannot price rows and
-    leaves every draft as proposed."""
+    the prefix whose ratio to its cost, t(R) plus the drafting, is highest. Without a cost table
+    it cannot price rows and leaves every draft as proposed."""
 
     #: levels priced before drafting (`bounds`); a sequence given all of them is not bounded
     PRICED_LEVELS = 16
