@@ -7,7 +7,7 @@ what is still committed and feeds only the new tokens.
 
 from __future__ import annotations
 
-import copy
+from typing import cast
 
 import torch
 
@@ -17,6 +17,7 @@ from spec_zoo.draft import Draft
 from spec_zoo.draft_length import DraftLength
 from spec_zoo.errors import ConfigError
 from spec_zoo.interfaces import DecodeState
+from spec_zoo.models import other_vocabulary
 from spec_zoo.sampling import check_sample_mode, drafts_sampled
 from spec_zoo.target import Target
 from spec_zoo.trees import DraftTreeForward, TopK, build_tree_policy
@@ -37,8 +38,8 @@ class DraftModelSequences(ChainDrafter):
         self.runner.hold(sequences)
 
     def for_sequence(self, slot: int) -> DraftModelSequences:
-        twin = copy.copy(self)
-        twin.length, twin.tree, twin.slot = copy.deepcopy(self.length), copy.deepcopy(self.tree), slot
+        twin = cast(DraftModelSequences, super().for_sequence(slot))
+        twin.slot = slot
         return twin
 
     def begin(self, state: DecodeState) -> None:
@@ -116,9 +117,7 @@ class SmallModelDrafter(DraftModelSequences):
 
     def attach(self, target: Target) -> None:
         mine, theirs = self.runner.vocab_size, target.vocab_size
-        same_tokenizer = True
-        if self.runner.tokenizer is not None and target.tokenizer is not None:
-            same_tokenizer = self.runner.tokenizer.get_vocab() == target.tokenizer.get_vocab()
+        same_tokenizer = not other_vocabulary(self.runner.tokenizer, target.tokenizer)
         if mine != theirs or not same_tokenizer:
             raise ConfigError(
                 f"drafter.path={self.source} has a vocabulary of {mine} tokens "

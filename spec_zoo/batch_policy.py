@@ -75,9 +75,10 @@ class Goodput(BatchPolicy):
     def levels(self, level_rows, acceptance, table, drafting=None):
         if table is None or len(level_rows) < 2:  # alone, the drafter's own length rule priced its draft
             return [len(rows) for rows in level_rows]
+        costs = list(drafting) if drafting is not None else [0.0] * len(level_rows)  # per level drafted
         # a level's price in rows: its nodes, and its drafting at the table's mean cost of a row
         unit = max((table.relative(len(table.seconds)) - 1.0) / max(len(table.seconds) - 1, 1), 1e-6)
-        extra = [d / unit for d in drafting] if drafting is not None else [0.0] * len(level_rows)
+        extra = [c / unit for c in costs]
         heap = [(-a / (rows[0] + extra[i]), i)
                 for i, (a, rows) in enumerate(zip(acceptance, level_rows, strict=True)) if rows]
         heapq.heapify(heap)
@@ -89,7 +90,7 @@ class Goodput(BatchPolicy):
             k = taken[i]
             rows += level_rows[i][k]
             gain += acceptance[i] ** (k + 1)
-            spent += drafting[i] if drafting is not None else 0.0
+            spent += costs[i]
             taken[i] = k + 1
             if k + 1 < len(level_rows[i]):
                 heapq.heappush(heap, (-acceptance[i] ** (k + 2) / (level_rows[i][k + 1] + extra[i]), i))

@@ -6,6 +6,7 @@ its tree policy says about its drafts (their caches follow the committed tokens 
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable
 from typing import TYPE_CHECKING, cast
 
@@ -35,6 +36,14 @@ class ChainDrafter(Drafter):
     @property  # computes the attribute Drafter declares (ComposedDrafter sets it per instance)
     def drafts_trees(self) -> bool:  # type: ignore[override]
         return self.tree is not None and self.tree.branches
+
+    def for_sequence(self, slot: int) -> ChainDrafter:
+        """(For a subclass that declares ``batches``.) The same models, settings and compiled graphs;
+        its own draft-length estimates and tree policy (``auto`` learns acceptance per sequence).
+        Caches of its own are the subclass's to make fresh in `begin`."""
+        twin = copy.copy(self)
+        twin.length, twin.tree = copy.deepcopy(self.length), copy.deepcopy(self.tree)
+        return twin
 
     @property  # as drafts_trees
     def sibling_modes(self) -> tuple[str, ...]:  # type: ignore[override]

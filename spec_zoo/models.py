@@ -225,6 +225,12 @@ def embedded_model_dir(name: str = "smollm2-135m") -> Path:
     return out
 
 
+def other_vocabulary(tokenizer, other) -> bool:
+    """Whether two tokenizers, both known, map text to different ids (a draft or assistant of
+    another vocabulary); an unknown one (None: a bare model) is not told apart."""
+    return tokenizer is not None and other is not None and tokenizer.get_vocab() != other.get_vocab()
+
+
 def load_causal_lm(
     path, dtype: str = "float32", device: str = "cpu", trust_remote_code: bool = False, key: str = "model",
     device_map=None,

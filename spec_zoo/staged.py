@@ -19,7 +19,6 @@ from a tree policy that learns (``auto``), nothing is kept between steps.
 
 from __future__ import annotations
 
-import copy
 from dataclasses import replace
 from pathlib import Path
 from typing import ClassVar
@@ -91,15 +90,7 @@ class LevelDrafter(ChainDrafter):
         file_costs(self)
         self.target = target
 
-    batches = True
-
-    def for_sequence(self, slot: int) -> LevelDrafter:
-        """The same heads (and compiled graph); its own draft-length estimates and tree policy
-        (``auto`` learns acceptance per sequence). Each sequence then drafts from its own hidden
-        state, and the target scores every sequence's draft in one forward."""
-        twin = copy.copy(self)
-        twin.length, twin.tree = copy.deepcopy(self.length), copy.deepcopy(self.tree)
-        return twin
+    batches = True  # forks (`ChainDrafter.for_sequence`) draft from their own sequence's hidden states
 
     def begin(self, state: DecodeState) -> None:
         self.length.reset()

@@ -22,6 +22,7 @@ import torch
 from spec_zoo.costs import file_costs
 from spec_zoo.drafters.small_model import SmallModelDrafter
 from spec_zoo.errors import ConfigError
+from spec_zoo.models import other_vocabulary
 from spec_zoo.sampling import to_full_vocab
 from spec_zoo.target import Target
 
@@ -62,8 +63,7 @@ class DistilledDrafter(SmallModelDrafter):
         if self._attached_to is target:
             return
         check_target(self.record, target.model, self.path)
-        if (self.runner.tokenizer is not None and target.tokenizer is not None
-                and self.runner.tokenizer.get_vocab() != target.tokenizer.get_vocab()):
+        if other_vocabulary(self.runner.tokenizer, target.tokenizer):
             raise ConfigError(f"drafter.path={self.source} has a different tokenizer than the target; "
                                   "a draft must share the target's tokenizer.")
         draft = self.runner.model

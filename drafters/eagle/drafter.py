@@ -21,7 +21,6 @@ the committed tokens, every chain token and every tree level are calls of that g
 
 from __future__ import annotations
 
-import copy
 from pathlib import Path
 
 import torch
@@ -134,15 +133,9 @@ class EagleDrafter(ChainDrafter):
             return load_eagle(source or SHIPPED, target.model)
         return load_published(source, target.model, fmt)
 
+    # forks (`ChainDrafter.for_sequence`) make their own head cache and features in `begin`; a compiled
+    # head's one static cache holds each sequence's KV in turn (`CompiledHead.use`)
     batches = True
-
-    def for_sequence(self, slot: int) -> EagleDrafter:
-        """The same head (and compiled graph); its own head cache, features and draft-length and
-        tree estimates. A compiled head's one static cache holds each sequence's KV in turn
-        (`CompiledHead.use`)."""
-        twin = copy.copy(self)
-        twin.length, twin.tree = copy.deepcopy(self.length), copy.deepcopy(self.tree)
-        return twin
 
     def begin(self, state: DecodeState) -> None:
         if self.compiled is not None:

@@ -23,7 +23,6 @@ With ``runtime=compiled`` the draft is one compiled graph on its own static cach
 
 from __future__ import annotations
 
-import copy
 from pathlib import Path
 
 import torch
@@ -173,15 +172,10 @@ class EarlyExitDrafter(ChainDrafter):
         """The draft's compiled graph when it runs compiled: what `spec-zoo warmup` compiles."""
         return [self.compiled] if self.compiled is not None else []
 
+    # forks (`ChainDrafter.for_sequence`) make their own shallow and adapter caches in `begin`; with KV
+    # reuse the shallow KV is in the sequence's own target cache, and a compiled draft's one static
+    # cache holds each sequence's KV in turn (`CompiledHead.use`)
     batches = True
-
-    def for_sequence(self, slot: int) -> EarlyExitDrafter:
-        """The same layers (and compiled graph); its own shallow and adapter caches and draft-length
-        and tree estimates. With KV reuse its shallow KV is in the sequence's own target cache; a
-        compiled draft's one static cache holds each sequence's KV in turn (`CompiledHead.use`)."""
-        twin = copy.copy(self)
-        twin.length, twin.tree = copy.deepcopy(self.length), copy.deepcopy(self.tree)
-        return twin
 
     def begin(self, state: DecodeState) -> None:
         if self.compiled is not None:

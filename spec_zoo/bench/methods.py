@@ -204,12 +204,12 @@ def _built(spec: MethodSpec, target: Target, sampling: SamplingParams, config_ha
                              spec.drafter_label, stop_strings, eos_token_ids)
     kwargs = dict(spec.params)
     if spec.assistant:
-        from spec_zoo.models import load_causal_lm, truncated_draft
+        from spec_zoo.models import load_causal_lm, other_vocabulary, truncated_draft
 
         a = spec.assistant
         path = a.get("path") or truncated_draft(int(a["draft_layers"]))
         kwargs["assistant_model"], theirs = load_causal_lm(path, a.get("dtype", "float32"), a.get("device", "cpu"))
-        if theirs is not None and target.tokenizer is not None and theirs.get_vocab() != target.tokenizer.get_vocab():
+        if other_vocabulary(theirs, target.tokenizer):
             # another vocabulary: transformers' universal assisted generation, which re-tokenizes through text
             kwargs.update(assistant_tokenizer=theirs, tokenizer=target.tokenizer)
     return TransformersMethod(spec.name, target.model, sampling, config_hash, spec.drafter_label, kwargs,
