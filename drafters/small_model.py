@@ -7,8 +7,6 @@ what is still committed and feeds only the new tokens.
 
 from __future__ import annotations
 
-from typing import cast
-
 import torch
 
 from spec_zoo.chain import ChainDrafter
@@ -32,15 +30,9 @@ class DraftModelSequences(ChainDrafter):
     runner: Target
     length: DraftLength
     batches = True
-    slot = 0  # the draft model's cache entry of the sequence drafted (`for_sequence`)
 
     def hold(self, sequences: int) -> None:
         self.runner.hold(sequences)
-
-    def for_sequence(self, slot: int) -> DraftModelSequences:
-        twin = cast(DraftModelSequences, super().for_sequence(slot))
-        twin.slot = slot
-        return twin
 
     def begin(self, state: DecodeState) -> None:
         self.runner.reset(self.slot)

@@ -15,6 +15,7 @@ import torch
 from spec_zoo.draft import Draft
 from spec_zoo.draft_length import DraftLength
 from spec_zoo.interfaces import DecodeState, Drafter, Verdict
+from spec_zoo.lockstep import Steps, drive
 from spec_zoo.sampling import draft_token, drafts_sampled
 from spec_zoo.stats import StepStats
 
@@ -32,6 +33,7 @@ class ChainDrafter(Drafter):
     length: DraftLength
     sample_mode: str | bool = "auto"
     tree: TreePolicy | None = None  # a tree policy (`spec_zoo.trees`) when the drafter drafts trees, else None: chains
+    slot = 0  # the sequence's place in a batch (`for_sequence`): its cache entry in a draft model or compiled head
 
     @property  # computes the attribute Drafter declares (ComposedDrafter sets it per instance)
     def drafts_trees(self) -> bool:  # type: ignore[override]
@@ -40,9 +42,9 @@ class ChainDrafter(Drafter):
     def for_sequence(self, slot: int) -> ChainDrafter:
         """(For a subclass that declares ``batches``.) The same models, settings and compiled graphs;
         its own draft-length estimates and tree policy (``auto`` learns acceptance per sequence).
-        Caches of its own are the subclass's to make fresh in `begin`."""
+        Caches of its own are the subclass's to make fresh in `begin` (entry ``slot`` of a shared one)."""
         twin = copy.copy(self)
-        twin.length, twin.tree = copy.deepcopy(self.length), copy.deepcopy(self.tree)
+        twin.length, twin.tree, twin.slot = copy.deepcopy(self.length), copy.deepcopy(self.tree), slot
         return twin
 
     @property  # as drafts_trees
@@ -66,6 +68,12 @@ class ChainDrafter(Drafter):
         needed when ``more`` tokens follow). ``stop(logits)`` ends the chain early;
         ``advance_last`` also feeds the last token (for a drafter whose work on it the target
         reuses)."""
+        return drive(self.chain_steps(state, logits, k, stop, advance_last), lambda ask: advance(*ask))
+
+    def chain_steps(self, state: DecodeState, logits: torch.Tensor, k: int,
+                    stop: Callable[[torch.Tensor], bool] | None = None, advance_last: bool = False) -> Steps[Draft]:
+        """`draft_chain` as steps (`spec_zoo.lockstep`): yields (token, more) where it would call
+        ``advance`` and is sent the logits after the token."""
         sampled = drafts_sampled(self.sample_mode, state.sampling)
         drafted, qs = [], []
         for i in range(k):
@@ -75,7 +83,7 @@ class ChainDrafter(Drafter):
             qs += [q] if q is not None else []
             drafted.append(token)
             if advance_last or i + 1 < k:
-                logits = cast(torch.Tensor, advance(token, i + 1 < k))  # None only after the last token
+                logits = cast(torch.Tensor, (yield token, i + 1 < k))  # None only after the last token
         return Draft.chain(drafted, torch.stack(qs) if qs else None)
 
     def on_commit(self, draft: Draft, verdict: Verdict, step: StepStats) -> None:

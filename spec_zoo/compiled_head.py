@@ -14,9 +14,16 @@ then itself (a chain's rows read the rows before them; a tree node its ancestors
 arithmetic is the same whether it runs alone or beside others. Its KV goes to the slot after
 the cache's length, where its path says it is. More rows than ``CHUNK`` at once (the prompt)
 run as consecutive chunks of the same graph.
+
+A batch of sequences drafts together: the static cache has one entry per sequence (`hold`),
+each sequence sees its entry through its own view (`sequence`, a `spec_zoo.runtime.SlotCache`
+with its own length), and `together` runs several sequences' rows in one graph call, each row
+naming its entry, as the target's packed rows do. One sequence is a call of one.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 from transformers.cache_utils import Cache, StaticLayer
@@ -25,7 +32,15 @@ from spec_zoo.attention_kernel import DEFAULT_ATTENTION
 from spec_zoo.attention_kernel import load as load_attention
 from spec_zoo.compile_cache import fingerprint
 from spec_zoo.errors import ConfigError
-from spec_zoo.runtime import DRAFT_BLOCK, KEY_BLOCK, compile_graph, crop_all, inductor_settings, rowwise_run
+from spec_zoo.runtime import (
+    DRAFT_BLOCK,
+    KEY_BLOCK,
+    PackedWrites,
+    SlotCache,
+    compile_graph,
+    inductor_settings,
+    rowwise_run,
+)
 
 CHUNK = 64  # rows per graph call at most: a path is at most this wide, so catching up on a prompt stays cheap
 TREE_ROOM = 256  # cache slots past ``max_cache_len`` for the nodes of a drafted tree
@@ -34,7 +49,7 @@ TREE_ROOM = 256  # cache slots past ``max_cache_len`` for the nodes of a drafted
 class CompiledHead:
     """``head`` (`spec_zoo.draft_head.BlockHead` or a published EAGLE head: ``inputs``,
     ``forward``, ``feature``, ``logits``) with ``rotary`` (hidden, positions -> cos/sin) on a
-    static one-layer cache of ``max_cache_len`` positions, run by one compiled graph (module doc).
+    static cache of ``max_cache_len`` positions per sequence, run by one compiled graph (module doc).
 
     widths:  (token embedding, feature) widths of the rows fed.
     weights: modules the graph reads besides the head (the target's rotary embedding), so the
@@ -62,106 +77,134 @@ class CompiledHead:
         # where the row-wise attention is set while the graph runs (a copied layer has its own config)
         self.configs = list({id(m.config): m.config for m in attentions}.values())
         layer = attentions[0]
-        self.dtype = next(layer.parameters()).dtype
-        self.cache = Cache(layers=[StaticLayer(max_cache_len=self.cache_slots) for _ in range(cache_layers)])
-        self.cache.early_initialization(1, layer.config.num_key_value_heads, layer.head_dim, self.dtype,
-                                        next(layer.parameters()).device)  # allocated before compiling
+        self.dtype, self.device = next(layer.parameters()).dtype, next(layer.parameters()).device
+        self.kv_shape = (layer.config.num_key_value_heads, layer.head_dim)
+        self.cache_layers = cache_layers
+        self.entries = 1  # cache entries: one per sequence drafted at once (`hold`)
+        self.store: Cache | None = None  # every entry's KV (allocated before compiling: the graph holds its address)
         self._compiled = None
         self.compile_s: float | None = None
         self.compile_cached = False
-        self._held: dict | None = None  # the sequence whose KV the static cache holds (`use`)
+        self.calls = 0  # graph calls so far (what a batch drafting together saves)
 
     @property
     def cache_slots(self) -> int:
         """``max_cache_len``, room for a tree's nodes, and a key block of slack (as the target's)."""
         return self.max_cache_len + TREE_ROOM + self.key_block
 
-    @property
-    def length(self) -> int:
-        """Slots in use: the positions fed and the nodes of the tree being drafted."""
-        return int(self.cache.layers[0].cumulative_length)
+    def hold(self, sequences: int) -> None:
+        """Make room for ``sequences`` sequences drafting at once (one cache entry each), before any
+        of them starts; more entries than the graph was compiled for recompile it (on first use)."""
+        if sequences > self.entries:
+            self.entries, self.store, self._compiled = sequences, None, None
 
-    def reset(self) -> None:
-        """Forget the sequence (the tensors stay: the graph holds their addresses)."""
-        crop_all(self.cache, 0)
+    def _store(self) -> Cache:
+        if self.store is None:
+            store = Cache(layers=[StaticLayer(max_cache_len=self.cache_slots) for _ in range(self.cache_layers)])
+            store.early_initialization(self.entries, *self.kv_shape, self.dtype, self.device)
+            for layer in store.layers:  # a new entry count recompiles: dynamo must not make it a symbol
+                torch._dynamo.mark_static(layer.keys)
+                torch._dynamo.mark_static(layer.values)
+            self.store = store
+        return self.store
 
-    @staticmethod
-    def sequence() -> dict:
-        """A new, empty sequence to `use`: drafters of a batch share the head, its graph and its
-        one static cache, into which each sequence's KV is moved while it drafts."""
-        return {"kv": [], "length": 0}
+    def sequence(self, slot: int = 0) -> SlotCache:
+        """A new, empty sequence in cache entry ``slot``: its view of the cache, with its own length
+        (what drafters crop with `spec_zoo.target.follow`, and hand to `causal`, `rows` and `together`)."""
+        if not 0 <= slot < self.entries:
+            raise ValueError(f"cache entry {slot} of {self.entries}: call hold() first")
+        return SlotCache(self._store(), slot)
 
-    def use(self, sequence: dict) -> None:
-        """Make the static cache hold ``sequence``: the KV of the one held before is copied out to
-        its own state and this one's copied in (its fed positions only; nothing moves when it is
-        held already, as a sequence decoded alone always is)."""
-        if self._held is sequence:
-            return
-        held, n = self._held, self.length
-        if held is not None:
-            held["kv"] = [(layer.keys[:, :, :n].clone(), layer.values[:, :, :n].clone())
-                          for layer in self.cache.layers]
-            held["length"] = n
-        for layer, (keys, values) in zip(self.cache.layers, sequence["kv"]):
-            layer.keys[:, :, : keys.shape[2]].copy_(keys)
-            layer.values[:, :, : values.shape[2]].copy_(values)
-        crop_all(self.cache, sequence["length"])
-        self._held = sequence
-
-    def causal(self, embeds: torch.Tensor, features: torch.Tensor, pick: list[int]):
+    def causal(self, cache: SlotCache, embeds: torch.Tensor, features: torch.Tensor, pick: list[int]):
         """`rows` for m tokens fed in order after the cache's length (each reads those before
         it), in chunks of at most ``CHUNK`` rows; ``pick`` indexes the last chunk's rows."""
-        m, past = embeds.shape[1], self.length
-        for start in range(0, m, CHUNK):
-            stop, at = min(m, start + CHUNK), past + start
-            out = self.rows(embeds[:, start:stop], features[:, start:stop], list(range(at, past + stop)),
-                            [list(range(at, at + j + 1)) for j in range(stop - start)], at,
-                            pick if stop == m else [0])
+        for call in self.causal_rows(cache, embeds, features, pick):
+            out = self.together([call])[0]
         return out
 
-    def rows(self, embeds: torch.Tensor, features: torch.Tensor, positions: list[int], paths: list[list[int]],
-             visible: int, pick: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    def causal_rows(self, cache: SlotCache, embeds: torch.Tensor, features: torch.Tensor,
+                    pick: list[int]) -> list[HeadRows]:
+        """`causal`'s calls, to be run in order (each chunk reads the ones before it)."""
+        m, past = embeds.shape[1], cache.length
+        calls = []
+        for start in range(0, m, CHUNK):
+            stop, at = min(m, start + CHUNK), past + start
+            calls.append(HeadRows(cache, embeds[:, start:stop], features[:, start:stop], list(range(at, past + stop)),
+                                  [list(range(at, at + j + 1)) for j in range(stop - start)], at,
+                                  pick if stop == m else [0]))
+        return calls
+
+    def rows(self, cache: SlotCache, embeds: torch.Tensor, features: torch.Tensor, positions: list[int],
+             paths: list[list[int]], visible: int, pick: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
         """(the head's feature guesses [m, H], draft-vocabulary logits [len(pick), V_draft] of the
         rows ``pick``) for m rows of token embeddings and the features before them ([1, m, .]
-        each) at ``positions``; row i reads the first ``visible`` slots and ``paths[i]`` (its
-        own slot, ``length + i``, last), where its KV is written."""
-        rows, length = len(paths), self.length
-        size, masked = max(2, rows), torch.finfo(torch.float32).min  # a dynamic dimension cannot be 1
-        if length + size > self.max_cache_len + TREE_ROOM:
-            raise ConfigError(f"the draft head's static cache holds {self.max_cache_len} positions (+ a tree) and "
-                              f"the sequence needs more: raise model.max_cache_len, or set {self.key}.runtime=eager.")
-        width = max(len(path) for path in paths)
-        slots = torch.zeros(size, -(-width // DRAFT_BLOCK) * DRAFT_BLOCK, dtype=torch.long)
+        each) at ``positions``, fed to ``cache``; row i reads the first ``visible`` slots and
+        ``paths[i]`` (its own slot, ``length + i``, last), where its KV is written."""
+        return self.together([HeadRows(cache, embeds, features, positions, paths, visible, pick)])[0]
+
+    def together(self, calls: list[HeadRows]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """`rows` of several sequences (each its own cache entry) in one graph call: a row's
+        arithmetic depends on neither the rows beside it nor their entries, so each sequence gets
+        what it gets alone."""
+        counts = [len(call.paths) for call in calls]
+        rows, masked, top = sum(counts), torch.finfo(torch.float32).min, self.max_cache_len + TREE_ROOM
+        size = max(2, rows)  # a dynamic dimension cannot be 1
+        for call, count in zip(calls, counts):
+            if call.cache.length + count + (size - rows) > top:
+                raise ConfigError(f"the draft head's static cache holds {self.max_cache_len} positions (+ a tree) "
+                                  f"and the sequence needs more: raise model.max_cache_len, or set "
+                                  f"{self.key}.runtime=eager.")
+        width = -(-max(len(path) for call in calls for path in call.paths) // DRAFT_BLOCK) * DRAFT_BLOCK
+        span = max(max(1, -(-call.visible // self.key_block)) * self.key_block for call in calls)
+        slots = torch.zeros(size, width, dtype=torch.long)
         draft_mask = torch.full(slots.shape, masked)
-        for row, path in enumerate(paths):
-            slots[row, : len(path)] = torch.tensor(path)
-            draft_mask[row, : len(path)] = 0.0
-        span = max(1, -(-visible // self.key_block)) * self.key_block
-        mask = torch.zeros(1, 1, 1, span)
-        mask[..., visible:] = masked
-        x = torch.zeros(1, size, embeds.shape[-1], dtype=self.dtype)
-        f = torch.zeros(1, size, features.shape[-1], dtype=self.dtype)
-        x[:, :rows], f[:, :rows] = embeds, features
-        where = torch.full((1, size), positions[-1], dtype=torch.long)
-        where[0, :rows] = torch.tensor(positions)
-        picked = torch.tensor([p % rows for p in pick] * (2 if len(pick) == 1 else 1), dtype=torch.long)
-        feature, logits = self._graph()(*self._dynamic(x, f, where, mask, slots, draft_mask, picked))
-        crop_all(self.cache, length + rows)  # padding rows' KV lies past the sequence, masked until overwritten
-        return feature[:rows], logits[: len(pick)]
+        mask = torch.full((1, 1, size, span), masked)
+        x = torch.zeros(1, size, self.widths[0], dtype=self.dtype)
+        f = torch.zeros(1, size, self.widths[1], dtype=self.dtype)
+        where, row_cache, write_at = (torch.zeros(size, dtype=torch.long) for _ in range(3))
+        picked, first = [], 0
+        for call, count in zip(calls, counts):
+            # padding rows join the last sequence: its prefix, their KV past it (masked until overwritten)
+            end, length = size if first + count == rows else first + count, call.cache.length
+            for row, path in enumerate(call.paths):
+                slots[first + row, : len(path)] = torch.tensor(path)
+                draft_mask[first + row, : len(path)] = 0.0
+            mask[0, 0, first:end, : call.visible] = 0.0
+            x[0, first: first + count], f[0, first: first + count] = call.embeds[0], call.features[0]
+            where[first:end] = call.positions[-1]
+            where[first: first + count] = torch.tensor(call.positions)
+            row_cache[first:end] = call.cache.entry
+            write_at[first:end] = length + torch.arange(end - first)
+            picked += [first + p % count for p in call.pick]
+            first += count
+        pick = torch.tensor(picked * (2 if len(picked) == 1 else 1), dtype=torch.long)
+        self.calls += 1
+        feature, logits = self._graph()(*self._dynamic(x, f, where[None], mask, slots, draft_mask, pick, row_cache,
+                                                       write_at))
+        out, first, at = [], 0, 0
+        for call, count in zip(calls, counts):
+            call.cache.set_length(call.cache.length + count)  # padding rows' KV lies past it, masked until overwritten
+            out.append((feature[first: first + count], logits[at: at + len(call.pick)]))
+            first, at = first + count, at + len(call.pick)
+        return out
 
     def _dynamic(self, *inputs):
         """The graph's inputs with every size that varies marked dynamic (one graph serves all)."""
-        x, f, positions, mask, slots, draft_mask, pick = inputs
-        for tensor, dim in ((x, 1), (f, 1), (positions, 1), (mask, 3), (slots, 0), (slots, 1), (draft_mask, 0),
-                            (draft_mask, 1), (pick, 0)):
-            torch._dynamo.mark_dynamic(tensor, dim, min=2, max=self.cache_slots - 1)
+        x, f, positions, mask, slots, draft_mask, pick, row_cache, write_at = inputs
+        rows_top = self.entries * self.cache_slots - 1
+        for tensor, dim, most in ((x, 1, rows_top), (f, 1, rows_top), (positions, 1, rows_top), (mask, 2, rows_top),
+                                  (mask, 3, self.cache_slots - 1), (slots, 0, rows_top),
+                                  (slots, 1, self.cache_slots - 1), (draft_mask, 0, rows_top),
+                                  (draft_mask, 1, self.cache_slots - 1), (pick, 0, rows_top),
+                                  (row_cache, 0, rows_top), (write_at, 0, rows_top)):
+            torch._dynamo.mark_dynamic(tensor, dim, min=2, max=most)
         return inputs
 
-    def _forward(self, embeds, features, positions, mask, slots, draft_mask, pick):
+    def _forward(self, embeds, features, positions, mask, slots, draft_mask, pick, row_cache, write_at):
         head = self.head
         hidden = head.inputs(embeds, features)
-        out = head(hidden, self.rotary(hidden, positions), self.cache, mask, draft_slots=slots,
-                   draft_mask=draft_mask)[0]
+        out = head(hidden, self.rotary(hidden, positions), PackedWrites(self._store()), mask, draft_slots=slots,
+                   draft_mask=draft_mask, row_cache=row_cache, write_at=write_at)[0]
         return head.feature(out), head.logits(out[pick])
 
     def _graph(self):
@@ -170,24 +213,22 @@ class CompiledHead:
         return self._compiled
 
     def _compile(self):
-        """Compile and run once on two rows past the sequence (then undone), each dimension
-        a distinct size so dynamo gives each its own symbol."""
-        length = self.length
-        (embed, feature), block = self.widths, DRAFT_BLOCK
+        """Compile and run once on two rows in the spare slots past every sequence's room (which
+        nothing reads), each dimension a distinct size so dynamo gives each its own symbol."""
+        (embed, feature), block, where = self.widths, DRAFT_BLOCK, self.max_cache_len + TREE_ROOM
         inputs = self._dynamic(torch.zeros(1, 2, embed, dtype=self.dtype), torch.zeros(1, 2, feature, dtype=self.dtype),
-                               torch.zeros(1, 2, dtype=torch.long), torch.zeros(1, 1, 1, 2 * self.key_block),
-                               torch.full((2, 3 * block), length, dtype=torch.long), torch.zeros(2, 3 * block),
-                               torch.zeros(3, dtype=torch.long))
+                               torch.full((1, 2), where), torch.zeros(1, 1, 2, 2 * self.key_block),
+                               torch.full((2, 3 * block), where, dtype=torch.long), torch.zeros(2, 3 * block),
+                               torch.zeros(3, dtype=torch.long), torch.zeros(2, dtype=torch.long),
+                               where + torch.arange(2))
         tag = fingerprint(torch.nn.ModuleList([self.head, *self.weights]))
+        self._store()  # allocated before tracing: the graph reads it
 
         def under(fn):
             return rowwise_run(fn, self.configs, self.settings, attention=self.attention)
 
-        try:
-            graph, self.compile_s, self.compile_cached = compile_graph(
-                self._forward, under, inputs, tag, "the draft head", self.key, self.fallback)
-        finally:
-            crop_all(self.cache, length)
+        graph, self.compile_s, self.compile_cached = compile_graph(
+            self._forward, under, inputs, tag, "the draft head", self.key, self.fallback)
         return graph
 
     def warm_up(self) -> float:
@@ -195,3 +236,18 @@ class CompiledHead:
         self._graph()
         assert self.compile_s is not None  # set by the compile
         return self.compile_s
+
+
+@dataclass
+class HeadRows:
+    """One sequence's rows of a head call (`CompiledHead.rows`): its cache, token embeddings and
+    features [1, m, .], positions, paths of slots, the slots every row reads, and the rows whose
+    logits are wanted."""
+
+    cache: SlotCache
+    embeds: torch.Tensor
+    features: torch.Tensor
+    positions: list[int]
+    paths: list[list[int]]
+    visible: int
+    pick: list[int]

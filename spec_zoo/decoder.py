@@ -206,7 +206,7 @@ class SpeculativeDecoder:
                 live.append((i, seq))
             seqs = [seq for _, seq in live]
             bounds = self._bounds(seqs)
-            drafts = self._cut([self._propose(seq, bound) for seq, bound in zip(seqs, bounds)], seqs)
+            drafts = self._cut(self._propose_all(seqs, bounds), seqs)
             t0 = time.perf_counter()
             batch = [(seq.target_state, seq.state.tokens, draft) for (_, seq), (draft, _) in zip(live, drafts)]
             scores = self.target.score_batch(batch, hidden=self.drafter.needs_target_hidden)
@@ -234,20 +234,38 @@ class SpeculativeDecoder:
     def _propose(self, seq: _Sequence, bound: int | None) -> tuple[Draft, float]:
         """The sequence's draft, at most ``bound`` deep (with the target holding its state, which a
         drafter may read), and the seconds drafting took."""
-        state, tokens = seq.state, seq.state.tokens
         if seq.target_state is not None:
             self.target.use(seq.target_state)
-        state.max_depth = self._left(seq) if bound is None else min(bound, self._left(seq))
-        if self.cost_table is not None:
-            state.cost_table = self.cost_table.at(len(tokens))  # scoring is dearer after a longer context
+        asked = self._ready(seq, bound)
         t0 = time.perf_counter()
         # a drafter bounded to nothing this step is still asked: it follows every step (EAGLE takes its features)
-        draft = seq.drafter.propose(state) if self._left(seq) > 0 else Draft.empty()
-        draft = draft.truncated(state.max_depth)
+        draft = seq.drafter.propose(seq.state) if asked else Draft.empty()
+        draft = draft.truncated(seq.state.max_depth)
         seconds = time.perf_counter() - t0
         if seq.target_state is not None:
             seq.target_state = self.target.sequence()  # a drafter may have run the target (a partial forward)
         return draft, seconds
+
+    def _propose_all(self, seqs: list[_Sequence], bounds: list[int | None]) -> list[tuple[Draft, float]]:
+        """Every live sequence's draft (`_propose`): one after another, or, for a drafter that drafts
+        together (`Drafter.drafts_together`, which never reads the target), in shared calls, each
+        sequence then having waited for the whole batch's drafting."""
+        if not self.drafter.drafts_together:
+            return [self._propose(seq, bound) for seq, bound in zip(seqs, bounds)]
+        asked = [seq for seq, bound in zip(seqs, bounds) if self._ready(seq, bound)]
+        t0 = time.perf_counter()
+        made = self.drafter.propose_together([seq.drafter for seq in asked], [seq.state for seq in asked])
+        seconds, drafts = time.perf_counter() - t0, {id(seq): draft for seq, draft in zip(asked, made)}
+        return [(drafts.get(id(seq), Draft.empty()).truncated(seq.state.max_depth), seconds) for seq in seqs]
+
+    def _ready(self, seq: _Sequence, bound: int | None) -> bool:
+        """Set the sequence's depth bound and cost table for drafting; whether it is to be asked for
+        a draft at all (tokens are left to draft)."""
+        state = seq.state
+        state.max_depth = self._left(seq) if bound is None else min(bound, self._left(seq))
+        if self.cost_table is not None:
+            state.cost_table = self.cost_table.at(len(state.tokens))  # scoring is dearer after a longer context
+        return self._left(seq) > 0
 
     @staticmethod
     def _left(seq: _Sequence) -> int:

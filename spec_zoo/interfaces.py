@@ -105,6 +105,9 @@ class Drafter(ABC):
     #: True when `for_sequence` gives it per-sequence state, so a batch interleaves its
     #: requests' steps; False: a batch decodes its requests one after another through it
     batches: bool = False
+    #: True when `propose_together` drafts a batch's sequences in shared model calls (one per
+    #: draft level for all of them); False: each sequence drafts on its own, one after another
+    drafts_together: bool = False
     #: its keys that name a file or folder it loads (a trained method's artefact): a load that
     #: fails is reported against the first one set
     artefact_keys: tuple[str, ...] = ("path",)
@@ -124,6 +127,13 @@ class Drafter(ABC):
         per-sequence state (caches, indexes, acceptance estimates), so each sequence drafts
         exactly as it would alone. A draft model's cache entry for the sequence is entry ``slot``."""
         raise NotImplementedError(f"drafter={self.name} declares batches=True but has no for_sequence")
+
+    def propose_together(self, drafters: list[Drafter], states: list[DecodeState]) -> list[Draft]:
+        """The drafts of a batch's live sequences, asked of the drafter the decoder holds: ``drafters``
+        are its forks (`for_sequence`), one per sequence, beside each one's state. Here each drafts
+        on its own; a drafter with ``drafts_together`` runs them in lockstep (`spec_zoo.lockstep`),
+        each draft the one it makes alone."""
+        return [drafter.propose(state) for drafter, state in zip(drafters, states, strict=True)]
 
     def level_cost(self, table: CostTable | None) -> float:
         """What drafting one more level costs, in target forwards: what a batch policy weighs

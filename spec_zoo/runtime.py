@@ -508,6 +508,11 @@ class SlotCache:
     def update(self, keys: torch.Tensor, values: torch.Tensor, layer_idx: int, *args, **kwargs):
         return self.layers[layer_idx].update(keys, values)
 
+    @property
+    def length(self) -> int:
+        """Positions the sequence holds (every layer as many, outside a partial forward)."""
+        return self.layers[0].length
+
     def set_length(self, length: int) -> None:
         for layer in self.layers:
             layer.length = length

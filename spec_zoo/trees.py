@@ -4,7 +4,9 @@ next-token distributions.
 A drafter hands a policy an ``expand(tree, nodes)`` callable returning its logits after
 each of ``nodes`` (``ROOT``: after the last committed token) of the tree grown so far; the
 policy calls it once per level and returns a `Draft` with exact ``probs`` rows and the
-``siblings`` mode the verifier needs (docs/trees.md):
+``siblings`` mode the verifier needs (docs/trees.md). A policy is written as `TreePolicy.levels`,
+a generator that yields each level's (tree, nodes) and is sent their logits (`spec_zoo.lockstep`),
+so a batch's sequences can expand their levels in one model call; ``build`` drives it with ``expand``.
 
 - `Chain`: one child per node, ``depth`` levels.
 - `Static`: explicit paths of child ranks (Medusa's "choices"); `TopK` is the full
@@ -36,6 +38,7 @@ from spec_zoo.costs import CostTable
 from spec_zoo.draft import MAX_NODES, ROOT, Draft
 from spec_zoo.errors import ConfigError
 from spec_zoo.interfaces import DecodeState, Verdict
+from spec_zoo.lockstep import Steps, drive
 from spec_zoo.sampling import logits_to_probs, sample, sample_distinct
 from spec_zoo.target import Target
 
@@ -93,9 +96,14 @@ class TreePolicy(ABC):
         """The ``Draft.siblings`` its drafts use (what a verifier must be exact for)."""
         return ("without_replacement",) if sampled else ("deterministic",)
 
-    @abstractmethod
     def build(self, expand: Expand, state: DecodeState, sampled: bool) -> Draft:
-        """The tree for this step (at most ``state.max_depth`` deep)."""
+        """The tree for this step (at most ``state.max_depth`` deep), each level expanded by ``expand``."""
+        return drive(self.levels(state, sampled), lambda ask: expand(*ask))
+
+    @abstractmethod
+    def levels(self, state: DecodeState, sampled: bool) -> Steps[Draft]:
+        """`build` as steps: yields (the tree so far, the nodes to expand) once per level, is sent
+        their logits [len(nodes), V], and returns the tree."""
 
     def observe(self, draft: Draft, verdict: Verdict) -> None:
         """What was accepted of the last tree (a policy may learn from it)."""
@@ -129,7 +137,7 @@ class Static(TreePolicy):
     def branches(self) -> bool:
         return any(path[-1] > 0 for path in self.paths)
 
-    def build(self, expand: Expand, state: DecodeState, sampled: bool) -> Draft:
+    def levels(self, state: DecodeState, sampled: bool) -> Steps[Draft]:
         tree = Growing()
         node_of: dict[tuple[int, ...], int] = {(): ROOT}
         for level in range(1, min(self.depth, state.max_depth) + 1):
@@ -137,7 +145,7 @@ class Static(TreePolicy):
             for path in self.paths:
                 if len(path) == level and path[:-1] in node_of:  # absent: q had too few tokens
                     width[path[:-1]] = max(width.get(path[:-1], 0), path[-1] + 1)
-            logits = expand(tree.shape(), [node_of[parent] for parent in width])
+            logits = yield tree.shape(), [node_of[parent] for parent in width]
             for row, (parent, k) in zip(logits, width.items()):
                 kids, q = ranked(row, k, state, sampled)
                 for rank, token in enumerate(kids):
@@ -205,12 +213,12 @@ class Dynamic(TreePolicy):
     def sibling_modes(self, sampled: bool) -> tuple[str, ...]:
         return ("deterministic",)
 
-    def build(self, expand: Expand, state: DecodeState, sampled: bool) -> Draft:
+    def levels(self, state: DecodeState, sampled: bool) -> Steps[Draft]:
         tree, score = Growing(), []
         frontier, base = [ROOT], {ROOT: 0.0}
         for _ in range(min(self.depth, state.max_depth)):
             newest = []
-            for node, logits in zip(frontier, expand(tree.shape(), frontier)):
+            for node, logits in zip(frontier, (yield tree.shape(), frontier)):
                 logp = logits.float().log_softmax(-1)
                 top = torch.topk(logp, min(self.width, int(torch.isfinite(logp).sum())))
                 for lp, token in zip(top.values.tolist(), top.indices.tolist()):
@@ -242,12 +250,12 @@ class MultiDraft(TreePolicy):
     def sibling_modes(self, sampled: bool) -> tuple[str, ...]:
         return ("iid",) if sampled else ("deterministic",)
 
-    def build(self, expand: Expand, state: DecodeState, sampled: bool) -> Draft:
+    def levels(self, state: DecodeState, sampled: bool) -> Steps[Draft]:
         tree = Growing()
         at = [ROOT] * self.n  # the node each chain has reached
         for _ in range(min(self.depth, state.max_depth)):
             frontier = list(dict.fromkeys(at))
-            logits = dict(zip(frontier, expand(tree.shape(), frontier)))
+            logits = dict(zip(frontier, (yield tree.shape(), frontier)))
             child: dict[tuple[int, int], int] = {}  # (parent, token) -> node
             for j, node in enumerate(at):
                 if sampled:
@@ -403,9 +411,11 @@ class Auto(TreePolicy):
                                        self.max_nodes, min(depth, self.max_depth), self.max_width)
         return paths, (value, cost)
 
-    def build(self, expand: Expand, state: DecodeState, sampled: bool) -> Draft:
+    def levels(self, state: DecodeState, sampled: bool) -> Steps[Draft]:
         self.paths, self.prediction = self.plan(self.acceptance(), state.cost_table, state.max_depth)
-        return Static(self.paths).build(expand, state, sampled) if self.paths else Draft.empty()
+        if not self.paths:
+            return Draft.empty()
+        return (yield from Static(self.paths).levels(state, sampled))
 
     def observe(self, draft: Draft, verdict: Verdict) -> None:
         if not len(draft):  # nothing learnt: let the evidence fade so drafting is tried again

@@ -228,7 +228,7 @@ def test_the_policy_bounds_each_draft_before_it_is_made(case, drafter, monkeypat
     model, eos, reference = case
     steep = _table([1.0, 1.2] + [1.0 + 0.6 * m for m in range(2, 64)])
     calls = []
-    for cls, name in ((EagleDrafter, "_run"), (Runner, "_forward")):  # a head's forwards, a draft model's
+    for cls, name in ((EagleDrafter, "_head"), (Runner, "_forward")):  # a head's forwards, a draft model's
         honest = getattr(cls, name)
         monkeypatch.setattr(cls, name, lambda self, *a, honest=honest, **k: calls.append(1) or honest(self, *a, **k))
     forwards = {}
@@ -396,34 +396,43 @@ def test_compiled_batches_score_every_sequence_in_one_forward(compiled_case, dra
     """Each request equals its batch-1 output at every batch size, and a step of a batch of n runs
     one graph call for all n sequences (not n calls); the heads' drafters read each sequence's own
     hidden states out of the packed forward, and the compiled draft models, heads and exits hold
-    each sequence's own cache: every request drafts what it drafts alone."""
+    each sequence's own cache: every request drafts what it drafts alone. A compiled EAGLE head
+    drafts the batch together: each level of every sequence's draft is one call of its graph."""
+    from spec_zoo.compiled_head import CompiledHead
+
     target, eos, reference = compiled_case
     decoder = SpeculativeDecoder(target, _compiled_drafter(drafter, target.model))
-    calls = []
-    rows = target._compiled_rows
+    calls, head_calls = [], []
+    rows, together = target._compiled_rows, CompiledHead.together
     monkeypatch.setattr(target, "_compiled_rows", lambda groups: calls.append(len(groups)) or rows(groups))
+    monkeypatch.setattr(CompiledHead, "together",
+                        lambda self, asks: head_calls.append(len(asks)) or together(self, asks))
     alone = None
     for size in SIZES:
         calls.clear()
+        head_calls.clear()
         assert decoder.slots(size) == size
         outs = decoder.generate_batch(PROMPTS, MAX_NEW, eos_token_ids=eos, batch_size=size)
         assert [o.ids for o in outs] == reference, f"batch_size={size}"
         assert max(calls) == min(size, len(PROMPTS))  # the sequences of a step share one forward
+        if decoder.drafter.drafts_together:  # the sequences of a draft level share one head call
+            assert (max(head_calls) > 1) == (size > 1) and max(head_calls) <= size
         if drafter in COMPILED_STEADY:
             alone = alone or _drafts(outs)
             assert _drafts(outs) == alone, f"batch_size={size}"
 
 
 def test_a_compiled_head_that_keeps_its_neighbours_kv_fails_the_draft_check(compiled_case, monkeypatch):
-    """Planted fault: the compiled EAGLE head's one static cache is not swapped between the
-    sequences of a batch (each drafts on whatever its neighbour left there). Outputs stay right
-    (verification is lossless); the per-request drafts of the check above must differ."""
+    """Planted fault: every sequence of a batch gets the compiled EAGLE head's first cache entry
+    (each drafts on whatever its neighbours wrote there). Outputs stay right (verification is
+    lossless); the per-request drafts of the check above must differ."""
     from spec_zoo.compiled_head import CompiledHead
 
     target, eos, reference = compiled_case
     decoder = SpeculativeDecoder(target, _compiled_drafter("eagle", target.model))
     alone = _drafts(decoder.generate_batch(PROMPTS, MAX_NEW, eos_token_ids=eos, batch_size=1))
-    monkeypatch.setattr(CompiledHead, "use", lambda self, sequence: None)
+    shared = CompiledHead.sequence
+    monkeypatch.setattr(CompiledHead, "sequence", lambda self, slot=0: shared(self, 0))
     outs = decoder.generate_batch(PROMPTS, MAX_NEW, eos_token_ids=eos, batch_size=8)
     assert [o.ids for o in outs] == reference
     assert _drafts(outs) != alone

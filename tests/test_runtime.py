@@ -252,7 +252,7 @@ def test_a_compiled_early_exit_draft_prefills_a_long_prompt_eagerly(compiled, co
         out = SpeculativeDecoder(compiled, drafter, GreedyVerifier(), SamplingParams()).generate(
             prompt, max_new_tokens=12, eos_token_ids=[])
     assert out.ids == plain and out.stats.drafted > 0
-    assert prefill.call_count == 1 and prefill.call_args.args[1].shape[1] == len(prompt) - 1
+    assert prefill.call_count == 1 and prefill.call_args.args[2].shape[1] == len(prompt) - 1
 
 
 def test_seeded_sampling_with_a_compiled_early_exit_draft_is_reproducible(compiled, compiled_exit):

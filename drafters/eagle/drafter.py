@@ -22,21 +22,23 @@ the committed tokens, every chain token and every tree level are calls of that g
 from __future__ import annotations
 
 from pathlib import Path
+from typing import cast
 
 import torch
 from transformers import DynamicCache
 
 from spec_zoo.attention_kernel import DEFAULT_ATTENTION
 from spec_zoo.chain import ChainDrafter
-from spec_zoo.compiled_head import CompiledHead
+from spec_zoo.compiled_head import CompiledHead, HeadRows
 from spec_zoo.costs import file_costs
 from spec_zoo.draft import ROOT, Draft
 from spec_zoo.draft_length import DraftLength
 from spec_zoo.drafters.eagle.formats import FORMATS, PublishedHead, load_published, sniff
 from spec_zoo.drafters.eagle.head import EagleHead, load_eagle
 from spec_zoo.errors import ConfigError
-from spec_zoo.interfaces import DecodeState
+from spec_zoo.interfaces import DecodeState, Drafter
 from spec_zoo.layers import DecoderStack, causal_mask
+from spec_zoo.lockstep import Steps, drive, relay, together
 from spec_zoo.models import RUNTIMES, check_runtime
 from spec_zoo.sampling import check_sample_mode, drafts_sampled, to_full_vocab
 from spec_zoo.target import Target, follow
@@ -134,25 +136,33 @@ class EagleDrafter(ChainDrafter):
         return load_published(source, target.model, fmt)
 
     # forks (`ChainDrafter.for_sequence`) make their own head cache and features in `begin`; a compiled
-    # head's one static cache holds each sequence's KV in turn (`CompiledHead.use`)
+    # head's static cache has an entry per sequence (`CompiledHead.sequence`), and a batch's forks
+    # draft together: each level of all their drafts is one call of the head's graph
     batches = True
 
-    def begin(self, state: DecodeState) -> None:
+    @property  # computes the attribute Drafter declares
+    def drafts_together(self) -> bool:  # type: ignore[override]
+        return self.compiled is not None
+
+    def hold(self, sequences: int) -> None:
         if self.compiled is not None:
-            self._sequence = self.compiled.sequence()
-            self.compiled.use(self._sequence)
-        self.cache = self.compiled.cache if self.compiled is not None else DynamicCache()
+            self.compiled.hold(sequences)
+
+    def begin(self, state: DecodeState) -> None:
+        self.cache = self.compiled.sequence(self.slot) if self.compiled is not None else DynamicCache()
         self._fed: list[int] = []  # tokens whose KV is in the head's cache, in order
         self._exact = 0  # leading positions of the cache computed from the target's true features
         self._features: list[torch.Tensor] = []  # the target's features of positions 0.. (chunks)
         self._seen: torch.Tensor | None = None
         self.length.reset()
 
-    def _run(self, tokens: list[int], features: torch.Tensor, place=None, pick=(-1,)):
+    def _head(self, tokens: list[int], features: torch.Tensor, place=None, pick=(-1,)) -> Steps:
         """Feed ``tokens`` with the features of the positions before them ([m, W]); return the
         head's feature guesses [m, H] and its logits (over the target's vocabulary) after the
         rows ``pick``. Without ``place`` they follow the fed tokens causally (and count as
-        fed); a tree level brings its own (`TreeLevels`: ``feed`` eagerly, ``place`` compiled)."""
+        fed); a tree level brings its own (`TreeLevels`: ``feed`` eagerly, ``place`` compiled).
+        Steps (`spec_zoo.lockstep`): the head calls are yielded, compiled ones as `HeadRows`
+        (a long run of tokens as several), an eager one as a callable."""
         assert self.target is not None  # attached (propose checks)
         past, m = len(self._fed), len(tokens)
         embeds = self.stack.embed(torch.tensor([tokens], device=self.target.device))
@@ -160,18 +170,28 @@ class EagleDrafter(ChainDrafter):
         if place is None:
             self._fed += tokens
         if self.compiled is not None:
-            if place is None:
-                guess, logits = self.compiled.causal(embeds, features, list(pick))
-            else:
-                slots, paths = place
-                guess, logits = self.compiled.rows(embeds, features, slots, paths, visible=past, pick=list(pick))
+            calls = (self.compiled.causal_rows(self.cache, embeds, features, list(pick)) if place is None
+                     else [HeadRows(self.cache, embeds, features, place[0], place[1], past, list(pick))])
+            for call in calls:
+                guess, logits = yield call
         else:
             positions, mask = place or (torch.arange(past, past + m, device=embeds.device)[None],
                                         causal_mask(past, m, embeds.dtype, embeds.device))
-            hidden = self.head.inputs(embeds, features)
-            out = self.head(hidden, self._rotary(hidden, positions), self.cache, mask)[0]
-            guess, logits = self.head.feature(out), self.head.logits(out[list(pick)])
+
+            def run():
+                hidden = self.head.inputs(embeds, features)
+                out = self.head(hidden, self._rotary(hidden, positions), self.cache, mask)[0]
+                return self.head.feature(out), self.head.logits(out[list(pick)])
+
+            guess, logits = yield run
         return guess, self._logits(logits)
+
+    def _answer(self, call):
+        """A head call answered alone (`_head`)."""
+        if isinstance(call, HeadRows):
+            assert self.compiled is not None  # only a compiled head asks with rows
+            return self.compiled.together([call])[0]
+        return call()
 
     def _logits(self, logits: torch.Tensor) -> torch.Tensor:
         """Draft-vocabulary logits [k, V_draft] as logits over the target's vocabulary [k, V]."""
@@ -180,10 +200,21 @@ class EagleDrafter(ChainDrafter):
 
     @torch.no_grad()
     def propose(self, state: DecodeState) -> Draft:
+        return drive(self._drafting(state), self._answer)
+
+    @torch.no_grad()
+    def propose_together(self, drafters: list[Drafter], states: list[DecodeState]) -> list[Draft]:
+        """Each level of every sequence's draft in one call of the compiled head's graph (each
+        sequence's rows in its own cache entry), so B sequences pay one call per level, not B."""
+        if self.compiled is None:
+            return super().propose_together(drafters, states)
+        steps = [cast(EagleDrafter, drafter)._drafting(state) for drafter, state in zip(drafters, states, strict=True)]
+        return together(steps, self.compiled.together)
+
+    def _drafting(self, state: DecodeState) -> Steps[Draft]:
+        """`propose` as steps (`spec_zoo.lockstep`): its head calls are yielded (`_head`)."""
         if self.target is None:
             raise RuntimeError("EagleDrafter.attach(target) must be called before drafting")
-        if self.compiled is not None:
-            self.compiled.use(self._sequence)  # its KV in the head's static cache (shared by a batch's drafters)
         if state.target_hidden is not None and state.target_hidden is not self._seen:
             self._features.append(state.target_hidden)
             self._seen = state.target_hidden
@@ -206,34 +237,35 @@ class EagleDrafter(ChainDrafter):
         keep = follow(self._fed, seq, min(self._exact, len(seq) - 1), self.cache)
         start = keep - 1 + self._shift
         before = features[start:n] if start >= 0 else torch.cat([features[:1] * 0, features[:n]])
-        guess, logits = self._run(seq[keep:], before)
+        guess, logits = yield from self._head(seq[keep:], before)
         guess = guess[-1:]
         self._exact = len(seq)
         if self.tree is not None:
-            return self.tree.build(self._tree_expand(guess[0], logits), state,
-                                   drafts_sampled(self.sample_mode, state.sampling))
+            return (yield from relay(self.tree.levels(state, drafts_sampled(self.sample_mode, state.sampling)),
+                                     self._tree_expand(guess[0], logits)))
 
-        def advance(token: int, more: bool) -> torch.Tensor:  # the next position reads the head's guessed feature
+        def advance(ask: tuple[int, bool]) -> Steps[torch.Tensor]:  # the next position reads the head's guessed feature
             nonlocal guess
-            guess, logits = self._run([token], guess)
+            guess, logits = yield from self._head([ask[0]], guess)
             return logits[0]
 
-        return self.draft_chain(state, logits[0], k, advance)
+        return (yield from relay(self.chain_steps(state, logits[0], k), advance))
 
     def _tree_expand(self, root: torch.Tensor, root_logits: torch.Tensor):
-        """``expand`` for a tree policy: a node reads the head's guessed feature of its parent
-        (``root``: the last committed position's); the tree's KV sits behind the fed tokens
-        until the next step crops it."""
+        """``expand`` for a tree policy's levels, as steps: a node reads the head's guessed feature
+        of its parent (``root``: the last committed position's); the tree's KV sits behind the
+        fed tokens until the next step crops it."""
         guesses, levels = {ROOT: root}, TreeLevels(len(self._fed))
 
-        def expand(tree: Draft, nodes: list[int]) -> torch.Tensor:
+        def expand(ask: tuple[Draft, list[int]]) -> Steps[torch.Tensor]:
+            tree, nodes = ask
             if nodes == [ROOT]:
                 return root_logits
             assert self.target is not None  # attached (propose checks)
             features = torch.stack([guesses[tree.parents[node]] for node in nodes])
             place = (levels.place(tree, nodes) if self.compiled is not None
                      else levels.feed(tree, nodes, features.dtype, self.target.device))
-            guess, logits = self._run(tree.tokens[nodes].tolist(), features, place, pick=range(len(nodes)))
+            guess, logits = yield from self._head(tree.tokens[nodes].tolist(), features, place, pick=range(len(nodes)))
             guesses.update(zip(nodes, guess))
             return logits
 

@@ -21,7 +21,7 @@ import torch
 from spec_zoo.compiled_head import CompiledHead
 from spec_zoo.errors import ConfigError
 from spec_zoo.layers import DecoderStack
-from spec_zoo.runtime import crop_all, slot_mask
+from spec_zoo.runtime import PackedWrites, SlotCache, slot_mask
 
 
 class ExitDraft(torch.nn.Module):
@@ -67,19 +67,19 @@ class CompiledExit(CompiledHead):
         super().__init__(draft, draft.stack.rotary, (width, width), weights, cache_layers=draft.cache_layers,
                          **kwargs)
 
-    def _forward(self, embeds, features, positions, mask, slots, draft_mask, pick):
-        states = self.head(embeds, positions, self.cache, mask, draft_slots=slots, draft_mask=draft_mask)
+    def _forward(self, embeds, features, positions, mask, slots, draft_mask, pick, row_cache, write_at):
+        states = self.head(embeds, positions, PackedWrites(self._store()), mask, draft_slots=slots,
+                           draft_mask=draft_mask, row_cache=row_cache, write_at=write_at)
         return states, self.head.logits(states[pick])
 
     @torch.no_grad()
-    def prefill(self, embeds: torch.Tensor) -> None:
-        """Feed a run of tokens (a prompt) eagerly, in one forward with the model's own attention:
-        a long prompt in the graph's chunks of rows would cost seconds more. Only the draft reads
-        this KV, so it changes no output; it is the same every run."""
-        past, q = self.length, embeds.shape[1]
+    def prefill(self, cache: SlotCache, embeds: torch.Tensor) -> None:
+        """Feed a run of tokens (a prompt) to the sequence ``cache`` eagerly, in one forward with the
+        model's own attention: a long prompt in the graph's chunks of rows would cost seconds more.
+        Only the draft reads this KV, so it changes no output; it is the same every run."""
+        past, q = cache.length, embeds.shape[1]
         if past + q > self.max_cache_len:
             raise ConfigError(f"the early-exit draft's static cache holds {self.max_cache_len} positions and the "
                               f"sequence needs {past + q}: raise model.max_cache_len, or set {self.key}.runtime=eager.")
         positions = torch.arange(past, past + q, device=embeds.device)[None]
-        self.head(embeds, positions, self.cache, slot_mask(past, q, self.cache_slots, self.dtype, embeds.device))
-        crop_all(self.cache, past + q)
+        self.head(embeds, positions, cache, slot_mask(past, q, past + q, self.dtype, embeds.device))

@@ -173,16 +173,17 @@ class EarlyExitDrafter(ChainDrafter):
         return [self.compiled] if self.compiled is not None else []
 
     # forks (`ChainDrafter.for_sequence`) make their own shallow and adapter caches in `begin`; with KV
-    # reuse the shallow KV is in the sequence's own target cache, and a compiled draft's one static
-    # cache holds each sequence's KV in turn (`CompiledHead.use`)
+    # reuse the shallow KV is in the sequence's own target cache, and a compiled draft's static cache
+    # has an entry per sequence (`CompiledHead.sequence`)
     batches = True
 
-    def begin(self, state: DecodeState) -> None:
+    def hold(self, sequences: int) -> None:
         if self.compiled is not None:
-            self._sequence = self.compiled.sequence()
-            self.compiled.use(self._sequence)
+            self.compiled.hold(sequences)
+
+    def begin(self, state: DecodeState) -> None:
         # layers 0..E-1 when not reusing the target's cache (the compiled draft's cache holds the adapter's too)
-        self._shallow = self.compiled.cache if self.compiled is not None else DynamicCache()
+        self._shallow = self.compiled.sequence(self.slot) if self.compiled is not None else DynamicCache()
         self._adapted = DynamicCache()  # the adapter's own layer
         self._fed: list[int] = []  # tokens whose shallow (and adapter) KV is cached, in order
         self.length.reset()
@@ -203,10 +204,10 @@ class EarlyExitDrafter(ChainDrafter):
         if self.compiled is not None:
             embeds = self.stack.embed(torch.tensor([new], device=device))
             if len(new) > CHUNK:  # a prompt's worth: one eager forward (see CompiledExit.prefill)
-                self.compiled.prefill(embeds[:, :-1])
+                self.compiled.prefill(self._shallow, embeds[:, :-1])
                 embeds = embeds[:, -1:]
             self._fed += new  # the tokens since the last draft: one call of the graph, about the price of one row
-            return self._full(self.compiled.causal(embeds, embeds, [-1])[1][0])
+            return self._full(self.compiled.causal(self._shallow, embeds, embeds, [-1])[1][0])
         past, m = len(self._fed), len(new)
         positions = torch.arange(past, past + m, device=device)[None]
         states = self._run(new, positions)
@@ -252,8 +253,8 @@ class EarlyExitDrafter(ChainDrafter):
             if self.compiled is not None:
                 embeds = self.stack.embed(tree.tokens[nodes][None].to(self.target.device))
                 slots, paths = levels.place(tree, nodes)
-                return self._full(self.compiled.rows(embeds, embeds, slots, paths, visible=len(self._fed),
-                                                     pick=list(range(len(nodes))))[1])
+                return self._full(self.compiled.rows(self._shallow, embeds, embeds, slots, paths,
+                                                     visible=len(self._fed), pick=list(range(len(nodes))))[1])
             positions, mask = levels.feed(tree, nodes, self.target.dtype, self.target.device)
             return self._exit_logits(self._run(tree.tokens[nodes].tolist(), positions, mask))
 
@@ -263,8 +264,6 @@ class EarlyExitDrafter(ChainDrafter):
     def propose(self, state: DecodeState) -> Draft:
         if self.target is None:
             raise RuntimeError("EarlyExitDrafter.attach(target) must be called before drafting")
-        if self.compiled is not None:
-            self.compiled.use(self._sequence)  # its KV in the draft's static cache (shared by a batch's drafters)
         tokens = state.tokens
         k = min(self.length.choose(state=state), state.max_depth) if self.tree is None else state.max_depth
         if k == 0 and not self.reuse_kv:  # a plain target step; the shallow cache catches up later
