@@ -133,7 +133,8 @@ def run_batch(cfg: DictConfig, decoder: SpeculativeDecoder, prompts: list, say: 
                                          request_ids=todo, on_done=finished)
         wall = time.perf_counter() - start
     tokens = sum(len(o.ids) for o in outputs)
-    how = f"{slots} at a time" if slots > 1 else "one after another (" + (
+    drafting = "drafted together" if decoder.drafter.drafts_together else "each drafting on its own"
+    how = f"{slots} at a time, {drafting}" if slots > 1 else "one after another (" + (
         "the target holds one cache" if not decoder.target.holds_many else "the drafter keeps one state") + ")"
     say(f"{len(outputs)} requests, {tokens} tokens in {wall:.2f} s: {tokens / wall if wall else 0:.1f} tok/s over "
         f"the run, batch_size={cfg.batch_size}, decoded {how}")

@@ -302,6 +302,7 @@ def test_cli_decodes_a_file_of_prompts_in_batches_saves_each_and_resumes(tmp_pat
     first = _cli(*args)
     assert first.returncode == 0, first.stderr
     assert first.stdout.count("--- request ") == 5 and "5 requests, " in first.stdout
+    assert "decoded 2 at a time, each drafting on its own" in first.stdout  # n-gram has no model to share
     assert "plain decoding (drafter=none) of the same 5 requests" in first.stdout and "same text: 5/5" in first.stdout
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     alone = [spec_zoo.generate(p, model=str(model_dir), drafter="ngram", max_new_tokens=6).ids for p in prompts]

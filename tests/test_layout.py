@@ -41,7 +41,7 @@ def imported(path: str) -> set[str]:
 # higher one (the dotted name under spec_zoo; "" is the package itself). Methods sit above
 # the core, then the tools built on both, then training. A new module takes its place here.
 CORE_LAYERS = [
-    ("errors", "paths", "inputs", "outputs", "draft", "stats"),
+    ("errors", "paths", "inputs", "outputs", "draft", "stats", "lockstep"),
     ("sampling", "layers", "partial", "artefacts", "costs", "cpp_kernels", "skinny_gemm", "amx_gemm",
      "attention_kernel", "compile_cache"),
     ("target", "interfaces", "draft_head"),
