@@ -18,6 +18,7 @@ from spec_zoo.draft_length import TIME_DECAY
 from spec_zoo.drafters.composed import ComposedDrafter, plain_container
 from spec_zoo.errors import ConfigError
 from spec_zoo.interfaces import DecodeState, Verdict
+from spec_zoo.lockstep import Steps
 from spec_zoo.stats import StepStats
 
 if TYPE_CHECKING:
@@ -133,14 +134,14 @@ class CascadeDrafter(ComposedDrafter):
         self._reset_evidence()
         self._chosen = None
 
-    def propose(self, state: DecodeState) -> Draft:
+    def drafting(self, state: DecodeState) -> Steps[Draft]:
         self._collect(state)
         self._chosen, self._priced = None, state.cost_table
         self._table = state.cost_table if state.timings_steer else None
         for i in range(len(self.members)):
             if self.speedup(i) < self.min_speedup:
                 continue
-            draft = self._ask(i, state)
+            draft = yield from self._asking(i, state)
             if len(draft):
                 self._chosen = i
                 return draft

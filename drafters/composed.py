@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+from abc import abstractmethod
 from collections.abc import Mapping, Sequence
 
 import torch
@@ -18,6 +19,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from spec_zoo.draft import ROOT, Draft
 from spec_zoo.errors import ConfigError
 from spec_zoo.interfaces import DecodeState, Drafter, Verdict
+from spec_zoo.lockstep import Steps, answer, drive
 from spec_zoo.registry import build_component, compose_option, option_names
 from spec_zoo.stats import StepStats
 
@@ -205,14 +207,26 @@ class ComposedDrafter(Drafter):
             if member.needs_target_hidden:
                 self._pending[i].append(hidden)
 
-    def _ask(self, i: int, state: DecodeState) -> Draft:
-        """Member ``i``'s draft, given the features it has not seen yet; checked against the
-        target's vocabulary (members built from different models must agree with it)."""
+    def propose(self, state: DecodeState) -> Draft:
+        return drive(self.drafting(state), answer)
+
+    @property  # computes the attribute Drafter declares (a member's head is compiled at attach)
+    def drafts_together(self) -> bool:  # type: ignore[override]
+        return any(member.drafts_together for member in self.members)
+
+    @abstractmethod
+    def drafting(self, state: DecodeState) -> Steps[Draft]:
+        """The step's draft from the members (`_asking` each), as steps (`spec_zoo.lockstep`): a
+        member's shared model calls go out, so a batch's cascades share their EAGLE head's calls."""
+
+    def _asking(self, i: int, state: DecodeState) -> Steps[Draft]:
+        """Member ``i``'s draft (its `drafting` steps), given the features it has not seen yet;
+        checked against the target's vocabulary (members built from different models must agree)."""
         member = self.members[i]
         if member.needs_target_hidden:
             pending, self._pending[i] = self._pending[i], []
             state = dataclasses.replace(state, target_hidden=torch.cat(pending) if pending else None)
-        draft = member.propose(state)
+        draft = yield from member.drafting(state)
         vocab = self.vocab_size
         if vocab is not None and len(draft):
             width = None if draft.probs is None else draft.probs.shape[-1]

@@ -38,6 +38,7 @@ import torch
 from spec_zoo.draft import ROOT, Draft
 from spec_zoo.drafters.composed import ComposedDrafter
 from spec_zoo.interfaces import DecodeState
+from spec_zoo.lockstep import Steps
 
 
 def merge_drafts(drafts: list[Draft]) -> Draft:
@@ -110,9 +111,12 @@ class MergeDrafter(ComposedDrafter):
     name = "merge"
     drafts_trees = True  # two members proposing make a tree
 
-    def propose(self, state: DecodeState) -> Draft:
+    def drafting(self, state: DecodeState) -> Steps[Draft]:
         self._collect(state)
-        proposing = [d for d in (self._ask(i, state) for i in range(len(self.members))) if len(d)]
+        proposing = []
+        for i in range(len(self.members)):
+            draft = yield from self._asking(i, state)
+            proposing += [draft] if len(draft) else []
         if len(proposing) <= 1:  # as is: a lone early-exit chain still resumes at its exit layer
             return proposing[0] if proposing else Draft.empty()
         return merge_drafts(proposing)

@@ -129,9 +129,9 @@ class CompiledHead:
         calls = []
         for start in range(0, m, CHUNK):
             stop, at = min(m, start + CHUNK), past + start
-            calls.append(HeadRows(cache, embeds[:, start:stop], features[:, start:stop], list(range(at, past + stop)),
-                                  [list(range(at, at + j + 1)) for j in range(stop - start)], at,
-                                  pick if stop == m else [0]))
+            paths = [list(range(at, at + j + 1)) for j in range(stop - start)]
+            calls.append(HeadRows(self, cache, embeds[:, start:stop], features[:, start:stop],
+                                  list(range(at, past + stop)), paths, at, pick if stop == m else [0]))
         return calls
 
     def rows(self, cache: SlotCache, embeds: torch.Tensor, features: torch.Tensor, positions: list[int],
@@ -140,8 +140,9 @@ class CompiledHead:
         rows ``pick``) for m rows of token embeddings and the features before them ([1, m, .]
         each) at ``positions``, fed to ``cache``; row i reads the first ``visible`` slots and
         ``paths[i]`` (its own slot, ``length + i``, last), where its KV is written."""
-        return self.together([HeadRows(cache, embeds, features, positions, paths, visible, pick)])[0]
+        return self.together([HeadRows(self, cache, embeds, features, positions, paths, visible, pick)])[0]
 
+    @torch.no_grad()
     def together(self, calls: list[HeadRows]) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """`rows` of several sequences (each its own cache entry) in one graph call: a row's
         arithmetic depends on neither the rows beside it nor their entries, so each sequence gets
@@ -240,10 +241,12 @@ class CompiledHead:
 
 @dataclass
 class HeadRows:
-    """One sequence's rows of a head call (`CompiledHead.rows`): its cache, token embeddings and
+    """One sequence's rows of a head call (`CompiledHead.rows`), as a drafter asks for them
+    (`spec_zoo.lockstep`): the head that answers it, the sequence's cache, token embeddings and
     features [1, m, .], positions, paths of slots, the slots every row reads, and the rows whose
     logits are wanted."""
 
+    server: CompiledHead
     cache: SlotCache
     embeds: torch.Tensor
     features: torch.Tensor

@@ -20,6 +20,7 @@ from spec_zoo.draft import Draft
 from spec_zoo.draft_length import Acceptance
 from spec_zoo.errors import ConfigError
 from spec_zoo.interfaces import DecodeState, Drafter, Verdict, Verifier
+from spec_zoo.lockstep import together
 from spec_zoo.registry import build_option
 from spec_zoo.sampling import SamplingParams, stop_string_list
 from spec_zoo.stats import RunStats, StepStats
@@ -248,13 +249,22 @@ class SpeculativeDecoder:
 
     def _propose_all(self, seqs: list[_Sequence], bounds: list[int | None]) -> list[tuple[Draft, float]]:
         """Every live sequence's draft (`_propose`): one after another, or, for a drafter that drafts
-        together (`Drafter.drafts_together`, which never reads the target), in shared calls, each
-        sequence then having waited for the whole batch's drafting."""
+        together (`Drafter.drafts_together`), in lockstep (`spec_zoo.lockstep.together`: the calls a
+        level makes for every sequence shared), each sequence then having waited for all the drafting."""
         if not self.drafter.drafts_together:
             return [self._propose(seq, bound) for seq, bound in zip(seqs, bounds)]
         asked = [seq for seq, bound in zip(seqs, bounds) if self._ready(seq, bound)]
+
+        def enter(i: int) -> None:  # the target holds the sequence while its drafter runs (a drafter may read it)
+            if (state := asked[i].target_state) is not None:
+                self.target.use(state)
+
+        def leave(i: int) -> None:
+            if asked[i].target_state is not None:
+                asked[i].target_state = self.target.sequence()
+
         t0 = time.perf_counter()
-        made = self.drafter.propose_together([seq.drafter for seq in asked], [seq.state for seq in asked])
+        made = together([seq.drafter.drafting(seq.state) for seq in asked], enter, leave)
         seconds, drafts = time.perf_counter() - t0, {id(seq): draft for seq, draft in zip(asked, made)}
         return [(drafts.get(id(seq), Draft.empty()).truncated(seq.state.max_depth), seconds) for seq in seqs]
 

@@ -16,6 +16,7 @@ import torch
 
 from spec_zoo.draft import Draft
 from spec_zoo.errors import ConfigError
+from spec_zoo.lockstep import Steps
 from spec_zoo.sampling import SamplingParams
 from spec_zoo.stats import StepStats
 
@@ -105,8 +106,8 @@ class Drafter(ABC):
     #: True when `for_sequence` gives it per-sequence state, so a batch interleaves its
     #: requests' steps; False: a batch decodes its requests one after another through it
     batches: bool = False
-    #: True when `propose_together` drafts a batch's sequences in shared model calls (one per
-    #: draft level for all of them); False: each sequence drafts on its own, one after another
+    #: True when its `drafting` asks for model calls a batch's sequences share (one call per draft
+    #: level for all of them, `spec_zoo.lockstep`); False: each sequence drafts on its own
     drafts_together: bool = False
     #: its keys that name a file or folder it loads (a trained method's artefact): a load that
     #: fails is reported against the first one set
@@ -128,13 +129,6 @@ class Drafter(ABC):
         exactly as it would alone. A draft model's cache entry for the sequence is entry ``slot``."""
         raise NotImplementedError(f"drafter={self.name} declares batches=True but has no for_sequence")
 
-    def propose_together(self, drafters: list[Drafter], states: list[DecodeState]) -> list[Draft]:
-        """The drafts of a batch's live sequences, asked of the drafter the decoder holds: ``drafters``
-        are its forks (`for_sequence`), one per sequence, beside each one's state. Here each drafts
-        on its own; a drafter with ``drafts_together`` runs them in lockstep (`spec_zoo.lockstep`),
-        each draft the one it makes alone."""
-        return [drafter.propose(state) for drafter, state in zip(drafters, states, strict=True)]
-
     def level_cost(self, table: CostTable | None) -> float:
         """What drafting one more level costs, in target forwards: what a batch policy weighs
         before it lets a sequence draft deeper. A drafter with a draft-length rule (``length``,
@@ -155,6 +149,14 @@ class Drafter(ABC):
     @abstractmethod
     def propose(self, state: DecodeState) -> Draft:
         """Return the draft to score after ``state.tokens`` (may be empty)."""
+
+    def drafting(self, state: DecodeState) -> Steps[Draft]:
+        """`propose` as steps (`spec_zoo.lockstep`): a generator that yields each model call it
+        wants shared with the batch's other sequences and is sent its answer. Here no call is
+        shared: the draft is made in one step. A drafter with ``drafts_together`` overrides it
+        (and its ``propose`` drives it alone)."""
+        return self.propose(state)
+        yield  # a generator that asks for nothing
 
     def on_commit(self, draft: Draft, verdict: Verdict, step: StepStats) -> None:
         """Called after each step with the draft, what the verifier accepted, and the

@@ -10,10 +10,13 @@ drafting code runs three ways:
 - `relay`: inside another such generator, a policy's asks (a tree policy's "expand these
   nodes", a chain's "feed this token") answered by the drafter's own model calls, which go out;
 - `together`: B generators advanced side by side, each round's asks answered by one batched
-  call (`spec_zoo.compiled_head.CompiledHead.together`), until every one has returned its draft.
+  call per server (`answer_all`), until every one has returned its draft.
 
-Each sequence's generator sees exactly the answers it would get alone when the batched call
-is batch invariant (the compiled head's rows are), so its draft is the one it drafts alone.
+An ask names the ``server`` that answers it: an object whose ``together(asks)`` answers a list of
+its asks in one call (`spec_zoo.compiled_head.CompiledHead`, whose asks are `HeadRows`). Each
+sequence's generator sees exactly the answers it would get alone when that call is batch
+invariant (the compiled head's rows are), so its draft is the one it drafts alone. A drafter
+without model calls to share drafts in one step (`spec_zoo.interfaces.Drafter.drafting`).
 """
 
 from __future__ import annotations
@@ -23,6 +26,23 @@ from typing import Any, TypeVar
 
 Result = TypeVar("Result")
 Steps = Generator[Any, Any, Result]  # yields asks, is sent their answers, returns its result
+
+
+def answer(ask: Any) -> Any:
+    """One ask answered alone by its server."""
+    return ask.server.together([ask])[0]
+
+
+def answer_all(asks: list[Any]) -> list[Any]:
+    """Every ask answered, in order, with one call per server (all of a server's asks at once)."""
+    by_server: dict[int, list[int]] = {}
+    for i, ask in enumerate(asks):
+        by_server.setdefault(id(ask.server), []).append(i)
+    answers: list[Any] = [None] * len(asks)
+    for rows in by_server.values():
+        for i, given in zip(rows, asks[rows[0]].server.together([asks[i] for i in rows]), strict=True):
+            answers[i] = given
+    return answers
 
 
 def drive(steps: Steps[Result], answer: Callable[[Any], Any]) -> Result:
@@ -46,23 +66,30 @@ def relay(steps: Steps[Result], serve: Callable[[Any], Steps[Any]]) -> Steps[Res
         return done.value
 
 
-def together(all_steps: list[Steps[Result]], answer_all: Callable[[list[Any]], list[Any]]) -> list[Result]:
+def together(all_steps: list[Steps[Result]], enter: Callable[[int], None] | None = None,
+             leave: Callable[[int], None] | None = None) -> list[Result]:
     """Every generator of ``all_steps`` run to its result side by side: each round, the asks of
-    those still running answered by one ``answer_all(asks)`` call (one answer per ask, in order)."""
+    those still running answered together (`answer_all`). ``enter(i)`` and ``leave(i)`` run around
+    each advance of generator i (the decoder makes the target hold that sequence meanwhile)."""
     results: list[Any] = [None] * len(all_steps)
     asking: dict[int, Any] = {}
 
-    def advance(i: int, answer: Any, first: bool = False) -> None:
+    def advance(i: int, given: Any, first: bool = False) -> None:
+        if enter is not None:
+            enter(i)
         try:
-            asking[i] = next(all_steps[i]) if first else all_steps[i].send(answer)
+            asking[i] = next(all_steps[i]) if first else all_steps[i].send(given)
         except StopIteration as done:
             asking.pop(i, None)
             results[i] = done.value
+        finally:
+            if leave is not None:
+                leave(i)
 
     for i in range(len(all_steps)):
         advance(i, None, first=True)
     while asking:
         order = list(asking)
-        for i, answer in zip(order, answer_all([asking[i] for i in order]), strict=True):
-            advance(i, answer)
+        for i, given in zip(order, answer_all([asking[i] for i in order]), strict=True):
+            advance(i, given)
     return results

@@ -398,7 +398,8 @@ def test_compiled_batches_score_every_sequence_in_one_forward(compiled_case, dra
     one graph call for all n sequences (not n calls); the heads' drafters read each sequence's own
     hidden states out of the packed forward, and the compiled draft models, heads and exits hold
     each sequence's own cache: every request drafts what it drafts alone. A compiled EAGLE head
-    drafts the batch together: each level of every sequence's draft is one call of its graph."""
+    drafts the batch together, alone or in a cascade: each level of every sequence's draft is one
+    call of its graph."""
     from spec_zoo.compiled_head import CompiledHead
 
     target, eos, reference = compiled_case
@@ -416,8 +417,11 @@ def test_compiled_batches_score_every_sequence_in_one_forward(compiled_case, dra
         outs = decoder.generate_batch(PROMPTS, MAX_NEW, eos_token_ids=eos, batch_size=size)
         assert [o.ids for o in outs] == reference, f"batch_size={size}"
         assert max(calls) == min(size, len(PROMPTS))  # the sequences of a step share one forward
-        if decoder.drafter.drafts_together:  # the sequences of a draft level share one head call
+        if drafter in ("eagle", "eagle_tree"):  # the sequences of a draft level share one head call
+            assert decoder.drafter.drafts_together
             assert (max(head_calls) > 1) == (size > 1) and max(head_calls) <= size
+        if drafter == "cascade":  # its EAGLE member's calls go out of the cascade to be shared
+            assert decoder.drafter.drafts_together and max(head_calls) <= size
         if drafter in COMPILED_STEADY:
             alone = alone or _drafts(outs)
             assert _drafts(outs) == alone, f"batch_size={size}"

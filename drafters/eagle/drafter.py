@@ -22,7 +22,6 @@ the committed tokens, every chain token and every tree level are calls of that g
 from __future__ import annotations
 
 from pathlib import Path
-from typing import cast
 
 import torch
 from transformers import DynamicCache
@@ -36,9 +35,9 @@ from spec_zoo.draft_length import DraftLength
 from spec_zoo.drafters.eagle.formats import FORMATS, PublishedHead, load_published, sniff
 from spec_zoo.drafters.eagle.head import EagleHead, load_eagle
 from spec_zoo.errors import ConfigError
-from spec_zoo.interfaces import DecodeState, Drafter
+from spec_zoo.interfaces import DecodeState
 from spec_zoo.layers import DecoderStack, causal_mask
-from spec_zoo.lockstep import Steps, drive, relay, together
+from spec_zoo.lockstep import Steps, answer, drive, relay
 from spec_zoo.models import RUNTIMES, check_runtime
 from spec_zoo.sampling import check_sample_mode, drafts_sampled, to_full_vocab
 from spec_zoo.target import Target, follow
@@ -137,7 +136,7 @@ class EagleDrafter(ChainDrafter):
 
     # forks (`ChainDrafter.for_sequence`) make their own head cache and features in `begin`; a compiled
     # head's static cache has an entry per sequence (`CompiledHead.sequence`), and a batch's forks
-    # draft together: each level of all their drafts is one call of the head's graph
+    # draft together (`drafting`): each level of all their drafts is one call of the head's graph
     batches = True
 
     @property  # computes the attribute Drafter declares
@@ -161,8 +160,8 @@ class EagleDrafter(ChainDrafter):
         head's feature guesses [m, H] and its logits (over the target's vocabulary) after the
         rows ``pick``. Without ``place`` they follow the fed tokens causally (and count as
         fed); a tree level brings its own (`TreeLevels`: ``feed`` eagerly, ``place`` compiled).
-        Steps (`spec_zoo.lockstep`): the head calls are yielded, compiled ones as `HeadRows`
-        (a long run of tokens as several), an eager one as a callable."""
+        Steps (`spec_zoo.lockstep`): a compiled head's calls are yielded as `HeadRows` (a long
+        run of tokens as several), for a batch to share; an eager head runs at once."""
         assert self.target is not None  # attached (propose checks)
         past, m = len(self._fed), len(tokens)
         embeds = self.stack.embed(torch.tensor([tokens], device=self.target.device))
@@ -171,27 +170,16 @@ class EagleDrafter(ChainDrafter):
             self._fed += tokens
         if self.compiled is not None:
             calls = (self.compiled.causal_rows(self.cache, embeds, features, list(pick)) if place is None
-                     else [HeadRows(self.cache, embeds, features, place[0], place[1], past, list(pick))])
+                     else [HeadRows(self.compiled, self.cache, embeds, features, place[0], place[1], past, list(pick))])
             for call in calls:
                 guess, logits = yield call
         else:
             positions, mask = place or (torch.arange(past, past + m, device=embeds.device)[None],
                                         causal_mask(past, m, embeds.dtype, embeds.device))
-
-            def run():
-                hidden = self.head.inputs(embeds, features)
-                out = self.head(hidden, self._rotary(hidden, positions), self.cache, mask)[0]
-                return self.head.feature(out), self.head.logits(out[list(pick)])
-
-            guess, logits = yield run
+            hidden = self.head.inputs(embeds, features)
+            out = self.head(hidden, self._rotary(hidden, positions), self.cache, mask)[0]
+            guess, logits = self.head.feature(out), self.head.logits(out[list(pick)])
         return guess, self._logits(logits)
-
-    def _answer(self, call):
-        """A head call answered alone (`_head`)."""
-        if isinstance(call, HeadRows):
-            assert self.compiled is not None  # only a compiled head asks with rows
-            return self.compiled.together([call])[0]
-        return call()
 
     def _logits(self, logits: torch.Tensor) -> torch.Tensor:
         """Draft-vocabulary logits [k, V_draft] as logits over the target's vocabulary [k, V]."""
@@ -200,19 +188,12 @@ class EagleDrafter(ChainDrafter):
 
     @torch.no_grad()
     def propose(self, state: DecodeState) -> Draft:
-        return drive(self._drafting(state), self._answer)
+        return drive(self.drafting(state), answer)
 
     @torch.no_grad()
-    def propose_together(self, drafters: list[Drafter], states: list[DecodeState]) -> list[Draft]:
-        """Each level of every sequence's draft in one call of the compiled head's graph (each
-        sequence's rows in its own cache entry), so B sequences pay one call per level, not B."""
-        if self.compiled is None:
-            return super().propose_together(drafters, states)
-        steps = [cast(EagleDrafter, drafter)._drafting(state) for drafter, state in zip(drafters, states, strict=True)]
-        return together(steps, self.compiled.together)
-
-    def _drafting(self, state: DecodeState) -> Steps[Draft]:
-        """`propose` as steps (`spec_zoo.lockstep`): its head calls are yielded (`_head`)."""
+    def drafting(self, state: DecodeState) -> Steps[Draft]:
+        """`propose` as steps (`spec_zoo.lockstep`): a compiled head's calls are yielded (`_head`),
+        so a batch's sequences make each draft level in one call of its graph."""
         if self.target is None:
             raise RuntimeError("EagleDrafter.attach(target) must be called before drafting")
         if state.target_hidden is not None and state.target_hidden is not self._seen:
