@@ -10,7 +10,9 @@ the batch is scored:
   committed tokens per unit of time, sum_i (1 + a_i + ... + a_i^k_i) / (t(R) + sum_i d_i k_i),
   with a_i each sequence's running acceptance, t the target's measured cost table and d_i what
   drafting a level costs its drafter (before drafting; once drafted, that time is spent); all
-  zero (plain decoding) when no draft pays for its rows.
+  zero (plain decoding) when no draft pays for its rows. Sequences whose drafters draft together
+  (`spec_zoo.lockstep`: one call per level for all of them) pay a level's drafting once between
+  them, not once each.
 - `Schedule` (TensorRT-LLM's ``draft_len_schedule``): a fixed longest depth per number of
   live sequences, the alternative to ablate against.
 
@@ -39,18 +41,21 @@ class BatchPolicy(ABC):
         return self.levels([_rows_per_level(d) for d in drafts], acceptance, table)
 
     def bounds(self, caps: Sequence[int], acceptance: Sequence[float], table: CostTable | None,
-               drafting: Sequence[float] | None = None) -> list[int]:
+               drafting: Sequence[float] | None = None, shared: Sequence[bool] | None = None) -> list[int]:
         """Before drafting: the deepest chain worth drafting for each sequence (at most ``caps[i]``),
         so that no drafter spends time on levels the batch would not score (`depths` then cuts
         the drafts made). ``drafting[i]``: what drafting one level costs sequence i's drafter, in
-        target forwards (`Drafter.level_cost`); afterwards that time is spent, so `depths` leaves it out."""
-        return self.levels([[1] * cap for cap in caps], acceptance, table, drafting)
+        target forwards (`Drafter.level_cost`); afterwards that time is spent, so `depths` leaves it out.
+        ``shared[i]``: sequence i drafts together with the others so marked (`Drafter.drafts_together`),
+        so a level they draft costs one call between them."""
+        return self.levels([[1] * cap for cap in caps], acceptance, table, drafting, shared)
 
     @abstractmethod
     def levels(self, level_rows: Sequence[list[int]], acceptance: Sequence[float],
-               table: CostTable | None, drafting: Sequence[float] | None = None) -> list[int]:
+               table: CostTable | None, drafting: Sequence[float] | None = None,
+               shared: Sequence[bool] | None = None) -> list[int]:
         """How many levels of each sequence's draft to score, given its nodes per level (and what
-        drafting a level costs each, when it is still to be done)."""
+        drafting a level costs each, when it is still to be done, and who shares those calls)."""
 
 
 class Goodput(BatchPolicy):
@@ -66,19 +71,24 @@ class Goodput(BatchPolicy):
     #: levels priced before drafting (`bounds`); a sequence given all of them is not bounded
     PRICED_LEVELS = 16
 
-    def bounds(self, caps, acceptance, table, drafting=None):
+    def bounds(self, caps, acceptance, table, drafting=None, shared=None):
         if table is None:
             return list(caps)
-        priced = super().bounds([min(cap, self.PRICED_LEVELS) for cap in caps], acceptance, table, drafting)
+        priced = super().bounds([min(cap, self.PRICED_LEVELS) for cap in caps], acceptance, table, drafting,
+                                shared)
         return [cap if bound == min(cap, self.PRICED_LEVELS) else bound for cap, bound in zip(caps, priced)]
 
-    def levels(self, level_rows, acceptance, table, drafting=None):
+    def levels(self, level_rows, acceptance, table, drafting=None, shared=None):
         if table is None or len(level_rows) < 2:  # alone, the drafter's own length rule priced its draft
             return [len(rows) for rows in level_rows]
         costs = list(drafting) if drafting is not None else [0.0] * len(level_rows)  # per level drafted
-        # a level's price in rows: its nodes, and its drafting at the table's mean cost of a row
+        together = list(shared) if shared is not None else [False] * len(level_rows)
+        # a level's price in rows: its nodes, and its drafting at the table's mean cost of a row (a
+        # shared level's spread over the sequences sharing it, to order the levels; `spent` is exact)
         unit = max((table.relative(len(table.seconds)) - 1.0) / max(len(table.seconds) - 1, 1), 1e-6)
-        extra = [c / unit for c in costs]
+        sharing = max(sum(together), 1)
+        extra = [c / unit / (sharing if together[i] else 1) for i, c in enumerate(costs)]
+        called: list[float] = []  # the shared calls' cost at each level drafted so far
         heap = [(-a / (rows[0] + extra[i]), i)
                 for i, (a, rows) in enumerate(zip(acceptance, level_rows, strict=True)) if rows]
         heapq.heapify(heap)
@@ -90,7 +100,12 @@ class Goodput(BatchPolicy):
             k = taken[i]
             rows += level_rows[i][k]
             gain += acceptance[i] ** (k + 1)
-            spent += costs[i]
+            if together[i]:  # the level's one call costs the dearest drafter taking it
+                called += [0.0] * (k + 1 - len(called))
+                spent += max(costs[i] - called[k], 0.0)
+                called[k] = max(called[k], costs[i])
+            else:
+                spent += costs[i]
             taken[i] = k + 1
             if k + 1 < len(level_rows[i]):
                 heapq.heappush(heap, (-acceptance[i] ** (k + 2) / (level_rows[i][k + 1] + extra[i]), i))
@@ -112,7 +127,7 @@ class Schedule(BatchPolicy):
             raise ConfigError(f"batch_policy: {dict(lengths)!r} is not a schedule of batch size -> longest draft; "
                               "pass e.g. batch_policy='{1: 8, 4: 4, 8: 2, 16: 0}' (sizes >= 1, lengths >= 0).")
 
-    def levels(self, level_rows, acceptance, table, drafting=None):
+    def levels(self, level_rows, acceptance, table, drafting=None, shared=None):
         cap = next((k for b, k in reversed(self.lengths) if b <= len(level_rows)), None)
         return [len(rows) if cap is None else min(len(rows), cap) for rows in level_rows]
 

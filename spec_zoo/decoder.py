@@ -298,7 +298,8 @@ class SpeculativeDecoder:
         if policy is None:
             return [None] * len(seqs)
         return list(policy.bounds([self._left(seq) for seq in seqs], [seq.acceptance.rate for seq in seqs], table,
-                                  [seq.drafter.level_cost(table) for seq in seqs]))
+                                  [seq.drafter.level_cost(table) for seq in seqs],
+                                  [seq.drafter.drafts_together for seq in seqs]))
 
     def _cut(self, drafts: list[tuple[Draft, float]], seqs: list[_Sequence]) -> list[tuple[Draft, float]]:
         """The drafts cut to the depths the batch policy scores (greedy runs of several sequences)."""

@@ -178,6 +178,10 @@ def test_before_drafting_goodput_weighs_what_drafting_costs_too():
     # a level costing half a target step to draft never pays for a 0.9 chance of a token
     assert Goodput().bounds([8, 8], [0.9, 0.9], flat_to_8, [0.5, 0.5]) == [0, 0]
     assert Goodput().bounds([8, 8], [0.9, 0.9], flat_to_8, [0.0, 0.5]) == [6, 0]
+    # drafting together, the two share each level's call: half a step a level, paid once, pays for
+    # both sequences' tokens where paid twice it did not
+    assert Goodput().bounds([8, 8], [0.9, 0.9], flat_to_8, [0.5, 0.5], [True, True]) == [3, 3]
+    assert Goodput().bounds([8, 8], [0.9, 0.9], flat_to_8, [0.2, 0.2], [True, True]) == [3, 3]
     # a sequence given every priced level is not bounded; without a table none is
     assert Goodput().bounds([40, 40], [1.0, 1.0], _table([1.0] * 64)) == [40, 40]
     assert Goodput().bounds([30, 30], [0.1, 0.1], None) == [30, 30]
