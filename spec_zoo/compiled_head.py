@@ -26,7 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from transformers.cache_utils import Cache, StaticLayer
+from transformers.cache_utils import Cache
 
 from spec_zoo.attention_kernel import DEFAULT_ATTENTION
 from spec_zoo.attention_kernel import load as load_attention
@@ -40,6 +40,7 @@ from spec_zoo.runtime import (
     compile_graph,
     inductor_settings,
     rowwise_run,
+    static_store,
 )
 
 CHUNK = 64  # rows per graph call at most: a path is at most this wide, so catching up on a prompt stays cheap
@@ -85,7 +86,6 @@ class CompiledHead:
         self._compiled = None
         self.compile_s: float | None = None
         self.compile_cached = False
-        self.calls = 0  # graph calls so far (what a batch drafting together saves)
 
     @property
     def cache_slots(self) -> int:
@@ -100,12 +100,8 @@ class CompiledHead:
 
     def _store(self) -> Cache:
         if self.store is None:
-            store = Cache(layers=[StaticLayer(max_cache_len=self.cache_slots) for _ in range(self.cache_layers)])
-            store.early_initialization(self.entries, *self.kv_shape, self.dtype, self.device)
-            for layer in store.layers:  # a new entry count recompiles: dynamo must not make it a symbol
-                torch._dynamo.mark_static(layer.keys)
-                torch._dynamo.mark_static(layer.values)
-            self.store = store
+            self.store = static_store(self.cache_layers, self.cache_slots, self.entries, *self.kv_shape, self.dtype,
+                                      self.device)
         return self.store
 
     def sequence(self, slot: int = 0) -> SlotCache:
@@ -179,7 +175,6 @@ class CompiledHead:
             picked += [first + p % count for p in call.pick]
             first += count
         pick = torch.tensor(picked * (2 if len(picked) == 1 else 1), dtype=torch.long)
-        self.calls += 1
         feature, logits = self._graph()(*self._dynamic(x, f, where[None], mask, slots, draft_mask, pick, row_cache,
                                                        write_at))
         out, first, at = [], 0, 0

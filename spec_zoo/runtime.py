@@ -216,16 +216,10 @@ class CompiledTarget(Target):
     def _fresh_cache(self, slot: int = 0):
         if self.store is None:
             # a full static layer for every layer, sliding ones included (windows never cut: see __init__)
-            store = Cache(layers=[StaticLayer(max_cache_len=self.cache_slots) for _ in self.layer_types])
-            heads = self.config.num_key_value_heads
             head_dim = (getattr(self.config, "head_dim", None)
                         or self.config.hidden_size // self.config.num_attention_heads)
-            # allocated before compiling: compiled graphs hold their addresses
-            store.early_initialization(self.entries, heads, head_dim, self.dtype, self.device)
-            for layer in store.layers:  # a new entry count recompiles: dynamo must not make it a symbol
-                torch._dynamo.mark_static(layer.keys)
-                torch._dynamo.mark_static(layer.values)
-            self.store = store
+            self.store = static_store(len(self.layer_types), self.cache_slots, self.entries,
+                                      self.config.num_key_value_heads, head_dim, self.dtype, self.device)
         if not 0 <= slot < self.entries:
             raise ValueError(f"cache entry {slot} of {self.entries}: call hold() first")
         return SlotCache(self.store, slot)
@@ -532,6 +526,19 @@ class PackedWrites:
         layer.keys[rows, :, at] = keys[0].transpose(0, 1)
         layer.values[rows, :, at] = values[0].transpose(0, 1)
         return layer.keys, layer.values
+
+
+def static_store(layers: int, slots: int, entries: int, heads: int, head_dim: int, dtype: torch.dtype,
+                 device) -> Cache:
+    """A static cache of ``layers`` layers, each [entries, heads, slots, head_dim], allocated now:
+    compiled graphs hold its tensors' addresses, and its entry count is marked static, so a new
+    count recompiles rather than becoming a symbol."""
+    store = Cache(layers=[StaticLayer(max_cache_len=slots) for _ in range(layers)])
+    store.early_initialization(entries, heads, head_dim, dtype, device)
+    for layer in store.layers:
+        torch._dynamo.mark_static(layer.keys)
+        torch._dynamo.mark_static(layer.values)
+    return store
 
 
 def slot_mask(past: int, q: int, slots: int, dtype: torch.dtype, device) -> torch.Tensor:
