@@ -26,6 +26,9 @@ gpt-fast's recipe (static cache + ``torch.compile``) on the model's own modules.
   through the one graph together, each row naming its entry (``row_cache``) and the slot its KV is
   written to (``write_at``). A row's arithmetic depends on neither, so each sequence's rows are the
   ones it gets scored alone (docs/batching.md). One sequence is a batch of one through the same graph.
+- States: scoring hands out the last layer's (after the final norm), or, for a drafter that
+  named layers when it attached (`hand_out`: an EAGLE-3 head), the states entering them side by
+  side; each set is its own graph (`_graph`), compiled at its first use, with the same logits.
 - Committed tokens before the last one: a few (up to ``CATCH_UP``: a draft model catching up
   on the tokens accepted since its last draft) go through the same graph as a chain, so a
   draft model pays a compiled call, not an eager forward, each time its whole draft was
@@ -189,7 +192,8 @@ class CompiledTarget(Target):
         if attention == "kernel":
             load_attention()  # built now, once per machine: a missing compiler fails before any model work
         self.attention = attention
-        self._compiled = None  # the graph, compiled at the first compiled forward
+        self._graphs: dict = {}  # compiled graphs by the states they hand out (`_graph`), each at its first use
+        self.state_layers: tuple[int, ...] | None = None  # the states its drafter reads (`hand_out`)
         self.compile_s: float | None = None
         self.compile_cached = False  # whether the graph came from the on-disk cache
         self.entries = 1  # cache entries: one per sequence decoded at once (`hold`)
@@ -210,7 +214,7 @@ class CompiledTarget(Target):
         """Make room for ``sequences`` sequences at once (one cache entry each), before any of them
         starts; more entries than the graph was compiled for recompile it (on first use)."""
         if sequences > self.entries:
-            self.entries, self.store, self._compiled = sequences, None, None
+            self.entries, self.store, self._graphs = sequences, None, {}
             self.reset()
 
     def _fresh_cache(self, slot: int = 0):
@@ -236,23 +240,37 @@ class CompiledTarget(Target):
                 f"{self.max_cache_len}; raise model.max_cache_len (memory grows with it) or shorten the prompt."
             )
 
+    def hand_out(self, layers: tuple[int, ...] | None) -> None:
+        """Have scoring hand out the states entering ``layers`` side by side (an EAGLE-3 head's
+        fused states) rather than the last layer's: the graph that does is the one `warm_up`
+        compiles, and the one that serves scoring that asks no states."""
+        self.state_layers = tuple(layers) if layers else None
+
+    def _layers(self, hidden: bool | tuple[int, ...]) -> tuple[int, ...] | None:
+        """The layers whose entering states a scoring that asks ``hidden`` runs the graph for (None:
+        the last layer's, after the final norm)."""
+        if isinstance(hidden, bool):
+            return None if hidden else self.state_layers
+        return tuple(hidden)
+
     def _forward(self, new: list[int], draft: Draft, past: int, hidden: bool | tuple[int, ...]):
         self._check_room(past + len(new) + len(draft))
-        states, past = self._catch_up(new, past)
-        [(logits, tail)] = self._compiled_rows([(self.cache, new[-1:] + draft.tokens.tolist(), draft, past)])
+        states, past = self._catch_up(new, past, self._layers(hidden))
+        [(logits, tail)] = self._compiled_rows([(self.cache, new[-1:] + draft.tokens.tolist(), draft, past)],
+                                               self._layers(hidden))
         states.append(tail)
         return logits, torch.cat(states) if hidden else None
 
-    def _catch_up(self, new: list[int], past: int) -> tuple[list[torch.Tensor], int]:
+    def _catch_up(self, new: list[int], past: int, layers: tuple[int, ...] | None) -> tuple[list[torch.Tensor], int]:
         """Cache the committed tokens before the last one (their states, and the new ``past``): a
         few (a draft model catching up) through the graph as a chain, the prompt in one eager forward
         into the static cache (eager GEMMs suit many rows)."""
         if len(new) < 2:
             return [], past
         if len(new) - 1 <= CATCH_UP:
-            state = self._compiled_rows([(self.cache, new[:-1], Draft.chain(new[1:-1]), past)])[0][1]
+            state = self._compiled_rows([(self.cache, new[:-1], Draft.chain(new[1:-1]), past)], layers)[0][1]
         else:
-            state = self._prefill(new[:-1], past)
+            state = self._prefill(new[:-1], past, layers)
         return [state], past + len(new) - 1
 
     @torch.no_grad()
@@ -270,7 +288,7 @@ class CompiledTarget(Target):
             new = committed[self.rewind(committed):]
             past = len(self.cached_tokens)
             self._check_room(past + len(new) + len(draft))
-            states, past = self._catch_up(new, past)
+            states, past = self._catch_up(new, past, self._layers(hidden))
             groups.append((self.cache, new[-1:] + draft.tokens.tolist(), draft, past))
             before.append(states)
             fed.append(len(new))
@@ -279,24 +297,24 @@ class CompiledTarget(Target):
             if state is not None:
                 state.update(self.sequence())
         results = []
-        for (logits, tail), states, m in zip(self._compiled_rows(groups), before, fed):
+        for (logits, tail), states, m in zip(self._compiled_rows(groups, self._layers(hidden)), before, fed):
             results.append(Scores(logits, torch.cat(states + [tail]) if hidden else None, m))
         return results
 
     def layer_mask(self, past: int, q: int) -> torch.Tensor:
         return slot_mask(past, q, past + q, self.dtype, self.device)  # over what `SlotLayer.update` returns
 
-    def _prefill(self, tokens: list[int], past: int) -> torch.Tensor:
+    def _prefill(self, tokens: list[int], past: int, layers: tuple[int, ...] | None) -> torch.Tensor:
         stack, q = self.stack, len(tokens)
         positions = torch.arange(past, past + q, device=self.device)[None]
-        out = stack.run(stack.embed(torch.tensor([tokens], device=self.device)), 0, stack.num_layers,
-                        positions, self.cache, self.layer_mask(past, q))
-        return stack.inner.norm(out[0])
+        embeds, mask = stack.embed(torch.tensor([tokens], device=self.device)), self.layer_mask(past, q)
+        return run_states(stack, embeds, layers, positions, self.cache, mask)[1][0]
 
-    def _compiled_rows(self, groups: list) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    def _compiled_rows(self, groups: list, layers: tuple[int, ...] | None = None) -> list[tuple]:
         """(logits, states) of each group's rows, all in one graph call. A group is (its sequence's
         `SlotCache`, tokens, draft, past): its last committed token (row 0) then the draft's nodes,
-        after ``past`` cached positions; each sequence's cache then holds ``past`` + its rows."""
+        after ``past`` cached positions; each sequence's cache then holds ``past`` + its rows. The
+        states are those entering ``layers`` side by side, or the last layer's (None)."""
         counts = [len(tokens) for _, tokens, _, _ in groups]
         rows, block, masked = sum(counts), self.key_block, torch.finfo(self.dtype).min
         size = self.bucket(rows)
@@ -325,7 +343,8 @@ class CompiledTarget(Target):
             row_cache[first:end] = cache.entry
             write_at[first:end] = past + torch.arange(end - first)
             first += count
-        logits, states = self._graph()(*self._dynamic(ids, positions, mask, slots, draft_mask, row_cache, write_at))
+        inputs = self._dynamic(ids, positions, mask, slots, draft_mask, row_cache, write_at)
+        logits, states = self._graph(layers)(*inputs)
         out, first = [], 0
         for (cache, _, _, past), count in zip(groups, counts):
             cache.set_length(past + count)
@@ -348,24 +367,25 @@ class CompiledTarget(Target):
             torch._dynamo.mark_dynamic(tensor, dim, min=2, max=most)
         return ids, positions, mask, slots, draft_mask, row_cache, write_at
 
-    def _rows(self, ids, positions, mask, draft_slots, draft_mask, row_cache, write_at):
+    def _rows(self, ids, positions, mask, draft_slots, draft_mask, row_cache, write_at, layers=None):
         stack, store = self._stack, self.store
         assert store is not None  # allocated with the first sequence, before any forward
-        hidden = stack.run(stack.embed(ids), 0, stack.num_layers, positions, PackedWrites(store), mask,
-                           draft_slots=draft_slots, draft_mask=draft_mask, row_cache=row_cache, write_at=write_at)
-        out = stack.inner.norm(hidden)[0]
-        return final_logits(self.model, out), out
+        out, states = run_states(stack, stack.embed(ids), layers, positions, PackedWrites(store), mask,
+                                 draft_slots=draft_slots, draft_mask=draft_mask, row_cache=row_cache,
+                                 write_at=write_at)
+        return final_logits(self.model, out[0]), states[0]
 
     def _with_rowwise_attention(self, fn):
         return rowwise_run(fn, [self.config], self.settings, self.linears, self.attention)
 
     # -- compiling ----------------------------------------------------------------------------
-    def _graph(self):
-        if self._compiled is None:
-            self._compiled = self._compile()
-        return self._compiled
+    def _graph(self, layers: tuple[int, ...] | None = None):
+        """The graph handing out the states entering ``layers`` (None: the last layer's)."""
+        if layers not in self._graphs:
+            self._graphs[layers] = self._compile(layers)
+        return self._graphs[layers]
 
-    def _compile(self):
+    def _compile(self, layers: tuple[int, ...] | None):
         """Compile the graph and run it once (a dummy step in the spare slots past every sequence's
         room, which nothing reads), so compile time is never counted as decoding time."""
         # distinct sizes, so dynamo gives each dimension its own symbol
@@ -375,16 +395,33 @@ class CompiledTarget(Target):
                                torch.zeros(1, 1, size, span, dtype=self.dtype),
                                torch.zeros(size, width, dtype=torch.long), torch.zeros(size, width),
                                torch.zeros(size, dtype=torch.long), where + torch.arange(size))
+        rows = functools.partial(self._rows, layers=layers) if layers else self._rows
         graph, self.compile_s, self.compile_cached = compile_graph(
-            self._rows, self._with_rowwise_attention, inputs, fingerprint(self.model), "the target", "model",
+            rows, self._with_rowwise_attention, inputs, fingerprint(self.model), "the target", "model",
             self.fallback)
         return graph
 
     def warm_up(self) -> float:
         """Compile now, before anything is timed; the seconds it took."""
-        self._graph()
+        self._graph(self.state_layers)
         assert self.compile_s is not None  # set by the compile
         return self.compile_s
+
+
+def run_states(stack: DecoderStack, hidden: torch.Tensor, layers: tuple[int, ...] | None, positions, cache, mask,
+               **attention) -> tuple[torch.Tensor, torch.Tensor]:
+    """(the final norm's output [1, q, H], the states scoring hands out) after every layer of
+    ``stack`` (`DecoderStack.run`'s arguments): the states entering ``layers`` side by side, as
+    transformers' ``hidden_states`` numbers them (the last entry: the final norm's output), or
+    the last layer's (None)."""
+    taken, start = {}, 0
+    for index in sorted(set(layers or ())):
+        if index < stack.num_layers:
+            hidden, start = stack.run(hidden, start, index, positions, cache, mask, **attention), index
+            taken[index] = hidden
+    out = stack.inner.norm(stack.run(hidden, start, stack.num_layers, positions, cache, mask, **attention))
+    taken[stack.num_layers] = out
+    return out, torch.cat([taken[index] for index in layers], dim=-1) if layers else out
 
 
 def rowwise_run(fn, configs, settings: dict, linears=None, attention: str = "inductor"):

@@ -194,6 +194,11 @@ class Target:
         self._scored(committed, draft)
         return Scores(logits, states, len(new))
 
+    def hand_out(self, layers: tuple[int, ...] | None) -> None:
+        """Say which layers' entering states ``score(hidden=...)`` will ask for (None: the last
+        layer's), before anything is timed. The eager forward hands out any it is asked, so
+        nothing to do; a compiled runtime compiles the graph that hands them out."""
+
     @torch.no_grad()
     def score_batch(self, batch: list[tuple[dict | None, list[int], Draft]],
                     hidden: bool | tuple[int, ...] = False) -> list[Scores]:

@@ -410,7 +410,8 @@ def test_compiled_batches_score_every_sequence_in_one_forward(compiled_case, dra
     decoder = SpeculativeDecoder(target, _compiled_drafter(drafter, target.model))
     calls, head_calls = [], []
     rows, together = target._compiled_rows, CompiledHead.together
-    monkeypatch.setattr(target, "_compiled_rows", lambda groups: calls.append(len(groups)) or rows(groups))
+    monkeypatch.setattr(target, "_compiled_rows",
+                        lambda groups, *layers: calls.append(len(groups)) or rows(groups, *layers))
     monkeypatch.setattr(CompiledHead, "together",
                         lambda self, asks: head_calls.append(len(asks)) or together(self, asks))
     alone = None
@@ -540,12 +541,12 @@ def test_a_planted_fault_between_neighbours_fails_the_batch_check(compiled_case,
 
         monkeypatch.setattr(PackedWrites, "update", update)
         torch._dynamo.reset()  # the fault must be traced into the graph
-        target._compiled = None
+        target._graphs = {}
     try:
         packed = _two_steps(target, BATCH_STEPS, True)
     finally:
         if fault == "kv_to_neighbour":
             monkeypatch.undo()
             torch._dynamo.reset()
-            target._compiled = None
+            target._graphs = {}
     assert not all(torch.equal(a, b) for a, b in zip(alone, packed, strict=True))

@@ -23,6 +23,7 @@ from spec_zoo.cpp_kernels import host_isa
 from spec_zoo.draft import Draft
 from spec_zoo.draft_length import DraftLength
 from spec_zoo.drafters.eagle.drafter import EagleDrafter
+from spec_zoo.drafters.eagle.formats import Eagle3Head
 from spec_zoo.drafters.early_exit.compiled import CompiledExit, ExitDraft
 from spec_zoo.drafters.early_exit.drafter import EarlyExitDrafter
 from spec_zoo.drafters.medusa.drafter import MedusaDrafter
@@ -210,6 +211,54 @@ def test_seeded_sampling_with_a_compiled_eagle_head_is_reproducible(compiled, co
         decoder = SpeculativeDecoder(compiled, drafter, RejectionVerifier(), SETTINGS["t1"])
         texts.append(decoder.generate(PROMPT, max_new_tokens=16, eos_token_ids=[], seed=seed).ids)
     assert texts[0] == texts[1] != texts[2]
+
+
+def test_the_compiled_target_hands_out_the_states_an_eagle3_head_reads(compiled, model):
+    """``hand_out(layers)``: the compiled graph returns the states entering those layers side by
+    side (as the eager forward's ``hidden_states``), for the prompt's eager prefill and the
+    graph's rows alike, and its logits are the plain graph's bit for bit (plain decoding and
+    EAGLE-3 verification run different graphs)."""
+    layers, draft, width = (2, 0, 1), Draft.chain([1, 3, 2]), model.config.hidden_size
+    prompt = (PROMPT * 30)[:30]  # past CATCH_UP: the prompt is prefilled eagerly, the last token by the graph
+
+    def score(target, **hidden):
+        target.reset()
+        return target.score(prompt, draft, **hidden)
+
+    eager, plain = score(Target(model), hidden=layers), score(compiled)
+    try:
+        compiled.hand_out(layers)
+        fused, quiet = score(compiled, hidden=layers), score(compiled)  # quiet: the graph hand_out named serves it
+    finally:
+        compiled.hand_out(None)
+    assert set(compiled._graphs) == {None, layers}
+    assert fused.hidden.shape == (len(prompt) + len(draft), 3 * width)
+    torch.testing.assert_close(fused.hidden, eager.hidden.float(), atol=1e-4, rtol=1e-4)
+    assert torch.equal(fused.logits, plain.logits) and torch.equal(quiet.logits, plain.logits)
+    assert not torch.equal(fused.hidden[:, :width], fused.hidden[:, width: 2 * width])  # three layers, not one thrice
+
+
+@pytest.mark.parametrize("tree", [None, "dynamic"])
+def test_greedy_identity_with_a_compiled_eagle3_head(compiled, model, tree):
+    """An EAGLE-3 head (fused states of three layers, a reduced draft vocabulary) on its own
+    compiled graph beside the compiled target, which hands the states out of its graph: the
+    output is plain decoding's, and the head drafts what it drafts eagerly."""
+    plain = SpeculativeDecoder(compiled).generate(PROMPT, max_new_tokens=24, eos_token_ids=[]).ids
+    vocab = model.lm_head.weight.shape[0]
+    head = Eagle3Head.from_target(model, (0, 1, 1), init_layer=1, vocab_ids=torch.arange(vocab - vocab // 4))
+    runs = []
+    try:
+        for runtime in ("compiled", "eager"):
+            drafter = EagleDrafter(head, num_draft=3, adaptive=False, sample=False, tree=tree, runtime=runtime)
+            runs.append(SpeculativeDecoder(compiled, drafter, GreedyVerifier(), SamplingParams()).generate(
+                PROMPT, max_new_tokens=24, eos_token_ids=[]))
+            assert (drafter.compiled is not None) == (runtime == "compiled")
+    finally:
+        compiled.hand_out(None)
+    out, eager = runs
+    assert out.ids == eager.ids == plain == hf_greedy(model, PROMPT, 24)
+    assert 0 < out.stats.accepted < out.stats.drafted  # the draft both helps and is corrected
+    assert (out.stats.accepted, out.stats.drafted) == (eager.stats.accepted, eager.stats.drafted)
 
 
 @pytest.fixture(scope="module", params=["untrained exit", "exit adapter"])

@@ -16,7 +16,9 @@ exact: q is recorded when sampling and is zero outside the draft vocabulary.
 
 With ``runtime=compiled`` the head runs as one compiled graph on a static KV cache
 (`spec_zoo.compiled_head`), compiled once per process beside the target's: catching up on
-the committed tokens, every chain token and every tree level are calls of that graph.
+the committed tokens, every chain token and every tree level are calls of that graph. An
+EAGLE-3 head reads the states entering three of the target's layers: the drafter names them
+(`Target.hand_out`), so a compiled target's graph returns them too.
 """
 
 from __future__ import annotations
@@ -95,29 +97,26 @@ class EagleDrafter(ChainDrafter):
         self._rotary = self.head.rotary if isinstance(self.head, PublishedHead) else self.stack.rotary
         self._shift = int(getattr(self.head, "starts_at_second_token", False))
         layers = getattr(self.head, "target_layers", None)
-        if layers and target.runtime != "eager":
-            raise ConfigError(f"an EAGLE-3 head reads the target's layers {list(layers)}, which only the eager "
-                              "runtime hands out; use model.runtime=eager.")
+        target.hand_out(layers)
         self.needs_target_hidden = layers or True
         self._width = self.head.fc.in_features if layers else int(target.model.lm_head.weight.shape[1])
-        self.compiled = self._compiled_head(source, target, layers)
+        # a compiled head is fed features of one width: an EAGLE-3 head's fused target states go
+        # through its ``fc`` first (`_head`), so every row reads a feature as wide as its own output
+        self._fed_width = self.head.fc.out_features if layers else self._width
+        self.compiled = self._compiled_head(source, target)
         file_costs(self)
         self.target = target
 
-    def _compiled_head(self, source, target: Target, layers) -> CompiledHead | None:
+    def _compiled_head(self, source, target: Target) -> CompiledHead | None:
         """The head's compiled graph (``runtime=compiled``): the one handed in, or a new one."""
         if self.runtime != "compiled":
             return None
-        if layers:
-            raise ConfigError("drafter.runtime=compiled: an EAGLE-3 head reads the target's fused layers at its "
-                              "first position and its own features after, two widths one graph cannot take; "
-                              "use drafter.runtime=eager.")
         check_runtime("compiled", str(self.head.fc.weight.dtype).removeprefix("torch."), str(target.device),
                       "drafter")
         if isinstance(source, CompiledHead):
             return source
         weights = () if isinstance(self.head, PublishedHead) else (self.stack.inner.rotary_emb,)
-        return CompiledHead(self.head, self._rotary, (self.stack.inner.embed_tokens.embedding_dim, self._width),
+        return CompiledHead(self.head, self._rotary, (self.stack.inner.embed_tokens.embedding_dim, self._fed_width),
                             weights, max_cache_len=target.max_length or 2048,
                             attention=getattr(target, "attention", DEFAULT_ATTENTION))  # the target's model.attention
 
@@ -169,6 +168,8 @@ class EagleDrafter(ChainDrafter):
         if place is None:
             self._fed += tokens
         if self.compiled is not None:
+            if features.shape[-1] != self._fed_width:  # an EAGLE-3 head's fused target states
+                features = self.head.fc(features)
             calls = (self.compiled.causal_rows(self.cache, embeds, features, list(pick)) if place is None
                      else [HeadRows(self.compiled, self.cache, embeds, features, place[0], place[1], past, list(pick))])
             for call in calls:
