@@ -6,9 +6,11 @@ command, when the extra is missing."""
 import importlib.util
 
 import pytest
+import torch
 
 from spec_zoo import SpeculativeDecoder
 from spec_zoo.drafters.eagle import EagleDrafter
+from spec_zoo.drafters.eagle.formats import Eagle3Head, default_layers
 from spec_zoo.drafters.early_exit import EarlyExitDrafter
 from spec_zoo.drafters.lookahead import LookaheadDrafter
 from spec_zoo.drafters.ngram import NgramDrafter
@@ -51,9 +53,18 @@ def test_a_text_prompt_goes_through_as_text(gemma3_target):
 NO_MODEL = {"ngram": NgramDrafter, "suffix": SuffixDrafter, "lookahead": LookaheadDrafter}
 
 
-@pytest.mark.parametrize("name", [*NO_MODEL, "early_exit", "small_model"])
+def eagle3_head(model) -> Eagle3Head:
+    """An untrained EAGLE-3 head for the target: its low, middle and high layers fused, a draft
+    vocabulary of the first 16,384 of 262,144 ids (FR-Spec's cut, without the ranking)."""
+    layers = default_layers(model.config.num_hidden_layers)
+    return Eagle3Head.from_target(model, layers, layers[-1], torch.arange(16384)).eval()
+
+
+@pytest.mark.parametrize("name", [*NO_MODEL, "early_exit", "small_model", "eagle3"])
 def test_greedy_identity(gemma3_target, references, tmp_path_factory, name):
-    if name == "small_model":
+    if name == "eagle3":
+        drafter = EagleDrafter(eagle3_head(gemma3_target.model), num_draft=3)
+    elif name == "small_model":
         draft = make_truncated_draft(gemma3_target.model, 2, tmp_path_factory.mktemp("draft") / "trunc2")
         drafter = SmallModelDrafter(draft, num_draft=3)
     elif name == "early_exit":  # the target's first 4 of 18 layers draft, verification resumes there
@@ -68,12 +79,16 @@ def test_greedy_identity(gemma3_target, references, tmp_path_factory, name):
 @pytest.mark.parametrize("dtype", ["float32", pytest.param("bfloat16", marks=pytest.mark.skipif(
     not cpu_has_bf16(), reason="the compiled bfloat16 runtime needs a CPU with AVX-512 BF16 or AMX"))])
 def test_greedy_identity_compiled(dtype):
-    """One compile per dtype (minutes on a small CPU), so only the drafters that need no model; the
+    """A compile per dtype (minutes on a small CPU), so the drafters that need no model and an
+    EAGLE-3 head (the target's graph that hands out its layers' states, the head's own graph); the
     cache stays within the 512-token sliding window, which the compiled attention does not apply."""
     target = load_target("gemma3-270m", dtype=dtype, runtime="compiled", max_cache_len=128)
     reference = SpeculativeDecoder(target).generate(PROMPTS[1], max_new_tokens=MAX_NEW).ids
     for make in NO_MODEL.values():
         assert SpeculativeDecoder(target, make()).generate(PROMPTS[1], max_new_tokens=MAX_NEW).ids == reference
+    eagle3 = EagleDrafter(eagle3_head(target.model), num_draft=3, runtime="compiled")
+    out = SpeculativeDecoder(target, eagle3).generate(PROMPTS[1], max_new_tokens=MAX_NEW)
+    assert out.ids == reference and out.stats.drafted > 0
 
 
 def test_the_head_shipped_for_smollm2_is_refused(gemma3_target):
