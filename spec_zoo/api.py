@@ -134,21 +134,26 @@ def build_decoder(
 
 def choose_drafter(cfg: DictConfig, auto: AutoChoice, target: Target, verifier: Verifier, sampling: SamplingParams,
                    prompts: Sequence[str | list[int]]) -> Drafter:
-    """The drafter `spec_zoo.auto.choose` picks, built exactly as ``drafter=<choice>`` would be:
-    ``cfg.drafter`` becomes that option (so the run's label and later builds from ``cfg`` see it),
-    and each candidate is calibrated through this module's own `build_decoder`."""
+    """The drafter `spec_zoo.auto.choose` picks, built exactly as ``drafter=<choice>`` would be
+    (with auto's ``params`` for it): ``cfg.drafter`` becomes that option (so the run's label and
+    later builds from ``cfg`` see it), and each candidate is calibrated through this module's own
+    `build_decoder`."""
+
+    def option(name: str) -> DictConfig:
+        chosen = compose_option("drafter", name)
+        return OmegaConf.merge(chosen, auto.params[name]) if name in auto.params else chosen  # type: ignore
 
     def build(name: str) -> SpeculativeDecoder:
         trial = cfg.copy()
         with open_dict(trial):
-            trial.drafter = compose_option("drafter", name)
+            trial.drafter = option(name)
         return build_decoder(trial, target=target, verifier=verifier)
 
     encoder = SpeculativeDecoder(target, verifier=verifier, sampling=sampling)  # plain: it only encodes
     choice = choose(auto, target, prompts, lambda p: encoder.encode(p, chat=cfg.generation.chat), build,
                     sampling.temperature)
     with open_dict(cfg):
-        cfg.drafter = compose_option("drafter", choice)
+        cfg.drafter = option(choice)
     return build_component(cfg.drafter, "drafter")
 
 

@@ -47,6 +47,8 @@ class AutoChoice:
     chooses (`choose`); it never decodes itself.
 
     candidates:  drafter options to price (``none`` is always priced too).
+    params:      per-candidate overrides keyed by option name (as the cascade's ``params``), e.g. a
+                 head trained for this target: ``{eagle: {head: DIR}}``; the choice is built with them.
     prompts:     how many of the given prompts (or of ``workload``'s) the calibration decodes.
     tokens:      tokens each calibration decode generates.
     workload:    a bench workload (spec_zoo/bench/data/<name>.jsonl) to calibrate on instead of
@@ -57,8 +59,14 @@ class AutoChoice:
     name = "auto"
 
     def __init__(self, candidates: list | None = None, prompts: int = 3, tokens: int = 48,
-                 workload: str | None = None, recalibrate: bool = False):
+                 workload: str | None = None, recalibrate: bool = False, params: dict | None = None):
         self.candidates = check_candidates(list(DEFAULT_CANDIDATES if candidates is None else candidates))
+        # plain data (a config node's too), as the cached choice records it
+        node = lambda v: dict(v) if hasattr(v, "items") else list(v)  # noqa: E731
+        self.params = json.loads(json.dumps(params or {}, default=node))
+        if stray := sorted(set(self.params) - set(self.candidates)):
+            raise fail("drafter.params", f"names {stray[0]!r}, which is not a candidate",
+                       f"key it by one of drafter.candidates ({', '.join(self.candidates)}), or add it there")
         if prompts < 1 or tokens < 2:
             raise fail("drafter.prompts" if prompts < 1 else "drafter.tokens",
                        f"{prompts if prompts < 1 else tokens} is too small",
@@ -160,8 +168,8 @@ def choice_path(target) -> Path:
     return cache_root() / "auto" / name
 
 
-def cached_choice(path: Path, candidates: list[str], temperature: float) -> dict | None:
-    """The cached choice at ``path`` when it was made for these candidates and temperature;
+def cached_choice(path: Path, candidates: list[str], temperature: float, params: dict | None = None) -> dict | None:
+    """The cached choice at ``path`` when it was made for these candidates, their ``params`` and temperature;
     None when there is none, or it is for others (then a new calibration replaces it). A file
     that cannot be read is warned about on stderr and treated as none: never a crash."""
     if not path.is_file():
@@ -176,7 +184,8 @@ def cached_choice(path: Path, candidates: list[str], temperature: float) -> dict
         say(f"warning: drafter=auto: the cached choice {path} cannot be read ({first_line(err)}); "
             "calibrating again (it will be replaced)")
         return None
-    if record["candidates"] != candidates or record.get("temperature") != temperature:
+    if (record["candidates"] != candidates or record.get("temperature") != temperature
+            or record.get("params", {}) != (params or {})):
         return None
     return record
 
@@ -215,7 +224,7 @@ def choose(auto: AutoChoice, target, given: Sequence[str | list[int]], encode: C
     builds the decoder of a candidate as if the user had named it; one that refuses (a model
     drafter whose trained artefact does not fit this target) is skipped, the reason said."""
     path = choice_path(target)
-    record = None if auto.recalibrate else cached_choice(path, auto.candidates, temperature)
+    record = None if auto.recalibrate else cached_choice(path, auto.candidates, temperature, auto.params)
     if record is not None:
         say(f"{record['line']} (cached in {path}; drafter.recalibrate=true measures again)")
         return record["choice"]
@@ -248,6 +257,7 @@ def choose(auto: AutoChoice, target, given: Sequence[str | list[int]], encode: C
         line += "; skipped " + ", ".join(f"{n} ({short(reason)})" for n, reason in skipped.items())
     say(line)
     record = {"format": FORMAT, "version": 1, "choice": best[0], "line": line, "candidates": auto.candidates,
+              "params": auto.params,
               "temperature": temperature, "speedups": {r[0]: r[1] for r in rows}, "skipped": skipped,
               "measured": time.strftime("%Y-%m-%d %H:%M:%S")}
     atomic_write(path, json.dumps(record, indent=1))

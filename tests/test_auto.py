@@ -127,6 +127,27 @@ def test_planted_acceptance_decides_the_choice(setup, monkeypatch):
     assert build_decoder(config("drafter.recalibrate=true"), target=target).drafter.name == "ngram"
 
 
+def test_params_reach_every_candidate_and_the_choice(setup, monkeypatch):
+    """``drafter.params`` (a head trained for this target, say) builds the candidate it names, in
+    calibration and as the choice; other params are another choice to calibrate, not a cache hit."""
+    target, _ = setup
+    planted, seen = {"ngram": calibration(40), "suffix": calibration(12)}, []
+
+    def calibrate(decoder, prompts, tokens):
+        seen.append((decoder.drafter.name, getattr(decoder.drafter, "max_ngram", None)))
+        return planted[decoder.drafter.name]
+
+    monkeypatch.setattr(auto, "calibrate", calibrate)
+    cfg = config("drafter.candidates=[ngram,suffix]", "+drafter.params.ngram.max_ngram=2")
+    decoder = build_decoder(cfg, target=target)
+    assert decoder.drafter.name == "ngram" and decoder.drafter.max_ngram == 2 == cfg.drafter.max_ngram
+    assert json.loads(choice_path(target).read_text())["params"] == {"ngram": {"max_ngram": 2}}
+    assert build_decoder(config("drafter.candidates=[ngram,suffix]", "+drafter.params.ngram.max_ngram=2"),
+                         target=target).drafter.max_ngram == 2  # the cached choice, with its params
+    build_decoder(config("drafter.candidates=[ngram,suffix]", "+drafter.params.ngram.max_ngram=3"), target=target)
+    assert [m for name, m in seen if name == "ngram"] == [2, 3]
+
+
 def test_a_missing_cost_table_is_timed_briefly_for_what_was_scored(setup, monkeypatch):
     """Without a stored table auto times only the M its calibrations scored, at one context, and
     stores nothing (a full table takes many minutes: `spec-zoo costs`)."""
@@ -154,6 +175,7 @@ def test_a_missing_cost_table_is_timed_briefly_for_what_was_scored(setup, monkey
     ("verifier=typical", "verifier=typical is lossy"),
     ("drafter.tokens=1", "drafter.tokens"),
     ("drafter.workload=nosuch", "drafter.workload"),
+    ("+drafter.params.medusa.heads=2", "'medusa', which is not a candidate"),
 ])
 def test_bad_settings_are_refused_before_any_calibration(setup, override, says):
     target, calls = setup
