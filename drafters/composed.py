@@ -182,6 +182,15 @@ class ComposedDrafter(Drafter):
                 member.attach(target)
             except ConfigError as err:
                 raise ConfigError(f"{KEY}[{i}]={self.labels[i]}: {err}") from None
+        # the states to ask of the target, known once the members are attached (an EAGLE-3 head names its layers
+        # when its artefact loads); one forward hands out one kind
+        wanted = {member.needs_target_hidden for member in self.members if member.needs_target_hidden}
+        if len(wanted) > 1:
+            raise ConfigError(f"{KEY}={self.labels}: members read different target states "
+                              f"({', '.join('the last layer' if w is True else f'layers {w}' for w in wanted)}),"
+                              " and a scoring pass hands out one kind; an EAGLE-3 head cannot share a cascade or merge "
+                              "with drafters that read the last layer's (use lookups beside it, e.g. [ngram, eagle]).")
+        self.needs_target_hidden = wanted.pop() if wanted else False
 
     def compiled_parts(self) -> list:
         """The members' compiled draft models (what `spec-zoo warmup` compiles)."""

@@ -261,6 +261,24 @@ def test_greedy_identity_with_a_compiled_eagle3_head(compiled, model, tree):
     assert (out.stats.accepted, out.stats.drafted) == (eager.stats.accepted, eager.stats.drafted)
 
 
+def test_a_cascade_asks_the_target_for_its_eagle3_members_layers(compiled, model):
+    """A cascade (or merge) asks for what its members read, known once they are attached: an
+    EAGLE-3 member's layers (beside a lookup: plain decoding's output); a member reading the last
+    layer beside it is refused when attached, by name, before any decoding."""
+    from spec_zoo.drafters.cascade import CascadeDrafter
+
+    head = Eagle3Head.from_target(model, (0, 1, 1), init_layer=1)
+    plain = SpeculativeDecoder(compiled).generate(PROMPT, max_new_tokens=24, eos_token_ids=[]).ids
+    try:
+        cascade = CascadeDrafter([NgramDrafter(), EagleDrafter(head, runtime="compiled")])
+        out = SpeculativeDecoder(compiled, cascade).generate(PROMPT, max_new_tokens=24, eos_token_ids=[])
+        assert cascade.needs_target_hidden == (0, 1, 1) and out.ids == plain and out.stats.drafted > 0
+        with pytest.raises(ConfigError, match=r"members read different target states.*EAGLE-3 head cannot share"):
+            SpeculativeDecoder(compiled, CascadeDrafter([MedusaDrafter(medusa_heads(model)), EagleDrafter(head)]))
+    finally:
+        compiled.hand_out(None)
+
+
 @pytest.fixture(scope="module", params=["untrained exit", "exit adapter"])
 def compiled_exit(model, request):
     """One compiled early-exit draft (layers 0..E-1 and the exit head, `drafters/early_exit/compiled.py`)
