@@ -15,9 +15,10 @@ from spec_zoo.draft import Draft
 from spec_zoo.draft_length import DraftLength
 from spec_zoo.errors import ConfigError
 from spec_zoo.interfaces import DecodeState
+from spec_zoo.lockstep import Steps, answer, drive, relay
 from spec_zoo.models import other_vocabulary
 from spec_zoo.sampling import check_sample_mode, drafts_sampled
-from spec_zoo.target import Target
+from spec_zoo.target import NextLogits, Target
 from spec_zoo.trees import DraftTreeForward, TopK, build_tree_policy
 
 
@@ -129,21 +130,38 @@ class SmallModelDrafter(DraftModelSequences):
         a drafter with a reduced draft vocabulary maps them back)."""
         return logits
 
-    def _next_logits(self, tokens: list[int]) -> torch.Tensor:
-        return self.to_target_vocab(self.runner.score(tokens, Draft.empty()).logits[-1])
+    # a compiled draft model drafts a batch's chains together: each next token of every sequence
+    # is one call of its graph (`drafting`); a tree's levels (`DraftTreeForward`) run one sequence at a time
+    @property  # computes the attribute Drafter declares
+    def drafts_together(self) -> bool:  # type: ignore[override]
+        return self.tree is None and self.runner.runtime == "compiled"
 
     def _draft(self, state: DecodeState) -> Draft:
         if self.tree is not None:
             expand = DraftTreeForward(self.runner, state.tokens, self.to_target_vocab)
             return self.tree.build(expand, state, drafts_sampled(self.sample_mode, state.sampling))
+        return drive(self._chain(state), answer)
+
+    def drafting(self, state: DecodeState) -> Steps[Draft]:
+        """`propose` as steps (`spec_zoo.lockstep`): a chain's draft-model calls are asked
+        (`NextLogits`), so a batch's sequences feed each next token in one forward."""
+        if not self.drafts_together:
+            return (yield from super().drafting(state))
+        return (yield from self._chain(state))
+
+    def _chain(self, state: DecodeState) -> Steps[Draft]:
         tokens = list(state.tokens)
 
-        def advance(token: int, more: bool) -> torch.Tensor:
-            tokens.append(token)
-            return self._next_logits(tokens)
+        def next_logits() -> Steps[torch.Tensor]:
+            return self.to_target_vocab((yield NextLogits(self.runner, self._held, list(tokens))))
 
-        return self.draft_chain(state, self._next_logits(tokens), min(self.length.choose(state=state), state.max_depth),
-                                advance)
+        def advance(ask: tuple[int, bool]) -> Steps[torch.Tensor]:
+            tokens.append(ask[0])
+            return (yield from next_logits())
+
+        first = yield from next_logits()
+        k = min(self.length.choose(state=state), state.max_depth)
+        return (yield from relay(self.chain_steps(state, first, k), advance))
 
 
 def draft_runner(path, dtype: str, device: str, draft_layers: int, runtime: str) -> tuple[Target, str]:

@@ -36,9 +36,11 @@ from spec_zoo.runtime import (
     DRAFT_BLOCK,
     KEY_BLOCK,
     PackedWrites,
+    SequenceRows,
     SlotCache,
     compile_graph,
     inductor_settings,
+    pack_rows,
     rowwise_run,
     static_store,
 )
@@ -144,44 +146,29 @@ class CompiledHead:
         arithmetic depends on neither the rows beside it nor their entries, so each sequence gets
         what it gets alone."""
         counts = [len(call.paths) for call in calls]
-        rows, masked, top = sum(counts), torch.finfo(torch.float32).min, self.max_cache_len + TREE_ROOM
+        rows = sum(counts)
         size = max(2, rows)  # a dynamic dimension cannot be 1
         for call, count in zip(calls, counts):
-            if call.cache.length + count + (size - rows) > top:
+            if call.cache.length + count + (size - rows) > self.max_cache_len + TREE_ROOM:
                 raise ConfigError(f"the draft head's static cache holds {self.max_cache_len} positions (+ a tree) "
                                   f"and the sequence needs more: raise model.max_cache_len, or set "
                                   f"{self.key}.runtime=eager.")
-        width = -(-max(len(path) for call in calls for path in call.paths) // DRAFT_BLOCK) * DRAFT_BLOCK
-        span = max(max(1, -(-call.visible // self.key_block)) * self.key_block for call in calls)
-        slots = torch.zeros(size, width, dtype=torch.long)
-        draft_mask = torch.full(slots.shape, masked)
-        mask = torch.full((1, 1, size, span), masked)
+        packed = pack_rows([SequenceRows(call.cache.entry, call.cache.length, call.positions, call.paths, call.visible)
+                            for call in calls], size, self.key_block, torch.float32)
         x = torch.zeros(1, size, self.widths[0], dtype=self.dtype)
         f = torch.zeros(1, size, self.widths[1], dtype=self.dtype)
-        where, row_cache, write_at = (torch.zeros(size, dtype=torch.long) for _ in range(3))
-        picked, first = [], 0
-        for call, count in zip(calls, counts):
-            # padding rows join the last sequence: its prefix, their KV past it (masked until overwritten)
-            end, length = size if first + count == rows else first + count, call.cache.length
-            for row, path in enumerate(call.paths):
-                slots[first + row, : len(path)] = torch.tensor(path)
-                draft_mask[first + row, : len(path)] = 0.0
-            mask[0, 0, first:end, : call.visible] = 0.0
+        picked = []
+        for call, count, first in zip(calls, counts, packed.starts):
             x[0, first: first + count], f[0, first: first + count] = call.embeds[0], call.features[0]
-            where[first:end] = call.positions[-1]
-            where[first: first + count] = torch.tensor(call.positions)
-            row_cache[first:end] = call.cache.entry
-            write_at[first:end] = length + torch.arange(end - first)
             picked += [first + p % count for p in call.pick]
-            first += count
         pick = torch.tensor(picked * (2 if len(picked) == 1 else 1), dtype=torch.long)
-        feature, logits = self._graph()(*self._dynamic(x, f, where[None], mask, slots, draft_mask, pick, row_cache,
-                                                       write_at))
-        out, first, at = [], 0, 0
-        for call, count in zip(calls, counts):
+        feature, logits = self._graph()(*self._dynamic(x, f, packed.positions[None], packed.mask, packed.slots,
+                                                       packed.draft_mask, pick, packed.row_cache, packed.write_at))
+        out, at = [], 0
+        for call, count, first in zip(calls, counts, packed.starts):
             call.cache.set_length(call.cache.length + count)  # padding rows' KV lies past it, masked until overwritten
             out.append((feature[first: first + count], logits[at: at + len(call.pick)]))
-            first, at = first + count, at + len(call.pick)
+            at += len(call.pick)
         return out
 
     def _dynamic(self, *inputs):

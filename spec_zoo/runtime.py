@@ -54,6 +54,7 @@ import sys
 import time
 import warnings
 from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass
 
 import torch
 from torch._dynamo import config as dynamo_config
@@ -316,40 +317,20 @@ class CompiledTarget(Target):
         after ``past`` cached positions; each sequence's cache then holds ``past`` + its rows. The
         states are those entering ``layers`` side by side, or the last layer's (None)."""
         counts = [len(tokens) for _, tokens, _, _ in groups]
-        rows, block, masked = sum(counts), self.key_block, torch.finfo(self.dtype).min
-        size = self.bucket(rows)
-        # attention reads the prefix's first `span` slots, a multiple of key_block, and the
-        # same lanes for a slot whatever the length, so rows stay bit-identical as it grows
-        span = max(-(-(past + 1) // block) * block for *_, past in groups)
-        width = max(DRAFT_BLOCK, -(-max(len(draft) for _, _, draft, _ in groups) // DRAFT_BLOCK) * DRAFT_BLOCK)
-        mask = torch.full((1, 1, size, span), masked, dtype=self.dtype)  # each row its own sequence's prefix
-        # each node reads its path's slots root first (see rowwise_attention); row 0 and
-        # padding rows see the prefix only
-        slots = torch.zeros(size, width, dtype=torch.long)
-        draft_mask = torch.full(slots.shape, masked, dtype=torch.float32)
-        positions, ids = torch.zeros(size, dtype=torch.long), torch.zeros(size, dtype=torch.long)
-        row_cache, write_at = torch.zeros(size, dtype=torch.long), torch.zeros(size, dtype=torch.long)
-        first = 0
-        for (cache, tokens, draft, past), count in zip(groups, counts):
-            # padding rows join the last sequence: its prefix, their KV past it (masked until overwritten)
-            end = size if first + count == rows else first + count
-            mask[0, 0, first:end, : past + 1] = 0.0
-            for node, depth in enumerate(draft.depths):
-                slots[first + 1 + node, : depth + 1] = past + 1 + torch.tensor(draft.path_to(node))
-                draft_mask[first + 1 + node, : depth + 1] = 0.0
-            positions[first:end] = past
-            positions[first + 1: first + count] = past + 1 + torch.tensor(draft.depths, dtype=torch.long)
-            ids[first: first + count] = torch.tensor(tokens, dtype=torch.long)
-            row_cache[first:end] = cache.entry
-            write_at[first:end] = past + torch.arange(end - first)
-            first += count
-        inputs = self._dynamic(ids, positions, mask, slots, draft_mask, row_cache, write_at)
-        logits, states = self._graph(layers)(*inputs)
-        out, first = [], 0
-        for (cache, _, _, past), count in zip(groups, counts):
+        sequences = [SequenceRows(cache.entry, past, [past, *(past + 1 + d for d in draft.depths)],
+                                  [[], *([past + 1 + n for n in draft.path_to(node)] for node in range(len(draft)))],
+                                  past + 1)  # the last committed token reads the prefix and itself, a node its path
+                     for cache, _, draft, past in groups]
+        rows = pack_rows(sequences, self.bucket(sum(counts)), self.key_block, self.dtype)
+        ids = torch.zeros(rows.positions.shape, dtype=torch.long)
+        for (_, tokens, _, _), first in zip(groups, rows.starts):
+            ids[first: first + len(tokens)] = torch.tensor(tokens, dtype=torch.long)
+        logits, states = self._graph(layers)(*self._dynamic(ids, rows.positions, rows.mask, rows.slots,
+                                                            rows.draft_mask, rows.row_cache, rows.write_at))
+        out = []
+        for (cache, _, _, past), count, first in zip(groups, counts, rows.starts):
             cache.set_length(past + count)
             out.append((logits[first: first + count], states[first: first + count]))
-            first += count
         return out
 
     def _dynamic(self, ids, positions, mask, slots, draft_mask, row_cache, write_at):
@@ -563,6 +544,65 @@ class PackedWrites:
         layer.keys[rows, :, at] = keys[0].transpose(0, 1)
         layer.values[rows, :, at] = values[0].transpose(0, 1)
         return layer.keys, layer.values
+
+
+@dataclass
+class SequenceRows:
+    """One sequence's rows of a packed graph call: its cache entry and length (where its rows' KV
+    goes, in order), each row's position and path of slots (its ancestors root first, then itself;
+    empty for a row that reads the prefix only), and the prefix slots every row reads."""
+
+    entry: int
+    length: int
+    positions: list[int]
+    paths: list[list[int]]
+    visible: int
+
+
+@dataclass
+class PackedRows:
+    """The graph's row inputs for several sequences at once (`pack_rows`), and where each
+    sequence's rows start."""
+
+    positions: torch.Tensor  # [size]
+    mask: torch.Tensor  # [1, 1, size, span]: the prefix slots each row reads
+    slots: torch.Tensor  # [size, width]: each row's path of slots
+    draft_mask: torch.Tensor  # [size, width]: 0 on the path, masked past it
+    row_cache: torch.Tensor  # [size]: each row's cache entry
+    write_at: torch.Tensor  # [size]: the slot each row's KV is written to
+    starts: list[int]
+
+
+def pack_rows(sequences: list[SequenceRows], size: int, key_block: int, dtype: torch.dtype) -> PackedRows:
+    """The row inputs of one call of a compiled graph for ``sequences``' rows side by side, padded to
+    ``size`` rows: the compiled target's (`CompiledTarget._compiled_rows`) and a compiled head's
+    (`spec_zoo.compiled_head.CompiledHead.together`). Each row reads its sequence's first ``visible``
+    slots, rounded up to ``key_block`` (and the same lanes for a slot whatever the length, so rows
+    stay bit-identical as it grows), then its path; its KV goes to the slot after its sequence's
+    length. Padding rows join the last sequence: its prefix, their KV past it (masked until
+    overwritten). ``dtype``: the attention mask's."""
+    masked = torch.finfo(dtype).min
+    width = -(-max(1, *(len(path) for seq in sequences for path in seq.paths)) // DRAFT_BLOCK) * DRAFT_BLOCK
+    span = max(max(1, -(-seq.visible // key_block)) * key_block for seq in sequences)
+    mask = torch.full((1, 1, size, span), masked, dtype=dtype)
+    slots = torch.zeros(size, width, dtype=torch.long)
+    draft_mask = torch.full(slots.shape, masked, dtype=torch.float32)
+    positions, row_cache, write_at = (torch.zeros(size, dtype=torch.long) for _ in range(3))
+    rows, first, starts = sum(len(seq.paths) for seq in sequences), 0, []
+    for seq in sequences:
+        count = len(seq.paths)
+        end = size if first + count == rows else first + count
+        for row, path in enumerate(seq.paths):
+            slots[first + row, : len(path)] = torch.tensor(path, dtype=torch.long)
+            draft_mask[first + row, : len(path)] = 0.0
+        mask[0, 0, first:end, : seq.visible] = 0.0
+        positions[first:end] = seq.positions[-1]
+        positions[first: first + count] = torch.tensor(seq.positions, dtype=torch.long)
+        row_cache[first:end] = seq.entry
+        write_at[first:end] = seq.length + torch.arange(end - first)
+        starts.append(first)
+        first += count
+    return PackedRows(positions, mask, slots, draft_mask, row_cache, write_at, starts)
 
 
 def static_store(layers: int, slots: int, entries: int, heads: int, head_dim: int, dtype: torch.dtype,

@@ -78,6 +78,17 @@ def target_states(hidden_states: tuple, hidden) -> torch.Tensor | None:
 
 
 @dataclass
+class NextLogits:
+    """An ask (`spec_zoo.lockstep`): the logits after ``tokens`` of the sequence whose state
+    ``state`` is (`Target.sequence`, updated as it is fed), answered by ``server``, the target
+    (a draft model) holding it: a batch's draft models feed their next tokens in one forward."""
+
+    server: Target
+    state: dict
+    tokens: list[int]
+
+
+@dataclass
 class Scores:
     """Output of `Target.score`.
 
@@ -193,6 +204,12 @@ class Target:
         self.forwards += 1
         self._scored(committed, draft)
         return Scores(logits, states, len(new))
+
+    def together(self, asks: list[NextLogits]) -> list[torch.Tensor]:
+        """The logits after each ask's tokens, every sequence scored in one `score_batch` (one graph
+        call on the compiled runtime, whose rows are batch invariant: each gets what it gets alone)."""
+        scores = self.score_batch([(ask.state, ask.tokens, Draft.empty()) for ask in asks])
+        return [scored.logits[-1] for scored in scores]
 
     def hand_out(self, layers: tuple[int, ...] | None) -> None:
         """Say which layers' entering states ``score(hidden=...)`` will ask for (None: the last

@@ -403,21 +403,25 @@ def test_compiled_batches_score_every_sequence_in_one_forward(compiled_case, dra
     hidden states out of the packed forward, and the compiled draft models, heads and exits hold
     each sequence's own cache: every request drafts what it drafts alone. A compiled EAGLE head
     drafts the batch together, alone or in a cascade: each level of every sequence's draft is one
-    call of its graph."""
+    call of its graph; so does a compiled draft model, each next token of every chain one call."""
     from spec_zoo.compiled_head import CompiledHead
+    from spec_zoo.target import Target
 
     target, eos, reference = compiled_case
     decoder = SpeculativeDecoder(target, _compiled_drafter(drafter, target.model))
-    calls, head_calls = [], []
-    rows, together = target._compiled_rows, CompiledHead.together
+    calls, head_calls, model_calls = [], [], []
+    rows, together, fed_together = target._compiled_rows, CompiledHead.together, Target.together
     monkeypatch.setattr(target, "_compiled_rows",
                         lambda groups, *layers: calls.append(len(groups)) or rows(groups, *layers))
     monkeypatch.setattr(CompiledHead, "together",
                         lambda self, asks: head_calls.append(len(asks)) or together(self, asks))
+    monkeypatch.setattr(Target, "together",
+                        lambda self, asks: model_calls.append(len(asks)) or fed_together(self, asks))
     alone = None
     for size in SIZES:
         calls.clear()
         head_calls.clear()
+        model_calls.clear()
         assert decoder.slots(size) == size
         outs = decoder.generate_batch(PROMPTS, MAX_NEW, eos_token_ids=eos, batch_size=size)
         assert [o.ids for o in outs] == reference, f"batch_size={size}"
@@ -425,6 +429,9 @@ def test_compiled_batches_score_every_sequence_in_one_forward(compiled_case, dra
         if drafter in ("eagle", "eagle_tree"):  # the sequences of a draft level share one head call
             assert decoder.drafter.drafts_together
             assert (max(head_calls) > 1) == (size > 1) and max(head_calls) <= size
+        if drafter == "small_model":  # the sequences' next draft tokens share one draft-model forward
+            assert decoder.drafter.drafts_together
+            assert (max(model_calls) > 1) == (size > 1) and max(model_calls) <= size
         if drafter == "cascade":  # its EAGLE member's calls go out of the cascade to be shared
             assert decoder.drafter.drafts_together and max(head_calls) <= size
         if drafter in COMPILED_STEADY:

@@ -45,6 +45,7 @@ class ParallelDrafter(DistilledDrafter):
     dtype, device, runtime: the draft model's, as for the distilled draft."""
 
     name = "parallel"
+    drafts_together = False  # one forward drafts the whole chain: no per-token calls to share
 
     def __init__(self, path=None, num_draft: int | None = None, adaptive: bool = False, token_cost: float = 0.05,
                  sample: str | bool = "auto", tree: str | dict | None = None, dtype: str = "float32",
