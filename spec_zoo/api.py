@@ -19,7 +19,7 @@ from spec_zoo.decoder import Output, SpeculativeDecoder, refuse_empty
 from spec_zoo.errors import ConfigError, first_line
 from spec_zoo.interfaces import Drafter, Verifier
 from spec_zoo.models import check_model_config, load_target
-from spec_zoo.registry import build_component, compose, compose_option, option_names, register_plugins
+from spec_zoo.registry import build_component, compose, option_names, register_plugins
 from spec_zoo.sampling import SamplingParams
 from spec_zoo.schema import constructor_params, fail, locate, validate
 from spec_zoo.target import Target
@@ -139,21 +139,17 @@ def choose_drafter(cfg: DictConfig, auto: AutoChoice, target: Target, verifier: 
     later builds from ``cfg`` see it), and each candidate is calibrated through this module's own
     `build_decoder`."""
 
-    def option(name: str) -> DictConfig:
-        chosen = compose_option("drafter", name)
-        return OmegaConf.merge(chosen, auto.params[name]) if name in auto.params else chosen  # type: ignore
-
     def build(name: str) -> SpeculativeDecoder:
         trial = cfg.copy()
         with open_dict(trial):
-            trial.drafter = option(name)
+            trial.drafter = auto.option(name)
         return build_decoder(trial, target=target, verifier=verifier)
 
     encoder = SpeculativeDecoder(target, verifier=verifier, sampling=sampling)  # plain: it only encodes
     choice = choose(auto, target, prompts, lambda p: encoder.encode(p, chat=cfg.generation.chat), build,
                     sampling.temperature)
     with open_dict(cfg):
-        cfg.drafter = option(choice)
+        cfg.drafter = auto.option(choice)
     return build_component(cfg.drafter, "drafter")
 
 

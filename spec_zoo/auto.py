@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from omegaconf import OmegaConf
 
 from spec_zoo.costs import CONTEXTS, CostTable, cached_table, measure, table_path, what_costs
 from spec_zoo.cpp_kernels import host_isa
@@ -32,7 +33,7 @@ from spec_zoo.decoder import SpeculativeDecoder
 from spec_zoo.errors import ConfigError, first_line
 from spec_zoo.outputs import atomic_write
 from spec_zoo.paths import cache_root
-from spec_zoo.registry import options
+from spec_zoo.registry import compose_option, options
 from spec_zoo.schema import fail
 
 FORMAT = "spec-zoo-auto-choice"  # the cache file's record format (checked when read)
@@ -76,6 +77,12 @@ class AutoChoice:
             raise fail("drafter.workload", f"{workload!r} is not a bench workload",
                        f"choose one of {', '.join(names)}, or null to calibrate on the prompt(s) given")
         self.prompts, self.tokens, self.workload, self.recalibrate = prompts, tokens, workload, recalibrate
+
+    def option(self, name: str):
+        """The drafter option ``name`` as ``drafter=<name>`` composes it, with this choice's params
+        for it: what each candidate is calibrated as, and what the choice is built as."""
+        composed = compose_option("drafter", name)
+        return OmegaConf.merge(composed, self.params[name]) if name in self.params else composed
 
     def calibration_prompts(self, given: Sequence[str | list[int]]) -> list[str | list[int]]:
         """The first ``prompts`` of the workload (when named) or of ``given``."""

@@ -70,8 +70,10 @@ def test_each_request_drafts_as_it_does_alone(case, drafter):
 
 def test_a_draft_model_keeps_each_sequences_cache(case, monkeypatch):
     """The draft model holds a cache entry per sequence, so in a batch it reads each request's
-    tokens once, as alone. Planted fault: the forks share one cache (no swap); it follows whichever
-    sequence drafted last, so every draft re-reads its prompt (same drafts, many more tokens)."""
+    tokens once, as alone. Planted fault: the forks share one cache (no swap: the draft model
+    scores each ask on whatever sequence it holds); it follows whichever sequence drafted last, so
+    every draft re-reads its prompt (same drafts, many more tokens)."""
+    from spec_zoo.draft import Draft
     from spec_zoo.drafters.small_model import DraftModelSequences
 
     model, eos, reference = case
@@ -89,6 +91,8 @@ def test_a_draft_model_keeps_each_sequences_cache(case, monkeypatch):
     alone = tokens_read(1)
     assert tokens_read(8) == alone
     monkeypatch.setattr(DraftModelSequences, "propose", lambda self, state: self._draft(state))
+    monkeypatch.setattr(Target, "together", lambda self, asks: [self.score(ask.tokens, Draft.empty()).logits[-1]
+                                                                for ask in asks])
     assert tokens_read(8) > 2 * alone
 
 

@@ -26,7 +26,7 @@ from spec_zoo.bench.specs import MethodSpec
 from spec_zoo.bench.trace import StepTrace
 from spec_zoo.costs import cached_table
 from spec_zoo.decoder import SpeculativeDecoder
-from spec_zoo.registry import build_component, compose_option
+from spec_zoo.registry import build_component
 from spec_zoo.sampling import SamplingParams
 from spec_zoo.stats import RunStats
 from spec_zoo.target import Target
@@ -195,10 +195,13 @@ def _built(spec: MethodSpec, target: Target, sampling: SamplingParams, config_ha
 
         if isinstance(drafter, AutoChoice):  # one more method: chosen on its workload, then run as named
             encode = SpeculativeDecoder(target, sampling=sampling).encode
-            name = choose(drafter, target, (), encode,
-                          lambda option: decoder_of(build_component(compose_option("drafter", option), key)),
-                          sampling.temperature)
-            drafter = build_component(compose_option("drafter", name), f"{key}.drafter")
+            auto = drafter
+
+            def candidate(option: str) -> SpeculativeDecoder:
+                return decoder_of(build_component(auto.option(option), key))
+
+            name = choose(auto, target, (), encode, candidate, sampling.temperature)
+            drafter = build_component(auto.option(name), f"{key}.drafter")
         decoder = decoder_of(drafter)
         return SpecZooMethod(spec.name, decoder, spec.record_params, config_hash,
                              spec.drafter_label, stop_strings, eos_token_ids)
