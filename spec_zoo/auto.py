@@ -82,7 +82,10 @@ class AutoChoice:
         """The drafter option ``name`` as ``drafter=<name>`` composes it, with this choice's params
         for it: what each candidate is calibrated as, and what the choice is built as."""
         composed = compose_option("drafter", name)
-        return OmegaConf.merge(composed, self.params[name]) if name in self.params else composed
+        if name not in self.params:
+            return composed
+        OmegaConf.set_struct(composed, False)  # params may add keys an option leaves empty (a cascade's members')
+        return OmegaConf.merge(composed, self.params[name])
 
     def calibration_prompts(self, given: Sequence[str | list[int]]) -> list[str | list[int]]:
         """The first ``prompts`` of the workload (when named) or of ``given``."""

@@ -148,6 +148,8 @@ def test_params_reach_every_candidate_and_the_choice(setup, monkeypatch):
     assert [m for name, m in seen if name == "ngram"] == [2, 3]
     settings = auto.AutoChoice(candidates=["ngram", "suffix"], params={"ngram": {"max_ngram": 2}})
     assert settings.option("ngram").max_ngram == 2 and "max_ngram" not in settings.option("suffix")  # the bench's too
+    nested = auto.AutoChoice(candidates=["cascade"], params={"cascade": {"params": {"ngram": {"max_ngram": 2}}}})
+    assert nested.option("cascade").params.ngram.max_ngram == 2  # a key the option leaves empty
 
 
 def test_a_missing_cost_table_is_timed_briefly_for_what_was_scored(setup, monkeypatch):
