@@ -114,3 +114,13 @@ def test_an_artefact_keeps_its_draft_vocabulary(tmp_path):
     assert artefact_vocab(tmp_path / "h").tolist() == vocab.tolist()
     save_head(EagleHead(model, 0), tmp_path / "full", describe_target(model, "tiny"), {})
     assert artefact_vocab(tmp_path / "full") is None
+
+    from spec_zoo.drafters.eagle.formats import Eagle3Head, save_eagle3
+
+    for layout in ("speculators", "eagle3"):  # an EAGLE-3 head's draft vocabulary is its t2d, in either layout
+        head = Eagle3Head.from_target(model.float(), (0, 1, 1), 1, vocab)
+        save_eagle3(head, tmp_path / layout, layout, dtype=torch.float32)
+        assert artefact_vocab(tmp_path / layout).tolist() == vocab.tolist()
+    save_eagle3(Eagle3Head.from_target(model.float(), (0, 1, 1), 1), tmp_path / "e3full", "speculators",
+                dtype=torch.float32)
+    assert artefact_vocab(tmp_path / "e3full") is None

@@ -172,12 +172,16 @@ def run_vocab(cfg, target: Target | None = None) -> Path:
 
 
 def artefact_vocab(path: Path) -> torch.Tensor | None:
-    """The draft vocabulary a spec-zoo artefact stores: ``vocab_ids`` in a head's weights, or
+    """The draft vocabulary an artefact stores: ``vocab_ids`` in a head's weights, an EAGLE-3
+    head's ``t2d`` (the target ids its draft vocabulary holds; both published layouts), or
     ``draft_vocab`` in a distilled draft's record (None: the full vocabulary)."""
     for weights in sorted(path.glob("*.safetensors")):
         found = load_file(weights)
         if "vocab_ids" in found:
             return found["vocab_ids"].long()
+        if "t2d" in found:
+            held = found["t2d"].bool()
+            return None if bool(held.all()) else held.nonzero().flatten()
     for record in path.glob("*.json"):
         ids = json.loads(record.read_text()).get("draft_vocab") if record.name != "config.json" else None
         if ids:
