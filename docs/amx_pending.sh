@@ -1,0 +1,41 @@
+#!/bin/sh
+# The measurements that wait for a host with Intel's matrix engine (AMX-BF16), in the order the open
+# issues need them, each resumable: rerun the script and every step skips what its OUT already holds.
+#   sh docs/amx_pending.sh OUT [STEP...]      # steps: train46 lineup46 lineup47 head47 (default: all)
+# One thread per benchmark, pinned: core 0 runs the step, nothing else should run (docs/benchmark.md).
+# Refuses to start without AMX: on another host these figures would say nothing about the goals.
+set -eu
+out=${1:?give an output directory: sh docs/amx_pending.sh OUT [STEP...]}
+shift
+steps=${*:-train46 lineup46 lineup47 head47}
+grep -q amx_tile /proc/cpuinfo || { echo "this CPU has no AMX (amx_tile): these bf16 goals are for AMX hosts" >&2; exit 2; }
+mkdir -p "$out"
+run() { OMP_NUM_THREADS=1 taskset -c 0 "$@"; }
+head47=${GEMMA_HEAD:-$HOME/.cache/spec_zoo/trained/gemma3-270m-eagle3-4096}
+for step in $steps; do
+  case $step in
+    train46)  # issue 45: teacher-data and training throughput, bf16 against fp32 on this core
+      run python docs/training/bf16_throughput.py --out "$out/bf16_throughput" ;;
+    lineup46)  # issue 46: the batch line-up in bf16 on the AMX GEMM beside vLLM (docs/batching.md)
+      M='methods={ngram:null,suffix:null,eagle_compiled:null,cascade_compiled:{engine:spec_zoo,runtime:compiled,drafter:cascade,params:{params:{eagle:{runtime:compiled}}}},vllm_ar:null,vllm_ngram:null}'
+      for b in 1 2 4 8 16; do
+        run spec-zoo-bench batch_size=$b model.runtime=compiled model.dtype=bfloat16 model.gemm=amx "$M" \
+          dataset.per_category=5 generation.max_new_tokens=128 repeats=3 progress=false out="$out/lineup46/b$b"
+      done
+      mkdir -p "$out/lineup46/all" && cat "$out"/lineup46/b*/results.jsonl > "$out/lineup46/all/results.jsonl"
+      spec-zoo-bench batches="$out/lineup46/all" ;;
+    lineup47)  # issue 47: the Gemma 3 line-up in bf16 (docs/gemma3.md), its EAGLE-3 head from $GEMMA_HEAD
+      E3="{engine:spec_zoo,runtime:compiled,drafter:eagle,params:{head:$head47,runtime:compiled}}"
+      CASC="{engine:spec_zoo,runtime:compiled,drafter:cascade,params:{params:{eagle:{head:$head47,runtime:compiled}}}}"
+      AUTO="{engine:spec_zoo,runtime:compiled,drafter:auto,params:{workload:continuation,params:{eagle:{head:$head47,runtime:compiled},cascade:{params:{eagle:{head:$head47,runtime:compiled}}}}}}"
+      run spec-zoo-bench model=gemma3_270m model.dtype=bfloat16 dataset=continuation generation.max_new_tokens=128 \
+        repeats=3 progress=false \
+        "methods={ar_compiled:null,ngram_compiled:null,suffix_compiled:null,eagle3_compiled:$E3,cascade_compiled:$CASC,auto_compiled:$AUTO}" \
+        out="$out/lineup47" ;;
+    head47)  # issue 47: the EAGLE-3 head's cost per drafted token against a target step, bf16 and fp32
+      for dtype in bfloat16 float32; do
+        [ -s "$out/head47_$dtype.json" ] || run python docs/gemma3/head_cost.py "$head47" $dtype 3 > "$out/head47_$dtype.json"
+      done ;;
+    *) echo "unknown step $step (train46 lineup46 lineup47 head47)" >&2; exit 2 ;;
+  esac
+done
