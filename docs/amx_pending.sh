@@ -15,7 +15,7 @@ head47=${GEMMA_HEAD:-$HOME/.cache/spec_zoo/trained/gemma3-270m-eagle3-4096}
 for step in $steps; do
   case $step in
     train46)  # issue 45: teacher-data and training throughput, bf16 against fp32 on this core
-      run python docs/training/bf16_throughput.py --out "$out/bf16_throughput" ;;
+      [ -s "$out/bf16_throughput/bf16_throughput.json" ] || run python docs/training/bf16_throughput.py --out "$out/bf16_throughput" ;;
     lineup46)  # issue 46: the batch line-up in bf16 on the AMX GEMM beside vLLM (docs/batching.md)
       M='methods={ngram:null,suffix:null,eagle_compiled:null,cascade_compiled:{engine:spec_zoo,runtime:compiled,drafter:cascade,params:{params:{eagle:{runtime:compiled}}}},vllm_ar:null,vllm_ngram:null}'
       for b in 1 2 4 8 16; do
