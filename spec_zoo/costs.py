@@ -253,6 +253,25 @@ def measure_draft(decoder, prompt: list[int], max_new_tokens: int = 48) -> tuple
     return sum(s.draft_s for s in steps), sum(s.depth for s in steps)
 
 
+def draft_rounds(target, decoders: dict, prompts: Sequence[list[int]], rounds: int, max_new_tokens: int = 48,
+                 step_repeats: int = 5, contexts: Sequence[int] = CONTEXTS,
+                 said=None) -> tuple[list[float], dict[str, list[float]]]:
+    """(one target step t(1) per round, each decoder's seconds per drafted level per round) over
+    ``rounds`` interleaved rounds, a slow moment of the machine hitting all of them alike: each round
+    times t(1) (`measure`), then each decoder's greedy decodes of ``prompts`` (`measure_draft`, their
+    seconds over their levels). ``said(round, t1, per)`` runs after each round (progress)."""
+    t1: list[float] = []
+    per: dict[str, list[float]] = {name: [] for name in decoders}
+    for r in range(rounds):
+        t1.append(measure(target, max_tokens=1, repeats=step_repeats, contexts=contexts, progress=False).seconds[0])
+        for name, decoder in decoders.items():
+            seconds, levels = map(sum, zip(*(measure_draft(decoder, p, max_new_tokens) for p in prompts)))
+            per[name].append(seconds / max(levels, 1))
+        if said is not None:
+            said(r, t1, per)
+    return t1, per
+
+
 def plot_table(table: CostTable, path: Path, others: Sequence[CostTable] = ()) -> Path:
     """t(M)/t(1) against M, one line per measured context (and per table in ``others``, e.g.
     another runtime, for comparison), with t(1) in the legend, as a PNG."""

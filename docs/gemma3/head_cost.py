@@ -14,7 +14,7 @@ import torch
 torch.set_num_threads(1)
 from spec_zoo import SpeculativeDecoder
 from spec_zoo.auto import workload_file
-from spec_zoo.costs import measure, measure_draft
+from spec_zoo.costs import draft_rounds
 from spec_zoo.cpp_kernels import host_isa
 from spec_zoo.drafters.eagle import EagleDrafter
 from spec_zoo.models import load_target
@@ -32,16 +32,8 @@ for d in drafters.values():
         print("draft compile", round(part.warm_up(), 1), part.compile_cached, file=sys.stderr, flush=True)
 lines = workload_file("continuation").read_text(encoding="utf-8").splitlines()
 prompts = [target.tokenizer(json.loads(line)["turns"][0])["input_ids"] for line in lines if line.strip()][:4]
-per, t1 = {k: [] for k in decoders}, []
-for r in range(rounds):
-    t1.append(measure(target, max_tokens=1, repeats=5, progress=False).seconds[0])
-    for k, dec in decoders.items():
-        seconds, levels = 0.0, 0
-        for p in prompts:
-            a, b = measure_draft(dec, p, 48)
-            seconds, levels = seconds + a, levels + b
-        per[k].append(seconds / max(levels, 1))
-    print(r, os.getloadavg(), {k: round(v[-1] / t1[-1], 4) for k, v in per.items()}, file=sys.stderr, flush=True)
+t1, per = draft_rounds(target, decoders, prompts, rounds, 48, said=lambda r, t1, per: print(
+    r, os.getloadavg(), {k: round(v[-1] / t1[-1], 4) for k, v in per.items()}, file=sys.stderr, flush=True))
 t = statistics.median(t1)
 print(json.dumps({"dtype": dtype, "isa": host_isa(), "threads": torch.get_num_threads(), "t1_ms": round(t * 1e3, 2),
                   "load": os.getloadavg(), "draft_vocab": int(drafters["eager"].head.lm_head.out_features),

@@ -12,7 +12,7 @@ import torch
 
 torch.set_num_threads(1)
 from spec_zoo import SpeculativeDecoder
-from spec_zoo.costs import measure, measure_draft
+from spec_zoo.costs import draft_rounds
 from spec_zoo.drafters.distilled import DistilledDrafter
 from spec_zoo.drafters.eagle import EagleDrafter
 from spec_zoo.drafters.early_exit import EarlyExitDrafter
@@ -44,17 +44,8 @@ prompts = [target.tokenizer(p)["input_ids"] for p in (
     "Translate to German: The weather is nice today and we are going to the park.",
     "Write a short story about a robot who learns to paint.")]
 rounds = int(sys.argv[1]) if len(sys.argv) > 1 else 3
-per = {k: [] for k in decoders}
-t1 = []
-for r in range(rounds):
-    t1.append(measure(target, max_tokens=1, repeats=5, progress=False).seconds[0])
-    for k, dec in decoders.items():
-        s, levels = 0.0, 0
-        for p in prompts:
-            a, b = measure_draft(dec, p, 32)
-            s, levels = s + a, levels + b
-        per[k].append(s / max(levels, 1))
-    print(r, os.getloadavg(), {k: round(v[-1] / t1[-1], 3) for k, v in per.items()}, file=sys.stderr, flush=True)
+t1, per = draft_rounds(target, decoders, prompts, rounds, 32, said=lambda r, t1, per: print(
+    r, os.getloadavg(), {k: round(v[-1] / t1[-1], 3) for k, v in per.items()}, file=sys.stderr, flush=True))
 t = statistics.median(t1)
 params = sum(p.numel() * p.element_size() for p in target.model.parameters())
 print(json.dumps({"t1_ms": round(t * 1e3, 2), "load": os.getloadavg(), "target_bytes": params,

@@ -95,7 +95,7 @@ def draft_costs(target: Target, vocabs: dict[str, torch.Tensor | None], context:
     of a ``context``-token prompt (`spec_zoo.costs.measure_draft`, as ``spec-zoo costs``
     prices drafters); and ``target``: one eager target forward t(1) after ``context`` tokens.
     Each is the median of ``repeats`` rounds, every round measuring all of them in turn."""
-    from spec_zoo.costs import measure, measure_draft
+    from spec_zoo.costs import draft_rounds
     from spec_zoo.decoder import SpeculativeDecoder
     from spec_zoo.drafters.eagle.drafter import EagleDrafter
     from spec_zoo.drafters.eagle.head import EagleHead
@@ -104,13 +104,9 @@ def draft_costs(target: Target, vocabs: dict[str, torch.Tensor | None], context:
     decoders = {name: SpeculativeDecoder(target, EagleDrafter(EagleHead(target.model, 0, vocab_ids=vocab).eval(),
                                                               num_draft=1, adaptive=False))
                 for name, vocab in vocabs.items()}
-    times: dict[str, list[float]] = defaultdict(list)
-    for _ in range(repeats):
-        for name, decoder in decoders.items():
-            seconds, levels = measure_draft(decoder, prompt, max_new_tokens=16)
-            times[name].append(seconds / max(levels, 1))
-        times["target"].append(measure(target, max_tokens=1, repeats=3, contexts=[context], progress=False).seconds[0])
-    return {k: median(v) for k, v in times.items()}
+    steps, times = draft_rounds(target, decoders, [prompt], repeats, max_new_tokens=16, step_repeats=3,
+                                contexts=[context])
+    return {**{k: median(v) for k, v in times.items()}, "target": median(steps)}
 
 
 def run_vocab(cfg, target: Target | None = None) -> Path:
