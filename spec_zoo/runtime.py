@@ -256,9 +256,9 @@ class CompiledTarget(Target):
 
     def _forward(self, new: list[int], draft: Draft, past: int, hidden: bool | tuple[int, ...]):
         self._check_room(past + len(new) + len(draft))
-        states, past = self._catch_up(new, past, self._layers(hidden))
-        [(logits, tail)] = self._compiled_rows([(self.cache, new[-1:] + draft.tokens.tolist(), draft, past)],
-                                               self._layers(hidden))
+        layers = self._layers(hidden)
+        states, past = self._catch_up(new, past, layers)
+        [(logits, tail)] = self._compiled_rows([(self.cache, new[-1:] + draft.tokens.tolist(), draft, past)], layers)
         states.append(tail)
         return logits, torch.cat(states) if hidden else None
 
@@ -280,7 +280,7 @@ class CompiledTarget(Target):
         call (their prompts and catch-up rows first, each on its own)."""
         if len(batch) == 1:  # alone: `score` (which may resume a partial forward)
             return super().score_batch(batch, hidden)
-        groups, before, fed = [], [], []
+        groups, before, fed, layers = [], [], [], self._layers(hidden)
         for state, committed, draft in batch:
             if state is not None:
                 self.use(state)
@@ -289,7 +289,7 @@ class CompiledTarget(Target):
             new = committed[self.rewind(committed):]
             past = len(self.cached_tokens)
             self._check_room(past + len(new) + len(draft))
-            states, past = self._catch_up(new, past, self._layers(hidden))
+            states, past = self._catch_up(new, past, layers)
             groups.append((self.cache, new[-1:] + draft.tokens.tolist(), draft, past))
             before.append(states)
             fed.append(len(new))
@@ -298,7 +298,7 @@ class CompiledTarget(Target):
             if state is not None:
                 state.update(self.sequence())
         results = []
-        for (logits, tail), states, m in zip(self._compiled_rows(groups, self._layers(hidden)), before, fed):
+        for (logits, tail), states, m in zip(self._compiled_rows(groups, layers), before, fed):
             results.append(Scores(logits, torch.cat(states + [tail]) if hidden else None, m))
         return results
 
