@@ -310,6 +310,51 @@ def test_interrupted_run_resumes_without_duplicates_or_losses(target, tmp_path):
     assert again == []  # nothing left to measure
 
 
+class FailsOn(Method):
+    """Greedy decoding that raises on the prompts starting with a given token, as a peer engine's
+    bug does (transformers' universal assisted generation on code openings)."""
+
+    def __init__(self, baseline: Method, first_token: int):
+        super().__init__("fails_on", "none", "greedy", {}, "h-fails")
+        self.baseline, self.first_token = baseline, first_token
+
+    def run(self, prompt_ids, max_new_tokens, seed, request_id=None):
+        if prompt_ids[0] == self.first_token:
+            raise RuntimeError("cannot reshape tensor of 0 elements")
+        return self.baseline.run(prompt_ids, max_new_tokens, seed)
+
+
+def test_a_method_that_fails_on_a_question_is_logged_and_the_run_goes_on(target, tmp_path, capsys):
+    path = tmp_path / "results.jsonl"
+    ar = build(target, ["ar"])[0]
+    failing = FailsOn(ar, first_token=5)  # question 90 (two turns) fails at its first turn, in both repeats
+    records = bench(target, [ar, failing], path, repeats=2)
+    assert "failed on question(s) 90 turn 1 repeat 0: RuntimeError: cannot reshape" in capsys.readouterr().err
+    mine = [r for r in records if r["method"] == "fails_on"]
+    assert {(r["question_id"], r["turn"]) for r in mine} == {(300, 1)} and len(mine) == 2  # no turn 2 of 90
+    assert all(r["matches_baseline"] for r in mine)
+    failures = read_records(tmp_path / "failures.jsonl")
+    assert [(f["method"], f["question_id"], f["turn"], f["repeat"]) for f in failures] == [
+        ("fails_on", 90, 1, 0), ("fails_on", 90, 1, 1)]
+    assert "cannot reshape" in failures[0]["traceback"] and failures[0]["category"] == "mt_bench"
+    warning = [w for w in summarize_file(path).warnings if "fails_on" in w]
+    assert len(warning) == 1 and "failed on 2 question turn(s) (mt_bench 2)" in warning[0]
+
+    failing.first_token = -1  # fixed: a rerun measures what failed, and the warning goes
+    new = []
+    bench(target, [ar, failing], path, repeats=2, on_record=new.append)
+    assert {(r["method"], r["question_id"], r["turn"]) for r in new} == {("fails_on", 90, 1), ("fails_on", 90, 2)}
+    assert not [w for w in summarize_file(path).warnings if "fails_on" in w]
+
+
+def test_the_baselines_failure_stops_the_run(target, tmp_path):
+    ar = build(target, ["ar"])[0]
+    failing = FailsOn(ar, first_token=12)
+    failing.name = "ar"
+    with pytest.raises(RuntimeError, match="cannot reshape"):
+        bench(target, [failing], tmp_path / "results.jsonl")
+
+
 def test_a_batched_run_decodes_each_group_as_one_batch_with_every_output_its_batch_1_output(target, tmp_path):
     methods = build(target, ["ar", "ngram"])
     alone = bench(target, methods, tmp_path / "one.jsonl")

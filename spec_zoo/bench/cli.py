@@ -9,6 +9,7 @@ import copy
 import json
 import sys
 from contextlib import ExitStack, contextmanager, suppress
+from dataclasses import replace
 from pathlib import Path
 from typing import cast
 
@@ -22,7 +23,7 @@ from spec_zoo.bench.dataset import load_dataset, prompt_encoder
 from spec_zoo.bench.methods import build_method
 from spec_zoo.bench.peer_method import build_peer_method
 from spec_zoo.bench.peers import PEERS
-from spec_zoo.bench.records import LOCK_FILE, TRACE_FILE, check_schema, read_records
+from spec_zoo.bench.records import FAILURE_FILE, LOCK_FILE, TRACE_FILE, check_schema, failure_warnings, read_records
 from spec_zoo.bench.runner import run_benchmark, run_context
 from spec_zoo.bench.specs import resolve_methods
 from spec_zoo.bench.summary import Summary, summarize, summarize_file
@@ -199,6 +200,8 @@ def _run(cfg: DictConfig, specs, questions, sampling: SamplingParams, policy: Ba
         batch_size=cfg.batch_size,
     )
     summary = summarize(records)
+    failed = failure_warnings(read_records(out / FAILURE_FILE), records, hashes)
+    summary = replace(summary, warnings=(*summary.warnings, *failed))
     write_summary(summary, out)
     return summary
 

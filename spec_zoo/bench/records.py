@@ -31,6 +31,9 @@ SCHEMA_VERSION = 1
 #: the per-step traces beside a results file (``traces=true``)
 TRACE_FILE = "traces.jsonl"
 
+#: the waves a method failed on, beside a results file (`failure_warnings`); a rerun tries them again
+FAILURE_FILE = "failures.jsonl"
+
 #: the lock file beside a results file: one spec-zoo-bench run writes into a directory at a time
 LOCK_FILE = ".spec-zoo-bench.lock"
 
@@ -111,6 +114,30 @@ def read_records(path) -> list[dict]:
 def read_traces(path) -> dict[tuple, dict]:
     """The per-step traces of a traces file by `record_key` ({} when it does not exist)."""
     return {record_key(t): t["steps"] for t in read_records(path)}
+
+
+def failure_warnings(failures: Iterable[dict], records: Iterable[dict],
+                     config_hashes: Iterable[str] | None = None) -> tuple[str, ...]:
+    """One line per method that failed on question turns which still have no record (a rerun that
+    measured them clears them): how many, in which categories, and the first error. Only the
+    failures of ``config_hashes`` count where given (those of this run's methods)."""
+    have = {record_key(r) for r in records}
+    hashes = None if config_hashes is None else set(config_hashes)
+    by_method: dict[str, dict[tuple, dict]] = {}
+    for f in failures:
+        if record_key(f) not in have and (hashes is None or f["config_hash"] in hashes):
+            by_method.setdefault(f["method"], {})[record_key(f)] = f
+    lines = []
+    for method, failed in by_method.items():
+        categories: dict[str, int] = {}
+        for f in failed.values():
+            categories[f["category"]] = categories.get(f["category"], 0) + 1
+        first = next(iter(failed.values()))
+        lines.append(f"method {method} failed on {len(failed)} question turn(s) "
+                     f"({', '.join(f'{c} {n}' for c, n in categories.items())}), which have no record and are "
+                     f"left out of its figures (and of its later turns); first: {first['error']}. Tracebacks "
+                     f"in {FAILURE_FILE}; a rerun into the same out= tries them again.")
+    return tuple(lines)
 
 
 _NUMBER, _INT = (int, float), (int,)

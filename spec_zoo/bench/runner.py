@@ -11,9 +11,12 @@ from __future__ import annotations
 
 import os
 import platform
+import sys
 import time
+import traceback
 from collections.abc import Callable, Hashable, Sequence
 from contextlib import nullcontext
+from pathlib import Path
 
 import torch
 from tqdm.auto import tqdm
@@ -23,6 +26,7 @@ from spec_zoo.bench.dataset import Question
 from spec_zoo.bench.methods import Method
 from spec_zoo.bench.records import (
     BASELINE,
+    FAILURE_FILE,
     FIELDS,
     KEY_FIELDS,
     SCHEMA_VERSION,
@@ -106,6 +110,10 @@ def run_benchmark(
     turn as one batch of requests (`Method.run_batch`): per group, repeat and turn every method
     runs in turn, so drift hits all alike, as it does one question at a time (batch size 1).
     A group's records are written when it ends; a rerun measures again only groups not complete.
+    A method other than the baseline that raises on a wave (a peer engine's bug, a plugin's) does
+    not stop the run: the error goes to stderr and, with its traceback, to `FAILURE_FILE` beside
+    the results; those questions get no record from it (nor their later turns), and a rerun tries
+    them again. The baseline's errors stop the run: nothing can be compared without it.
     """
     if not methods or methods[0].name != BASELINE:
         raise ValueError(f"methods[0] must be the baseline {BASELINE!r}")
@@ -124,24 +132,44 @@ def run_benchmark(
         prompts = [encode(q.turns[:1], []) for q in groups[0]]
         ids = [q.question_id for q in groups[0]]
         for method in methods:  # what it writes stays hidden from that question (drafter=suffix)
-            method.run_batch(prompts, min(warmup_tokens, max_new_tokens), seed, ids, batch_size)
+            try:
+                method.run_batch(prompts, min(warmup_tokens, max_new_tokens), seed, ids, batch_size)
+            except Exception as err:
+                if method is methods[0]:
+                    raise
+                print(f"spec-zoo-bench: method {method.name} failed its warm-up: {_error(err)}", file=sys.stderr)
 
     records = []
     answers: dict[tuple[str, Hashable], list[list[int]]] = {}  # each method's own answers to each question
+    failed: set[tuple[str, Hashable]] = set()  # (method, question) whose turn failed this run
+    failures = _FailureLog(Path(results_path).with_name(FAILURE_FILE))
     with (RecordWriter(results_path) as writer, RecordWriter(traces_path) if traces_path else nullcontext() as traces,
-          tqdm(total=sum(len(g) for g, *_ in plan), desc="bench", disable=not progress) as bar):
+          tqdm(total=sum(len(g) for g, *_ in plan), desc="bench", disable=not progress) as bar, failures):
         for group, repeat, turn, method in plan:
-            wave = [q for q in group if turn <= len(q.turns)]
             if turn == 1:
-                for q in wave:
+                for q in group:
                     answers[method.name, q.question_id] = []
+                    failed.discard((method.name, q.question_id))
+            wave = [q for q in group if turn <= len(q.turns) and (method.name, q.question_id) not in failed]
             found = [done.get(_key(q, repeat, turn, method)) for q in wave]
             wave_records = [r for r in found if r is not None]
             if len(wave_records) < len(wave):
                 more = f"+{len(wave) - 1}" if len(wave) > 1 else ""
                 bar.set_postfix_str(f"{method.name} q{wave[0].question_id}{more} t{turn}")
-                measured = _measure_wave(method, methods[0], wave, repeat, turn, encode, answers,
-                                         max_new_tokens, seed + repeat, target, greedy, batch_size, context)
+                try:
+                    measured = _measure_wave(method, methods[0], wave, repeat, turn, encode, answers,
+                                             max_new_tokens, seed + repeat, target, greedy, batch_size, context)
+                except Exception as err:
+                    if method is methods[0]:
+                        raise
+                    failures.write(err, [{**dict(zip(KEY_FIELDS, _key(q, repeat, turn, method))),
+                                          "category": q.category} for q in wave])
+                    failed.update((method.name, q.question_id) for q in wave)
+                    tqdm.write(f"spec-zoo-bench: method {method.name} failed on question(s) "
+                               f"{', '.join(str(q.question_id) for q in wave)} turn {turn} repeat {repeat}: "
+                               f"{_error(err)}", file=sys.stderr)
+                    bar.update(len(group))
+                    continue
                 for record, trace in measured:
                     if traces is not None and trace is not None:  # before its record: a resume re-measures both
                         traces.write({**{f: record[f] for f in KEY_FIELDS}, "steps": trace})
@@ -154,6 +182,32 @@ def run_benchmark(
                 records.append(record)
             bar.update(len(group))
     return records
+
+
+def _error(err: BaseException) -> str:
+    """An exception as one line: its type and message."""
+    return f"{type(err).__name__}: {err}".splitlines()[0]
+
+
+class _FailureLog:
+    """`FAILURE_FILE`: one line per question a method failed on, with the error and its traceback;
+    created at the first failure, appended to by reruns."""
+
+    def __init__(self, path: Path):
+        self.path, self.writer = path, None
+
+    def write(self, err: BaseException, keys: list[dict]) -> None:
+        self.writer = self.writer or RecordWriter(self.path)
+        for key in keys:
+            self.writer.write({**key, "error": _error(err), "traceback": traceback.format_exc(),
+                               "time": time.strftime("%Y-%m-%dT%H:%M:%S")})
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        if self.writer:
+            self.writer.close()
 
 
 def _key(question: Question, repeat: int, turn: int, method: Method) -> tuple:
@@ -183,8 +237,9 @@ def _measure_wave(method: Method, baseline: Method, wave: Sequence[Question], re
     for q, prompt, own, m in zip(wave, prompts, mine, measured, strict=True):
         base = answers[method.plain, q.question_id]
         # comparable to its plain method only on the same prompt: the same earlier answers
-        comparable = greedy and own == base[: turn - 1]
-        baseline_ids = m.output_ids if method is baseline else base[turn - 1]
+        # (and only where its plain method answered this turn: a peer plain method may have failed)
+        comparable = greedy and (method is baseline or len(base) >= turn) and own == base[: turn - 1]
+        baseline_ids = m.output_ids if method is baseline else base[turn - 1] if comparable else []
         matches = m.output_ids == baseline_ids if comparable else None
         margin = None
         if matches is False:

@@ -32,9 +32,19 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from functools import cached_property
+from pathlib import Path
 
 from spec_zoo.bench.dataset import CATEGORIES
-from spec_zoo.bench.records import BASELINE, check_schema, method_label, read_records, unique_records
+from spec_zoo.bench.records import (
+    BASELINE,
+    FAILURE_FILE,
+    beside,
+    check_schema,
+    failure_warnings,
+    method_label,
+    read_records,
+    unique_records,
+)
 from spec_zoo.bench.stats import Pair, SpeedupStats, specbench_speedup, speedup_stats
 
 OVERALL = "overall"
@@ -312,9 +322,11 @@ def summarize(records: Iterable[dict], baseline: str = BASELINE, label: Callable
 
 
 def summarize_file(path, config_hashes: Sequence[str] | None = None) -> Summary:
-    """Summary of a results file, optionally only of the records with the given config hashes."""
+    """Summary of a results file, optionally only of the records with the given config hashes; its
+    warnings name the question turns a method failed on (`FAILURE_FILE` beside it)."""
     records, duplicates = unique_records(check_schema(read_records(path), str(path)), str(path))
     if config_hashes is not None:
         records = [r for r in records if r["config_hash"] in set(config_hashes)]
     summary = summarize(records)
-    return replace(summary, warnings=(duplicates, *summary.warnings)) if duplicates else summary
+    failed = failure_warnings(read_records(beside(Path(path).parent, FAILURE_FILE)), records, config_hashes)
+    return replace(summary, warnings=(*([duplicates] if duplicates else []), *summary.warnings, *failed))
