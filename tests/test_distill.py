@@ -101,7 +101,7 @@ def test_same_seed_same_draft_and_a_changed_config_is_not_resumed(tmp_path):
     a = distill(_cfg(tmp_path / "a", "train.steps=12"), target=Target(model))
     b1 = distill(_cfg(tmp_path / "b", "train.steps=8", "train.keep_checkpoints=true", "train.ckpt_every=4"),
                  target=Target(model))
-    assert (b1.parent / ".draft.checkpoints" / "last.pt").is_file()
+    assert (b1.parent / ".draft.checkpoints" / "last.safetensors").is_file()
     with pytest.raises(ConfigError, match=r"another config \(train.steps=8 there, 12 here\).*train.resume=false"):
         distill(_cfg(tmp_path / "b", "train.steps=12"), target=Target(model))  # another LR schedule
     a2 = distill(_cfg(tmp_path / "a2", "train.steps=12"), target=Target(model))
@@ -153,7 +153,7 @@ def test_a_run_in_stretches_of_train_budget_s_equals_one_run(tmp_path, capsys):
     args = ("train.steps=5", "train.eval_every=2")
     a = distill(_cfg(tmp_path / "a", *args), target=Target(model))
     stretches = 0
-    while (out := distill(_cfg(tmp_path / "b", *args, "train.budget_s=1e-9"), target=Target(model))).name == "last.pt":
+    while (out := distill(_cfg(tmp_path / "b", *args, "train.budget_s=1e-9"), target=Target(model))).name == "last.safetensors":
         stretches += 1
         assert "rerun the same command" in capsys.readouterr().err
     assert stretches == 4  # steps 1..4 each end a stretch; step 5 ends the run
@@ -366,7 +366,7 @@ def test_corrupt_or_incomplete_drafts_fail_clearly(tmp_path):
 
 def test_corrupt_checkpoint_fails_clearly(tmp_path):
     cfg = _cfg(tmp_path, "train.steps=4")
-    ckpt = tmp_path / ".draft.checkpoints" / "last.pt"
+    ckpt = tmp_path / ".draft.checkpoints" / "last.safetensors"
     ckpt.parent.mkdir(parents=True)
     ckpt.write_bytes(b"not a checkpoint")
     with pytest.raises(ConfigError, match="is corrupt.*train.resume=false"):

@@ -240,7 +240,7 @@ def test_same_seed_same_heads_resume_and_soft_labels(trained, tmp_path):
     assert all(torch.equal(sa[k], sa2[k]) for k in sa)
     b1 = train_medusa(_cfg(tmp_path / "b", "train.steps=8", "train.keep_checkpoints=true", "train.ckpt_every=4"),
                       target=Target(model))
-    assert (b1.parent / f".{b1.name}.checkpoints" / "last.pt").is_file()
+    assert (b1.parent / f".{b1.name}.checkpoints" / "last.safetensors").is_file()
     b = train_medusa(_cfg(tmp_path / "b", "train.steps=8", "train.keep_checkpoints=true", "train.ckpt_every=4"),
                      target=Target(model))  # the same command again: resumes at the checkpoint of step 4
     record = json.loads((b / "medusa.json").read_text())

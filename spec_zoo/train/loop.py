@@ -27,6 +27,8 @@ from pathlib import Path
 
 import torch
 from omegaconf import DictConfig, OmegaConf
+from safetensors import safe_open
+from safetensors.torch import save_file
 
 from spec_zoo.errors import ConfigError
 from spec_zoo.outputs import atomic_write, resolved
@@ -146,25 +148,47 @@ def _check_same_config(path: Path, saved: dict[str, str], now: dict[str, str]) -
 
 def _save_checkpoint(path: Path, student: Student, opt: torch.optim.Optimizer, step: int, gen: torch.Generator,
                      history: list, ema: float | None, run: dict[str, str]) -> None:
-    state = {
-        "step": step,
-        "config": json.dumps(run),
-        "ema": ema,  # the loss average the history records: a resumed run writes the same history
-        "model": {k: v for k, v in student.lm.state_dict().items()},
-        "optimizer": opt.state_dict(),
-        "generator": gen.get_state(),
-        "vocab_ids": student.vocab_ids,
-        "history": json.dumps(history),
-    }
-    atomic_write(path, lambda tmp: torch.save(state, tmp))
+    """The run so far as one safetensors file (never a pickle): the student's weights, the
+    optimizer's per-parameter tensors and the generator's state as tensors; the step, the
+    config, the loss average (a resumed run writes the same history) and the optimizer's
+    param groups as JSON metadata."""
+    opt_state = opt.state_dict()
+    tensors = {f"model.{k}": v for k, v in student.lm.state_dict().items()}
+    tensors |= {f"optimizer.{i}.{name}": t for i, each in opt_state["state"].items() for name, t in each.items()}
+    tensors["generator"] = gen.get_state()
+    if student.vocab_ids is not None:
+        tensors["vocab_ids"] = student.vocab_ids
+    metadata = {"format": "spec-zoo-train-checkpoint", "step": str(step), "config": json.dumps(run),
+                "ema": json.dumps(ema), "history": json.dumps(history),
+                "param_groups": json.dumps(opt_state["param_groups"])}
+    # cloned: tied weights share storage, which safetensors refuses to write twice
+    atomic_write(path, lambda tmp: save_file({k: v.detach().clone().contiguous() for k, v in tensors.items()},
+                                             tmp, metadata=metadata))
+
+
+def _read_checkpoint(path: Path) -> dict:
+    """What `_save_checkpoint` wrote, as the dict it was made from."""
+    with safe_open(path, "pt") as f:
+        meta, tensors = f.metadata() or {}, {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118
+    state: dict[int, dict] = {}
+    for key, t in tensors.items():
+        if key.startswith("optimizer."):
+            _, index, name = key.split(".", 2)
+            state.setdefault(int(index), {})[name] = t
+    groups = [{k: tuple(v) if isinstance(v, list) and k != "params" else v for k, v in g.items()}
+              for g in json.loads(meta["param_groups"])]  # JSON made betas a list
+    return {"step": int(meta["step"]), "config": meta["config"], "ema": json.loads(meta["ema"]),
+            "history": meta["history"], "generator": tensors["generator"], "vocab_ids": tensors.get("vocab_ids"),
+            "model": {k.removeprefix("model."): t for k, t in tensors.items() if k.startswith("model.")},
+            "optimizer": {"state": state, "param_groups": groups}}
 
 
 def _load_checkpoint(path: Path, student: Student, opt: torch.optim.Optimizer,
                      gen: torch.Generator, run: dict[str, str]) -> tuple[int, list, float | None]:
     try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
+        state = _read_checkpoint(path)
     except Exception as e:
-        raise ConfigError(f"checkpoint {path} is corrupt ({type(e).__name__}); "
+        raise ConfigError(f"checkpoint {path} is corrupt or not a spec-zoo checkpoint ({type(e).__name__}); "
                           "delete it or set train.resume=false.") from None
     _check_same_config(path, json.loads(state.get("config", "{}")), run)
     saved_vocab, vocab = state.get("vocab_ids"), student.vocab_ids
@@ -313,13 +337,17 @@ def train_student(cfg: DictConfig, recipe: Recipe, student: Student, split: Teac
     opt = torch.optim.AdamW(params, lr=float(cfg.train.lr), weight_decay=float(cfg.train.weight_decay))
     gen = torch.Generator().manual_seed(int(cfg.train.seed))
     out_dir = resolved(cfg.output.dir)  # what check_out_dir judged: the checkpoints go beside it
-    ckpt = out_dir.parent / f".{out_dir.name}.checkpoints" / "last.pt"
+    ckpt = out_dir.parent / f".{out_dir.name}.checkpoints" / "last.safetensors"
     device = next(student.lm.parameters()).device
     dtype = compute_dtype(cfg, device)
     run = _result_config(cfg, dtype)  # what a checkpoint must share with this run to be resumed by it
     step = 0
     history: list[dict] = []  # one record per held-out evaluation
     ema: float | None = None
+    if bool(cfg.train.resume) and not ckpt.is_file() and (old := ckpt.with_name("last.pt")).is_file():
+        raise ConfigError(f"{old} is a checkpoint of an older spec-zoo (a pickle, which this version does not "
+                          "read); finish that run with the version that began it, or delete it (or set "
+                          "train.resume=false) to start over.")
     if bool(cfg.train.resume) and ckpt.is_file():
         step, history, ema = _load_checkpoint(ckpt, student, opt, gen, run)
         print(f"resumed from {ckpt} at step {step}", file=sys.stderr)
