@@ -153,7 +153,10 @@ def test_a_run_in_stretches_of_train_budget_s_equals_one_run(tmp_path, capsys):
     args = ("train.steps=5", "train.eval_every=2")
     a = distill(_cfg(tmp_path / "a", *args), target=Target(model))
     stretches = 0
-    while (out := distill(_cfg(tmp_path / "b", *args, "train.budget_s=1e-9"), target=Target(model))).name == "last.safetensors":
+    def stretch():
+        return distill(_cfg(tmp_path / "b", *args, "train.budget_s=1e-9"), target=Target(model))
+
+    while (out := stretch()).name == "last.safetensors":
         stretches += 1
         assert "rerun the same command" in capsys.readouterr().err
     assert stretches == 4  # steps 1..4 each end a stretch; step 5 ends the run
