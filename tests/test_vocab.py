@@ -124,3 +124,85 @@ def test_an_artefact_keeps_its_draft_vocabulary(tmp_path):
     save_eagle3(Eagle3Head.from_target(model.float(), (0, 1, 1), 1), tmp_path / "e3full", "speculators",
                 dtype=torch.float32)
     assert artefact_vocab(tmp_path / "e3full") is None
+
+
+def _row_of(ids: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+    return torch.tensor([ids.tolist().index(t) for t in keep.tolist()])
+
+
+def test_a_trimmed_head_keeps_its_own_rows_of_its_most_frequent_tokens(tmp_path):
+    from spec_zoo.artefacts import describe_target
+    from spec_zoo.draft_head import load_head, save_head
+    from spec_zoo.drafters.eagle.formats import Eagle3Head, load_published, save_eagle3
+    from spec_zoo.train.trim import trim_head
+
+    model = teacher().float()
+    counts = torch.arange(64, dtype=torch.float).flip(0)  # token t seen 64 - t times: low ids most frequent
+    vocab = torch.tensor([2, 5, 9, 20, 33, 40, 50, 63])
+    # a spec-zoo EAGLE head with trained rows, and an EAGLE-3 head in both layouts
+    eagle = EagleHead(model, 0, vocab_ids=vocab, train_head=True)
+    with torch.no_grad():
+        eagle.head.add_(torch.randn_like(eagle.head))  # its own rows, not the target's
+    save_head(eagle, tmp_path / "eagle", describe_target(model, "tiny"), {"steps": 7})
+    out = trim_head(tmp_path / "eagle", model, counts, 3, tmp_path / "eagle3tok", always=[63])
+    small = load_head(EagleHead, out, model, "k", "c")
+    assert small.vocab_ids.tolist() == [2, 5, 63]  # the two most frequent of its own, and the one always kept
+    full = load_head(EagleHead, tmp_path / "eagle", model, "k", "c")
+    assert torch.equal(small.head, full.head[_row_of(vocab, small.vocab_ids)])
+    assert small.record["trimmed_from"]["draft_vocab_size"] == 8 and small.record["steps"] == 7
+    for layout in ("speculators", "eagle3"):
+        head = Eagle3Head.from_target(model, (0, 1, 1), 1, vocab)
+        with torch.no_grad():
+            head.lm_head.weight.add_(torch.randn_like(head.lm_head.weight))
+        save_eagle3(head, tmp_path / layout, layout, dtype=torch.float32)
+        out = trim_head(tmp_path / layout, model, counts, 4, tmp_path / f"{layout}4")
+        trimmed = load_published(out, model, "auto")
+        assert isinstance(trimmed, Eagle3Head) and trimmed.vocab_ids.tolist() == [2, 5, 9, 20]
+        assert artefact_vocab(out).tolist() == [2, 5, 9, 20]
+        whole = load_published(tmp_path / layout, model, "auto")
+        stored = whole.lm_head.weight[:4].half().float()  # its own rows (written in the storage dtype)
+        assert torch.equal(trimmed.lm_head.weight, stored)
+        assert torch.equal(trimmed.fc.weight, whole.fc.weight.half().float())
+    with pytest.raises(ConfigError, match="keeps them all"):
+        trim_head(tmp_path / "speculators", model, counts, 8, tmp_path / "same")
+    save_head(EagleHead(model, 0), tmp_path / "plain", describe_target(model, "tiny"), {})  # full vocabulary
+    assert trim_head(tmp_path / "plain", model, counts, 5, tmp_path / "plain5") and \
+        artefact_vocab(tmp_path / "plain5").tolist() == [0, 1, 2, 3, 4]
+
+
+def test_a_trimmed_head_drafts_losslessly():
+    def factory(m):
+        from spec_zoo.train.trim import kept_tokens
+
+        head = EagleHead(m, 1, vocab_ids=_knob(m, 24))
+        keep = kept_tokens(head.vocab_ids, torch.ones(m.config.vocab_size), 6)
+        trimmed = EagleHead(m, 1, vocab_ids=keep)
+        trimmed.load_state_dict({**head.state_dict(), "vocab_ids": keep})
+        return EagleDrafter(trimmed.eval(), num_draft=3, adaptive=False)
+
+    assert_greedy_identity(factory, seeds=(0, 1), max_new_tokens=24)
+
+
+def test_vocab_tool_trims_a_head_and_tables_its_coverage(tmp_path):
+    from spec_zoo.artefacts import describe_target
+    from spec_zoo.draft_head import save_head
+
+    cfg, model, data = _store(tmp_path)
+    rows = [{"method": "ar", "question_id": 1, "turn": 1, "repeat": 0, "category": "qa",
+             "output_ids": data.ids[0][data.ids[0] >= 0].tolist()}]
+    (tmp_path / "results.jsonl").write_text(json.dumps(rows[0]))
+    save_head(EagleHead(model, 0, vocab_ids=select_vocab(data.token_counts(64), 40, [])), tmp_path / "h40",
+              describe_target(model, "tiny"), {})
+    cfg.vocab.trim_head = str(tmp_path / "h40")
+    md = run_vocab(cfg, target=Target(model))
+    got = json.loads((md.parent / "vocab.json").read_text())["coverage"]
+    assert artefact_vocab(md.parent / "trimmed" / "8").tolist() == select_vocab(data.token_counts(64), 8, []).tolist()
+    assert not (md.parent / "trimmed" / "32").exists() or artefact_vocab(md.parent / "trimmed" / "32").numel() == 32
+    assert got["8 (8)"] == got["8 (answers)"]  # the trimmed head covers what the 8 most frequent do
+    cfg.vocab.out = str(tmp_path / "again")
+    (tmp_path / "again" / "trimmed" / "8").mkdir(parents=True)
+    with pytest.raises(ConfigError, match="trimmed/8 exists"):
+        run_vocab(cfg, target=Target(model))
+    cfg.vocab.trim_head = str(tmp_path)
+    with pytest.raises(ConfigError):
+        run_vocab(cfg, target=Target(model))

@@ -120,6 +120,14 @@ def run_vocab(cfg, target: Target | None = None) -> Path:
                           "docs/retrained/results.jsonl.gz): its answers are the tokens to cover.")
     out = check_outputs(v.out, ("vocab.json", "vocab.md"), "vocab.out",
                         "give vocab.out a new directory, or move that file away")  # before any work
+    trim = Path(v.trim_head).expanduser() if v.get("trim_head") else None
+    if trim is not None:
+        from spec_zoo.train.trim import head_kind
+
+        head_kind(trim)  # an EAGLE-3 or spec-zoo head, else refused before the target loads
+        taken = [out / "trimmed" / _label(s) for s in sizes if (out / "trimmed" / _label(s)).exists()]
+        if taken:
+            raise ConfigError(f"vocab.out: {taken[0]} exists; give vocab.out a new directory, or move it away.")
     bench = bench_tokens(v.bench_results, str(v.bench_method))
     torch.set_num_threads(int(cfg.threads))
     target = target or load_teacher_target(cfg)
@@ -127,7 +135,7 @@ def run_vocab(cfg, target: Target | None = None) -> Path:
     counts = store_counts(v.store or cfg.data.store, V)
     tok = target.tokenizer
     always = list(getattr(tok, "all_special_ids", []) or []) if tok is not None else []
-    label = {s: "full" if not 0 < s < V else f"{s // 1024}k" if s % 1024 == 0 else str(s) for s in sizes}
+    label = {s: "full" if not 0 < s < V else _label(s) for s in sizes}
     table: dict[str, dict] = {}
     vocabs: dict[str, torch.Tensor | None] = {}
     for source, c in counts.items():
@@ -136,7 +144,16 @@ def run_vocab(cfg, target: Target | None = None) -> Path:
             if source == "answers":  # what the recipes choose from: the one the cost is measured for
                 vocabs[label[s]] = vocab
             table[f"{label[s]} ({source})"] = {k: coverage(vocab, t, V) for k, t in bench.items()}
-    for path in map(Path, v.artefacts or []):
+    trimmed = []
+    if trim is not None:  # FR-Spec: the head's own rows of its most frequent tokens, no retraining
+        from spec_zoo.train.trim import trim_head
+
+        K = held.numel() if (held := artefact_vocab(trim)) is not None else V
+        trimmed = [trim_head(trim, target.model, counts["answers"], s, out / "trimmed" / _label(s), always)
+                   for s in sizes if 0 < s < K]
+        for t in trimmed:
+            print(f"spec-zoo-train vocab: wrote {t}, {trim.name} trimmed to its {t.name} most frequent tokens")
+    for path in [*map(Path, v.artefacts or []), *trimmed]:
         ids = artefact_vocab(path.expanduser())
         name = f"{path.name} ({len(ids) if ids is not None else V})"
         table[name] = {k: coverage(ids, t, V) for k, t in bench.items()}
@@ -165,6 +182,10 @@ def run_vocab(cfg, target: Target | None = None) -> Path:
     lines += [f"| target forward | {costs['target'] * 1e3:.2f} | 1 |", ""]
     atomic_write(md, signed_markdown("\n".join(lines), "spec-zoo-train vocab"))
     return md
+
+
+def _label(size: int) -> str:
+    return f"{size // 1024}k" if size % 1024 == 0 else str(size)
 
 
 def artefact_vocab(path: Path) -> torch.Tensor | None:
