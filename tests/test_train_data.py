@@ -273,6 +273,27 @@ def test_data_only_run_fills_the_store_and_its_states_and_trains_nothing(tmp_pat
     assert not (tmp_path / "head").exists()
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_store_states_are_mapped_from_disk_not_read_in(tmp_path, dtype):
+    from safetensors.torch import load_file, save_file
+
+    from spec_zoo.train.store import mapped
+
+    def resident_mb() -> float:
+        return int(Path("/proc/self/statm").read_text().split()[1]) * 4096 / 2**20
+
+    file = tmp_path / "shard.states.safetensors"
+    first = torch.randn(3, 5).to(dtype)  # written before the states: their offset is not the data's start
+    save_file({"a": first, "states": torch.randn(4096, 4096).to(dtype)}, str(file))  # 32-64 MB
+    before = resident_mb()
+    states = mapped(file, "states")
+    assert resident_mb() - before < 8  # nothing read yet: pages come in as they are touched
+    assert states.dtype == dtype and torch.equal(states, load_file(file)["states"])
+    assert torch.equal(mapped(file, "a"), first)
+    states[0, 0] = 7  # a private mapping: the store is never written
+    assert load_file(file)["states"][0, 0] != 7
+
+
 def test_max_seconds_cuts_the_steps_to_what_fits(tmp_path):
     cfg = train_cfg("train_eagle", tmp_path, "head.vocab_size=48", "train.steps=100000", "train.max_seconds=1",
                     "train.eval_every=100000", "data.forced_prompts=0")

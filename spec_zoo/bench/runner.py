@@ -194,7 +194,8 @@ class _FailureLog:
     created at the first failure, appended to by reruns."""
 
     def __init__(self, path: Path):
-        self.path, self.writer = path, None
+        self.path = path
+        self.writer: RecordWriter | None = None
 
     def write(self, err: BaseException, keys: list[dict]) -> None:
         self.writer = self.writer or RecordWriter(self.path)

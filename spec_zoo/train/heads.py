@@ -61,8 +61,9 @@ class HeadStudent(torch.nn.Module):
     def preload(self, data: TeacherData, states: list[torch.Tensor]) -> None:
         """Take `target_states` of ``data``'s sequences from the store instead of computing them."""
         lengths = (data.prompt_len + data.gen_len).tolist()
+        device = self._like().device  # the store's dtype kept (a batch converts its rows): mapped, not copied
         for i, n in enumerate(lengths):
-            self._cache[tuple(data.ids[i, :n].tolist())] = states[i].to(self._like())
+            self._cache[tuple(data.ids[i, :n].tolist())] = states[i].to(device)
 
     @torch.no_grad()
     def cached_states(self, ids: torch.Tensor, lengths: list[int]) -> torch.Tensor:

@@ -24,6 +24,7 @@ reads what is on disk and goes on, so the store ends as an uninterrupted run lea
 from __future__ import annotations
 
 import json
+import math
 import re
 import sys
 import time
@@ -152,8 +153,9 @@ class TeacherStore:
 
     def states(self, name: str, compute, batch_size: int, progress: bool = True) -> list[torch.Tensor]:
         """Hidden states ``compute(ids [B, T]) -> [B, T, H]`` of every sequence of the last
-        `fill` ([length, H] each, in its order), read from disk or computed once per shard
-        (batched, right-padded: causal attention keeps padding out of the real positions)."""
+        `fill` ([length, H] each, in its order), computed once per shard (batched, right-padded:
+        causal attention keeps padding out of the real positions) and memory-mapped from disk
+        (`mapped`): the states of a large store need not fit in memory."""
         from tqdm import tqdm
 
         out: list[torch.Tensor] = []
@@ -165,15 +167,38 @@ class TeacherStore:
             flat = None
             if file.is_file():
                 try:
-                    flat = load_file(file)["states"]
+                    flat = mapped(file, "states")
                 except Exception:
                     file.unlink()
             if flat is None:
-                flat = _states(compute, part["ids"], lengths, batch_size)
-                _save({"states": flat}, file)
+                _save({"states": _states(compute, part["ids"], lengths, batch_size)}, file)
+                flat = mapped(file, "states")
                 self._stop(f"target states ({name})", len(out) + rows, total)
             out += list(torch.split(flat, lengths))[:rows]
         return out
+
+
+_DTYPES = {"BF16": torch.bfloat16, "F16": torch.float16, "F32": torch.float32}
+
+
+def mapped(file: Path, name: str) -> torch.Tensor:
+    """Tensor ``name`` of a safetensors file memory-mapped, not read: pages come from disk as they
+    are touched and the OS keeps what fits (a private mapping: the file is never written). A store's
+    states outgrow memory (16k sequences of SmolLM2's three EAGLE-3 layers: ~20 GB), and reading
+    them all in (then as float32) was what bounded a training run's data."""
+    with open(file, "rb") as f:
+        size = int.from_bytes(f.read(8), "little")
+        info = json.loads(f.read(size))[name]
+    dtype = _DTYPES[info["dtype"]]
+    item = torch.empty((), dtype=dtype).element_size()
+    begin, end = (8 + size + offset for offset in info["data_offsets"])
+    if end - begin != math.prod(info["shape"]) * item or begin % item:
+        raise ValueError(f"{file}: {name}'s offsets do not match its shape and dtype")
+    storage = cast(torch.UntypedStorage,
+                   torch.UntypedStorage.from_file(str(file), shared=False, nbytes=file.stat().st_size))
+    shape = info["shape"]
+    return torch.empty(0, dtype=dtype).set_(storage, begin // item, shape,
+                                            [math.prod(shape[i + 1:]) for i in range(len(shape))])
 
 
 def shard_files(root) -> list[Path]:
