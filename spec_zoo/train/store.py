@@ -185,7 +185,7 @@ def mapped(file: Path, name: str) -> torch.Tensor:
     """Tensor ``name`` of a safetensors file memory-mapped, not read: pages come from disk as they
     are touched and the OS keeps what fits (a private mapping: the file is never written). A store's
     states outgrow memory (16k sequences of SmolLM2's three EAGLE-3 layers: ~20 GB), and reading
-    them all in (then as float32) was what bounded a training run's data."""
+    them all in was what bounded a training run's data."""
     with open(file, "rb") as f:
         size = int.from_bytes(f.read(8), "little")
         info = json.loads(f.read(size))[name]
