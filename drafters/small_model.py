@@ -153,7 +153,7 @@ class SmallModelDrafter(DraftModelSequences):
         tokens = list(state.tokens)
 
         def next_logits() -> Steps[torch.Tensor]:
-            return self.to_target_vocab((yield NextLogits(self.runner, self._held, list(tokens))))
+            return self.to_target_vocab((yield NextLogits(self.runner, self._held, list(tokens)))[-1])
 
         def advance(ask: tuple[int, bool]) -> Steps[torch.Tensor]:
             tokens.append(ask[0])

@@ -27,7 +27,7 @@ rollback is a plain crop. The cost: sliding layers hold and read the whole seque
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from transformers import DynamicCache
@@ -81,11 +81,13 @@ def target_states(hidden_states: tuple, hidden) -> torch.Tensor | None:
 class NextLogits:
     """An ask (`spec_zoo.lockstep`): the logits after ``tokens`` of the sequence whose state
     ``state`` is (`Target.sequence`, updated as it is fed), answered by ``server``, the target
-    (a draft model) holding it: a batch's draft models feed their next tokens in one forward."""
+    (a draft model) holding it: a batch's draft models feed their next tokens in one forward.
+    With ``draft`` (a parallel draft's mask tokens), the rows after each of its nodes too."""
 
     server: Target
     state: dict
     tokens: list[int]
+    draft: Draft = field(default_factory=Draft.empty)
 
 
 @dataclass
@@ -206,10 +208,10 @@ class Target:
         return Scores(logits, states, len(new))
 
     def together(self, asks: list[NextLogits]) -> list[torch.Tensor]:
-        """The logits after each ask's tokens, every sequence scored in one `score_batch` (one graph
-        call on the compiled runtime, whose rows are batch invariant: each gets what it gets alone)."""
-        scores = self.score_batch([(ask.state, ask.tokens, Draft.empty()) for ask in asks])
-        return [scored.logits[-1] for scored in scores]
+        """Each ask's logits ([1 + len(draft), V]: after its tokens, then after each draft node),
+        every sequence scored in one `score_batch` (one graph call on the compiled runtime, whose
+        rows are batch invariant: each gets what it gets alone)."""
+        return [scored.logits for scored in self.score_batch([(ask.state, ask.tokens, ask.draft) for ask in asks])]
 
     def hand_out(self, layers: tuple[int, ...] | None) -> None:
         """Say which layers' entering states ``score(hidden=...)`` will ask for (None: the last

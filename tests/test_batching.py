@@ -91,7 +91,7 @@ def test_a_draft_model_keeps_each_sequences_cache(case, monkeypatch):
     alone = tokens_read(1)
     assert tokens_read(8) == alone
     monkeypatch.setattr(DraftModelSequences, "propose", lambda self, state: self._draft(state))
-    monkeypatch.setattr(Target, "together", lambda self, asks: [self.score(ask.tokens, Draft.empty()).logits[-1]
+    monkeypatch.setattr(Target, "together", lambda self, asks: [self.score(ask.tokens, ask.draft).logits
                                                                 for ask in asks])
     assert tokens_read(8) > 2 * alone
 
@@ -373,10 +373,13 @@ def _compiled_drafter(name: str, model):
     from spec_zoo.drafters.hydra.heads import HydraHeads
     from spec_zoo.drafters.medusa.drafter import MedusaDrafter
     from spec_zoo.drafters.none import NoDrafter
+    from spec_zoo.drafters.parallel.drafter import ParallelDrafter
     from spec_zoo.drafters.small_model import SmallModelDrafter
     from spec_zoo.drafters.suffix import SuffixDrafter
     from spec_zoo.trees import Static
-    from tests.drafts import MEDUSA_TREE, eagle_head, medusa_heads, noisy_copy, staged_heads
+    from tests.drafts import MEDUSA_TREE, eagle_head, medusa_heads, noisy_copy, parallel_draft, staged_heads
+
+    dtype = str(model.dtype).removeprefix("torch.")
 
     def eagle(**options):
         return EagleDrafter(eagle_head(model).to(model.dtype), runtime="compiled", adaptive=False, **options)
@@ -392,22 +395,29 @@ def _compiled_drafter(name: str, model):
             "small_model": lambda: SmallModelDrafter(noisy_copy(model, 1.0), num_draft=3, runtime="compiled",
                                                      dtype=str(model.dtype).removeprefix("torch.")),
             "cascade": lambda: CascadeDrafter([NgramDrafter(num_draft=2, adaptive=False), eagle(num_draft=3)]),
+            "parallel": lambda: ParallelDrafter(parallel_draft(model, k=3, dtype=dtype), num_draft=3,
+                                                runtime="compiled", dtype=dtype),
+            "parallel_tree": lambda: ParallelDrafter(parallel_draft(model, k=3, dtype=dtype), runtime="compiled",
+                                                     dtype=dtype, tree={"policy": "topk", "width": 2, "depth": 3}),
             }[name]()
 
 
 # fixed lengths and trees (the others steer by the clock, or draft from a cache of every request's output)
-COMPILED_STEADY = ("medusa_tree", "hydra", "eagle", "eagle_tree", "early_exit", "small_model")
+COMPILED_STEADY = ("medusa_tree", "hydra", "eagle", "eagle_tree", "early_exit", "small_model", "parallel",
+                   "parallel_tree")
 
 
 @pytest.mark.parametrize("drafter", ["none", "ngram", "ngram_tree", "suffix", "medusa_tree", "hydra", "eagle",
-                                     "eagle_tree", "early_exit", "small_model", "cascade"])
+                                     "eagle_tree", "early_exit", "small_model", "cascade", "parallel",
+                                     "parallel_tree"])
 def test_compiled_batches_score_every_sequence_in_one_forward(compiled_case, drafter, monkeypatch):
     """Each request equals its batch-1 output at every batch size, and a step of a batch of n runs
     one graph call for all n sequences (not n calls); the heads' drafters read each sequence's own
     hidden states out of the packed forward, and the compiled draft models, heads and exits hold
     each sequence's own cache: every request drafts what it drafts alone. A compiled EAGLE head
     drafts the batch together, alone or in a cascade: each level of every sequence's draft is one
-    call of its graph; so does a compiled draft model, each next token of every chain one call."""
+    call of its graph; so does a compiled draft model, each next token of every chain one call, and a
+    compiled parallel draft, every sequence's one forward (its chain or its tree) one call."""
     from spec_zoo.compiled_head import CompiledHead
     from spec_zoo.target import Target
 
@@ -433,7 +443,8 @@ def test_compiled_batches_score_every_sequence_in_one_forward(compiled_case, dra
         if drafter in ("eagle", "eagle_tree"):  # the sequences of a draft level share one head call
             assert decoder.drafter.drafts_together
             assert (max(head_calls) > 1) == (size > 1) and max(head_calls) <= size
-        if drafter == "small_model":  # the sequences' next draft tokens share one draft-model forward
+        if drafter in ("small_model", "parallel", "parallel_tree"):  # the sequences' next draft tokens (a
+            # parallel draft's whole draft) share one draft-model forward
             assert decoder.drafter.drafts_together
             assert (max(model_calls) > 1) == (size > 1) and max(model_calls) <= size
         if drafter == "cascade":  # its EAGLE member's calls go out of the cascade to be shared

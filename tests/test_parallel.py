@@ -43,16 +43,18 @@ def test_one_draft_forward_gives_what_the_trained_model_computes():
     seen = []
 
     class Spy(ParallelDrafter):
-        def rows(self, tokens, depth):
-            before = self.runner.forwards
-            rows = super().rows(tokens, depth)
-            fed = self.runner.cached_tokens
+        def _ask(self, state, depth):
+            self.before = self.runner.forwards
+            return super()._ask(state, depth)
+
+        def _from_rows(self, state, logits, depth):
+            tokens, fed = list(state.tokens), self.runner.cached_tokens
             # one forward; then the cache holds the real tokens and, after them, this step's masks only
-            assert self.runner.forwards == before + 1
+            assert self.runner.forwards == self.before + 1
             assert fed[: len(tokens)] == tokens and fed[len(tokens):] == self.mask_ids[: depth - 1]
             assert self.runner.cache.get_seq_length() == len(fed)
-            seen.append((list(tokens), rows))
-            return rows
+            seen.append((tokens, self.to_target_vocab(logits)))
+            return super()._from_rows(state, logits, depth)
 
     out = SpeculativeDecoder(Target(model), Spy(path, dtype="float64")).generate(PROMPT, max_new_tokens=16,
                                                                                  eos_token_ids=[])

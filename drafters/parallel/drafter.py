@@ -30,8 +30,9 @@ from spec_zoo.drafters.distilled.drafter import DistilledDrafter
 from spec_zoo.drafters.parallel.model import MASKS, MaskedEmbedding, apply_updates, base_dir, read_parallel
 from spec_zoo.errors import ConfigError
 from spec_zoo.interfaces import DecodeState
+from spec_zoo.lockstep import Steps, answer
 from spec_zoo.sampling import drafts_sampled
-from spec_zoo.target import Target
+from spec_zoo.target import NextLogits, Target
 
 SHIPPED = Path(__file__).parent / "artefacts" / "smollm2-135m-parallel"
 
@@ -45,7 +46,6 @@ class ParallelDrafter(DistilledDrafter):
     dtype, device, runtime: the draft model's, as for the distilled draft."""
 
     name = "parallel"
-    drafts_together = False  # one forward drafts the whole chain: no per-token calls to share
 
     def __init__(self, path=None, num_draft: int | None = None, adaptive: bool = False, token_cost: float = 0.05,
                  sample: str | bool = "auto", tree: str | dict | None = None, dtype: str = "float32",
@@ -79,30 +79,44 @@ class ParallelDrafter(DistilledDrafter):
         body.embed_tokens = MaskedEmbedding(embed, self.masks)
         self.mask_ids = [body.embed_tokens.first + i for i in range(self.k - 1)]
 
-    def rows(self, tokens: list[int], depth: int) -> torch.Tensor:
-        """The draft's distributions (target-vocabulary logits) of the next ``depth`` tokens after
-        ``tokens``: one forward of the tokens it has not read and ``depth`` - 1 masks."""
-        draft = Draft.chain(self.mask_ids[: depth - 1])
-        return self.to_target_vocab(self.runner.score(tokens, draft).logits)
+    # a compiled draft model drafts a batch together: every sequence's one forward (its unread
+    # tokens and masks) is one call of its graph, each sequence's rows what it gets alone
+    @property  # computes the attribute Drafter declares
+    def drafts_together(self) -> bool:  # type: ignore[override]
+        return self.runner.runtime == "compiled"
+
+    def _depth(self, state: DecodeState) -> int:
+        """How many tokens this step drafts (0: none): the tree's levels, or the chain's length."""
+        if not self.mask_ids:
+            raise RuntimeError("ParallelDrafter.attach(target) must be called before drafting")
+        return min(self.k if self.tree is not None else self.length.choose(state=state), state.max_depth)
+
+    def _ask(self, state: DecodeState, depth: int) -> NextLogits:
+        """The one forward a draft of ``depth`` tokens needs: the tokens the draft has not read,
+        then ``depth`` - 1 masks (row 0: token 1's distribution, mask i's row: token i + 1's)."""
+        return NextLogits(self.runner, self._held, list(state.tokens), Draft.chain(self.mask_ids[: depth - 1]))
 
     @torch.no_grad()
     def _draft(self, state: DecodeState) -> Draft:
-        if not self.mask_ids:
-            raise RuntimeError("ParallelDrafter.attach(target) must be called before drafting")
-        if self.tree is not None:
-            depth = min(self.k, state.max_depth)
-            if depth < 1:
-                return Draft.empty()
-            rows = self.rows(state.tokens, depth)
+        depth = self._depth(state)
+        return self._from_rows(state, answer(self._ask(state, depth)), depth) if depth >= 1 else Draft.empty()
 
+    def drafting(self, state: DecodeState) -> Steps[Draft]:
+        """`propose` as steps (`spec_zoo.lockstep`): the forward is asked, so a batch's sequences
+        draft in one call of the compiled draft model."""
+        if not self.drafts_together:
+            return (yield from super().drafting(state))
+        depth = self._depth(state)
+        return self._from_rows(state, (yield self._ask(state, depth)), depth) if depth >= 1 else Draft.empty()
+
+    def _from_rows(self, state: DecodeState, logits: torch.Tensor, depth: int) -> Draft:
+        """The chain, or the tree, drafted from the forward's rows."""
+        rows = self.to_target_vocab(logits)
+        if self.tree is not None:
             def expand(tree: Draft, nodes: list[int]) -> torch.Tensor:  # row d: the children at depth d
                 return rows[[0 if n == ROOT else tree.depths[n] + 1 for n in nodes]]
 
             return self.tree.build(expand, replace(state, max_depth=depth),
                                    drafts_sampled(self.sample_mode, state.sampling))
-        depth = min(self.length.choose(state=state), state.max_depth)
-        if depth < 1:
-            return Draft.empty()
-        rows = self.rows(state.tokens, depth)
         later = iter(rows[1:])
         return self.draft_chain(state, rows[0], depth, lambda token, more: next(later))
