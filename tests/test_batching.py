@@ -73,7 +73,6 @@ def test_a_draft_model_keeps_each_sequences_cache(case, monkeypatch):
     tokens once, as alone. Planted fault: the forks share one cache (no swap: the draft model
     scores each ask on whatever sequence it holds); it follows whichever sequence drafted last, so
     every draft re-reads its prompt (same drafts, many more tokens)."""
-    from spec_zoo.draft import Draft
     from spec_zoo.drafters.small_model import DraftModelSequences
 
     model, eos, reference = case
