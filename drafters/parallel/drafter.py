@@ -82,7 +82,7 @@ class ParallelDrafter(DistilledDrafter):
     # a compiled draft model drafts a batch together: every sequence's one forward (its unread
     # tokens and masks) is one call of its graph, each sequence's rows what it gets alone
     @property  # computes the attribute Drafter declares
-    def drafts_together(self) -> bool:  # type: ignore[override]
+    def drafts_together(self) -> bool:
         return self.runner.runtime == "compiled"
 
     def _depth(self, state: DecodeState) -> int:
