@@ -19,7 +19,7 @@ from spec_zoo.lockstep import Steps, answer, drive, relay
 from spec_zoo.models import other_vocabulary
 from spec_zoo.sampling import check_sample_mode, drafts_sampled
 from spec_zoo.target import NextLogits, Target
-from spec_zoo.trees import DraftTreeForward, TopK, build_tree_policy
+from spec_zoo.trees import DraftTreeForward, TopK, build_tree_policy, tree_so_far
 
 
 class DraftModelSequences(ChainDrafter):
@@ -130,24 +130,32 @@ class SmallModelDrafter(DraftModelSequences):
         a drafter with a reduced draft vocabulary maps them back)."""
         return logits
 
-    # a compiled draft model drafts a batch's chains together: each next token of every sequence
-    # is one call of its graph (`drafting`); a tree's levels (`DraftTreeForward`) run one sequence at a time
+    # a compiled draft model drafts a batch together: each next token of every sequence's chain,
+    # or each level of every sequence's tree, is one call of its graph (`drafting`)
     @property  # computes the attribute Drafter declares
     def drafts_together(self) -> bool:  # type: ignore[override]
-        return self.tree is None and self.runner.runtime == "compiled"
+        return self.runner.runtime == "compiled"
 
     def _draft(self, state: DecodeState) -> Draft:
-        if self.tree is not None:
+        if self.tree is not None and not self.drafts_together:  # eager: each level feeds only its nodes
             expand = DraftTreeForward(self.runner, state.tokens, self.to_target_vocab)
             return self.tree.build(expand, state, drafts_sampled(self.sample_mode, state.sampling))
-        return drive(self._chain(state), answer)
+        return drive(self._steps(state), answer)
 
     def drafting(self, state: DecodeState) -> Steps[Draft]:
-        """`propose` as steps (`spec_zoo.lockstep`): a chain's draft-model calls are asked
-        (`NextLogits`), so a batch's sequences feed each next token in one forward."""
+        """`propose` as steps (`spec_zoo.lockstep`): the draft model's calls are asked
+        (`NextLogits`), so a batch's sequences feed each next token, or each tree level, in one forward."""
         if not self.drafts_together:
             return (yield from super().drafting(state))
-        return (yield from self._chain(state))
+        return (yield from self._steps(state))
+
+    def _steps(self, state: DecodeState) -> Steps[Draft]:
+        return (yield from self._chain(state) if self.tree is None else self._tree(state))
+
+    def _tree(self, state: DecodeState) -> Steps[Draft]:
+        assert self.tree is not None
+        expand = tree_so_far(self.runner, self._held, list(state.tokens), self.to_target_vocab)
+        return (yield from relay(self.tree.levels(state, drafts_sampled(self.sample_mode, state.sampling)), expand))
 
     def _chain(self, state: DecodeState) -> Steps[Draft]:
         tokens = list(state.tokens)

@@ -40,7 +40,7 @@ from spec_zoo.errors import ConfigError
 from spec_zoo.interfaces import DecodeState, Verdict
 from spec_zoo.lockstep import Steps, drive
 from spec_zoo.sampling import logits_to_probs, sample, sample_distinct
-from spec_zoo.target import Target
+from spec_zoo.target import NextLogits, Target
 
 Expand = Callable[[Draft, list[int]], torch.Tensor]  # (tree so far, nodes) -> logits [len(nodes), V]
 
@@ -484,12 +484,11 @@ class TreeLevels:
 
 
 class DraftTreeForward:
-    """``expand`` for a draft model driven by a `Target` (its own KV cache): the first call
+    """``expand`` for a draft model driven by an eager `Target` (its own KV cache): the first call
     scores the committed tokens, each later one feeds only the requested nodes, in one
     forward (`TreeLevels`, `Target.extend`). The tree's KV stays behind the committed tokens until the
-    runner's next ``score`` crops it. A compiled runner (`spec_zoo.runtime`, a static cache
-    and fixed graphs) scores the tree so far instead, still one forward per level.
-    ``to_vocab`` maps the model's logits to the target's vocabulary."""
+    runner's next ``score`` crops it. (A compiled runner, a static cache and fixed graphs, expands
+    by `tree_so_far`.) ``to_vocab`` maps the model's logits to the target's vocabulary."""
 
     def __init__(self, runner: Target, committed: list[int], to_vocab: Callable[[torch.Tensor], torch.Tensor]):
         self.runner, self.committed, self.to_vocab = runner, committed, to_vocab
@@ -500,7 +499,19 @@ class DraftTreeForward:
         runner = self.runner
         if nodes == [ROOT]:
             return self.to_vocab(runner.score(self.committed, Draft.empty()).logits[-1:])
-        if runner.runtime != "eager":  # a static cache of its own: score the tree so far
-            return self.to_vocab(runner.score(self.committed, tree).logits[[node + 1 for node in nodes]])
         positions, mask = self.levels.feed(tree, nodes, runner.dtype, runner.device)
         return self.to_vocab(runner.extend(tree.tokens[nodes], positions, mask))
+
+
+def tree_so_far(runner: Target, state: dict, committed: list[int],
+                to_vocab: Callable[[torch.Tensor], torch.Tensor]) -> Callable[[tuple[Draft, list[int]]], Steps]:
+    """The ``expand`` of a draft model with a static cache of its own (a compiled runner), as asks
+    (`spec_zoo.lockstep`): each level scores the tree so far after the committed tokens in one
+    forward (a `NextLogits` of the sequence whose state ``state`` is) and reads the rows of the
+    nodes it expands, so a batch's sequences expand a level in one call of the runner's graph."""
+    def expand(ask: tuple[Draft, list[int]]) -> Steps[torch.Tensor]:
+        tree, nodes = ask
+        logits = yield NextLogits(runner, state, list(committed), tree)
+        return to_vocab(logits[[0 if node == ROOT else node + 1 for node in nodes]])
+
+    return expand

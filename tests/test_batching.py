@@ -392,7 +392,9 @@ def _compiled_drafter(name: str, model):
             "early_exit": lambda: EarlyExitDrafter(1, num_draft=3, adaptive=False, reuse_kv=False,
                                                    runtime="compiled"),
             "small_model": lambda: SmallModelDrafter(noisy_copy(model, 1.0), num_draft=3, runtime="compiled",
-                                                     dtype=str(model.dtype).removeprefix("torch.")),
+                                                     dtype=dtype),
+            "small_model_tree": lambda: SmallModelDrafter(noisy_copy(model, 1.0), runtime="compiled", dtype=dtype,
+                                                          tree={"policy": "topk", "width": 2, "depth": 2}),
             "cascade": lambda: CascadeDrafter([NgramDrafter(num_draft=2, adaptive=False), eagle(num_draft=3)]),
             "parallel": lambda: ParallelDrafter(parallel_draft(model, k=3, dtype=dtype), num_draft=3,
                                                 runtime="compiled", dtype=dtype),
@@ -402,21 +404,21 @@ def _compiled_drafter(name: str, model):
 
 
 # fixed lengths and trees (the others steer by the clock, or draft from a cache of every request's output)
-COMPILED_STEADY = ("medusa_tree", "hydra", "eagle", "eagle_tree", "early_exit", "small_model", "parallel",
-                   "parallel_tree")
+COMPILED_STEADY = ("medusa_tree", "hydra", "eagle", "eagle_tree", "early_exit", "small_model", "small_model_tree",
+                   "parallel", "parallel_tree")
 
 
 @pytest.mark.parametrize("drafter", ["none", "ngram", "ngram_tree", "suffix", "medusa_tree", "hydra", "eagle",
-                                     "eagle_tree", "early_exit", "small_model", "cascade", "parallel",
-                                     "parallel_tree"])
+                                     "eagle_tree", "early_exit", "small_model", "small_model_tree", "cascade",
+                                     "parallel", "parallel_tree"])
 def test_compiled_batches_score_every_sequence_in_one_forward(compiled_case, drafter, monkeypatch):
     """Each request equals its batch-1 output at every batch size, and a step of a batch of n runs
     one graph call for all n sequences (not n calls); the heads' drafters read each sequence's own
     hidden states out of the packed forward, and the compiled draft models, heads and exits hold
     each sequence's own cache: every request drafts what it drafts alone. A compiled EAGLE head
     drafts the batch together, alone or in a cascade: each level of every sequence's draft is one
-    call of its graph; so does a compiled draft model, each next token of every chain one call, and a
-    compiled parallel draft, every sequence's one forward (its chain or its tree) one call."""
+    call of its graph; so does a compiled draft model, each next token of every chain (each level of
+    every tree) one call, and a compiled parallel draft, every sequence's one forward one call."""
     from spec_zoo.compiled_head import CompiledHead
     from spec_zoo.target import Target
 
@@ -442,8 +444,8 @@ def test_compiled_batches_score_every_sequence_in_one_forward(compiled_case, dra
         if drafter in ("eagle", "eagle_tree"):  # the sequences of a draft level share one head call
             assert decoder.drafter.drafts_together
             assert (max(head_calls) > 1) == (size > 1) and max(head_calls) <= size
-        if drafter in ("small_model", "parallel", "parallel_tree"):  # the sequences' next draft tokens (a
-            # parallel draft's whole draft) share one draft-model forward
+        if drafter in ("small_model", "small_model_tree", "parallel", "parallel_tree"):  # the sequences' next
+            # draft tokens (tree levels; a parallel draft's whole draft) share one draft-model forward
             assert decoder.drafter.drafts_together
             assert (max(model_calls) > 1) == (size > 1) and max(model_calls) <= size
         if drafter == "cascade":  # its EAGLE member's calls go out of the cascade to be shared

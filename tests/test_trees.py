@@ -23,6 +23,7 @@ from spec_zoo.drafters.ngram import NgramDrafter
 from spec_zoo.drafters.small_model import SmallModelDrafter
 from spec_zoo.errors import ConfigError
 from spec_zoo.interfaces import DecodeState, Verdict
+from spec_zoo.lockstep import answer, drive
 from spec_zoo.sampling import accept, logits_to_probs, sample
 from spec_zoo.target import Target
 from spec_zoo.testing import CERTIFY_SETTINGS, SETTINGS, assert_greedy_identity, assert_lossless, certify_model
@@ -36,6 +37,7 @@ from spec_zoo.trees import (
     TopK,
     build_tree_policy,
     tree_cost,
+    tree_so_far,
     tree_value,
 )
 from spec_zoo.verifiers.block import BlockVerifier
@@ -326,9 +328,17 @@ def test_a_tree_at_the_top_level_names_drafter_tree():
 
 
 def assert_tree_forward_matches_paths(runner, model, committed, policy, atol=1e-5):
-    """DraftTreeForward: each node's logits (one forward per level) equal a plain forward of
-    the committed tokens + the path to that node; the next score crops the tree's KV away."""
-    expand, seen = DraftTreeForward(runner, committed, lambda x: x), {}
+    """A draft model's tree expansion (`DraftTreeForward` on an eager runner, `tree_so_far` on a
+    compiled one): each node's logits (one forward per level) equal a plain forward of the committed
+    tokens + the path to that node; the next score crops the tree's KV away."""
+    seen: dict = {}
+    if runner.runtime == "eager":
+        expand = DraftTreeForward(runner, committed, lambda x: x)
+    else:
+        asks = tree_so_far(runner, runner.sequence(), committed, lambda x: x)
+
+        def expand(tree, nodes):
+            return drive(asks((tree, nodes)), answer)
 
     def recording(tree, nodes):
         out = expand(tree, nodes)
