@@ -155,7 +155,10 @@ def test_a_trimmed_head_keeps_its_own_rows_of_its_most_frequent_tokens(tmp_path)
         with torch.no_grad():
             head.lm_head.weight.add_(torch.randn_like(head.lm_head.weight))
         save_eagle3(head, tmp_path / layout, layout, dtype=torch.float32)
+        (tmp_path / layout / "eagle3_training.json").write_text(json.dumps({"steps": 9}))
         out = trim_head(tmp_path / layout, model, counts, 4, tmp_path / f"{layout}4")
+        record = json.loads((out / "eagle3_training.json").read_text())  # the report reads it as the original
+        assert record["steps"] == 9 and record["trimmed_from"]["draft_vocab_size"] == 8
         trimmed = load_published(out, model, "auto")
         assert isinstance(trimmed, Eagle3Head) and trimmed.vocab_ids.tolist() == [2, 5, 9, 20]
         assert artefact_vocab(out).tolist() == [2, 5, 9, 20]

@@ -21,7 +21,8 @@ from spec_zoo.draft_head import VocabHead, load_head, save_head
 from spec_zoo.errors import ConfigError
 from spec_zoo.train.batches import select_vocab
 
-#: the record trimmed EAGLE-3 heads carry beside their published files (where they came from)
+#: where a trimmed EAGLE-3 head came from, beside its published files (its training record, when it
+#: had one, is copied too with ``trimmed_from`` added: `spec-zoo-train report` reads it as the original)
 TRIM_RECORD = "trimmed.json"
 
 
@@ -121,11 +122,16 @@ def _trim_eagle3(path: Path, layout: str, target_model, counts: torch.Tensor, si
     source = json.loads((path / "config.json").read_text())
     verifier = (source.get("speculators_config") or {}).get("verifier", {}).get("name_or_path")
     config, write_weights = eagle3_files(trimmed, layout, verifier, STORAGE_DTYPE)
-    provenance = {"format": "spec-zoo-trimmed-head", "trimmed_from": str(path), "draft_vocab_size": int(old.numel()),
-                  "kept": int(keep.numel())}
+    trimmed_from = {"path": str(path), "draft_vocab_size": int(old.numel())}
 
     def write(tmp: Path) -> None:
         write_weights(tmp)
-        (tmp / TRIM_RECORD).write_text(json.dumps(provenance, indent=1))
+        for record in path.glob("*.json"):  # its training record (what `spec-zoo-train report` reads), marked
+            if record.name != "config.json":
+                (tmp / record.name).write_text(json.dumps({**json.loads(record.read_text()),
+                                                           "trimmed_from": trimmed_from}, indent=1))
+        if not (tmp / TRIM_RECORD).exists():
+            (tmp / TRIM_RECORD).write_text(json.dumps({"format": "spec-zoo-trimmed-head",
+                                                       "trimmed_from": trimmed_from}, indent=1))
 
     return write_artefact(out, "config.json", config, write, key="vocab.trim_out", fmt=f"{layout} layout")
