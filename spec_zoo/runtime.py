@@ -417,7 +417,11 @@ def rowwise_run(fn, configs, settings: dict, linears=None, attention: str = "ind
         for config in configs:
             config._attn_implementation = rowwise
         try:
-            with inductor_config.patch(**settings), no_output_capture(), linears or nullcontext():
+            # automatic dynamic shapes off: the dims `_dynamic` marks are the only dynamic ones, so a
+            # graph does not depend on which other models this process compiled before (a dim seen
+            # static elsewhere turned dynamic, other kernels, other bf16 logits for one of two graphs)
+            with (inductor_config.patch(**settings), dynamo_config.patch(automatic_dynamic_shapes=False),
+                  no_output_capture(), linears or nullcontext()):
                 return fn(*args)
         finally:
             for config, implementation in zip(configs, before):
