@@ -30,7 +30,7 @@ from spec_zoo.drafters.distilled.drafter import DistilledDrafter
 from spec_zoo.drafters.parallel.model import MASKS, MaskedEmbedding, apply_updates, base_dir, read_parallel
 from spec_zoo.errors import ConfigError
 from spec_zoo.interfaces import DecodeState
-from spec_zoo.lockstep import Steps, answer
+from spec_zoo.lockstep import Steps, answer, drive
 from spec_zoo.sampling import drafts_sampled
 from spec_zoo.target import NextLogits, Target
 
@@ -98,16 +98,20 @@ class ParallelDrafter(DistilledDrafter):
 
     @torch.no_grad()
     def _draft(self, state: DecodeState) -> Draft:
-        depth = self._depth(state)
-        return self._from_rows(state, answer(self._ask(state, depth)), depth) if depth >= 1 else Draft.empty()
+        return drive(self._steps(state), answer)
 
     def drafting(self, state: DecodeState) -> Steps[Draft]:
         """`propose` as steps (`spec_zoo.lockstep`): the forward is asked, so a batch's sequences
         draft in one call of the compiled draft model."""
         if not self.drafts_together:
             return (yield from super().drafting(state))
+        return (yield from self._steps(state))
+
+    def _steps(self, state: DecodeState) -> Steps[Draft]:
         depth = self._depth(state)
-        return self._from_rows(state, (yield self._ask(state, depth)), depth) if depth >= 1 else Draft.empty()
+        if depth < 1:
+            return Draft.empty()
+        return self._from_rows(state, (yield self._ask(state, depth)), depth)
 
     def _from_rows(self, state: DecodeState, logits: torch.Tensor, depth: int) -> Draft:
         """The chain, or the tree, drafted from the forward's rows."""
