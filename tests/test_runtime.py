@@ -35,7 +35,7 @@ from spec_zoo.layers import DecoderStack
 from spec_zoo.models import check_runtime
 from spec_zoo.runtime import DRAFT_BLOCK, CompiledTarget
 from spec_zoo.sampling import SamplingParams
-from spec_zoo.testing import PROMPT, SETTINGS, goodness_of_fit, hf_greedy, sample_counts, sampling_model
+from spec_zoo.testing import PROMPT, SETTINGS, goodness_of_fit, hf_greedy, sample_counts, sampling_model, tiny_llama
 from spec_zoo.testing import exact_distribution as exact
 from spec_zoo.trees import Static
 from spec_zoo.verifiers.greedy import GreedyVerifier
@@ -632,6 +632,39 @@ def test_bfloat16_scoring_is_batch_invariant_too():
         target.reset()
         chain = target.score(PROMPT, Draft.chain(draft.tokens[draft.path_to(node)])).logits[-1]
         assert torch.equal(logits[node + 1], chain)
+
+
+def test_a_graph_does_not_depend_on_what_the_process_compiled_before():
+    """Only the dims `CompiledTarget._dynamic` marks are symbolic, whatever compiled before: with
+    dynamo's automatic dynamic shapes, a second model of another depth got a symbolic layer
+    count, so its kernels (and bf16 logits) depended on the first (Gemma 3's EAGLE-3 decoding
+    left plain decoding at token 2 after the tiny families had compiled)."""
+    import logging
+    import re
+
+    made: list[str] = []
+
+    class Symbols(logging.Handler):
+        def emit(self, record):
+            found = re.search(r"create_symbol \S+ = \S+ for (\S+)", record.getMessage())
+            if found:
+                made.append(found.group(1))
+
+    handler, log = Symbols(), logging.getLogger("torch.fx.experimental.symbolic_shapes")
+    torch._logging.set_logs(dynamic=logging.INFO)
+    log.addHandler(handler)
+    try:
+        symbols = []
+        for seed, layers, cache in ((3, 2, 64), (4, 3, 80)):  # other depth, other cache: nothing shared
+            made.clear()
+            CompiledTarget(tiny_llama(seed=seed, layers=layers, dtype=torch.float32), max_cache_len=cache).warm_up()
+            symbols.append(sorted(made))
+    finally:
+        log.removeHandler(handler)
+        torch._logging.set_logs()
+    inputs = ("ids", "positions", "mask", "draft_slots", "draft_mask", "row_cache", "write_at")
+    assert symbols[0] and all(re.fullmatch(rf"L\['({'|'.join(inputs)})'\]\.size\(\)\[\d\]", s) for s in symbols[0])
+    assert symbols[1] == symbols[0]
 
 
 def test_a_draft_model_on_the_compiled_runtime_stays_lossless(compiled, model):
