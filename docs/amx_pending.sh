@@ -12,6 +12,9 @@ grep -q amx_tile /proc/cpuinfo || { echo "this CPU has no AMX (amx_tile): these 
 mkdir -p "$out"
 run() { OMP_NUM_THREADS=1 taskset -c 0 "$@"; }
 head47=${GEMMA_HEAD:-$HOME/.cache/spec_zoo/trained/gemma3-270m-eagle3-4096}
+needs_head() {  # lineup47 and head47 read a trained Gemma 3 EAGLE-3 head; the repository ships none (36 MB)
+  [ -f "$head47/config.json" ] || { echo "no Gemma 3 EAGLE-3 head at $head47: train it first with the 4,096-prompt command of docs/gemma3.md (hours on one core; it resumes), or set GEMMA_HEAD=DIR" >&2; exit 2; }
+}
 for step in $steps; do
   case $step in
     train46)  # issue 45: teacher-data and training throughput, bf16 against fp32 on this core
@@ -25,6 +28,7 @@ for step in $steps; do
       mkdir -p "$out/lineup46/all" && cat "$out"/lineup46/b*/results.jsonl > "$out/lineup46/all/results.jsonl"
       spec-zoo-bench batches="$out/lineup46/all" ;;
     lineup47)  # issue 47: the Gemma 3 line-up in bf16 (docs/gemma3.md), its EAGLE-3 head from $GEMMA_HEAD
+      needs_head
       E3="{engine:spec_zoo,runtime:compiled,drafter:eagle,params:{head:$head47,runtime:compiled}}"
       CASC="{engine:spec_zoo,runtime:compiled,drafter:cascade,params:{params:{eagle:{head:$head47,runtime:compiled}}}}"
       AUTO="{engine:spec_zoo,runtime:compiled,drafter:auto,params:{workload:continuation,params:{eagle:{head:$head47,runtime:compiled},cascade:{params:{eagle:{head:$head47,runtime:compiled}}}}}}"
@@ -33,6 +37,7 @@ for step in $steps; do
         "methods={ar_compiled:null,ngram_compiled:null,suffix_compiled:null,eagle3_compiled:$E3,cascade_compiled:$CASC,auto_compiled:$AUTO}" \
         out="$out/lineup47" ;;
     head47)  # issue 47: the EAGLE-3 head's cost per drafted token against a target step, bf16 and fp32
+      needs_head
       for dtype in bfloat16 float32; do
         [ -s "$out/head47_$dtype.json" ] || run python docs/gemma3/head_cost.py "$head47" $dtype 3 > "$out/head47_$dtype.json"
       done ;;
