@@ -154,6 +154,30 @@ def test_the_trained_draft_loads_back_and_drafts_losslessly(trained, tree):
     assert built.ids == hf_greedy(model, PROMPT, 12, eos=1)[: len(built.ids)] and built.stats.drafted > 0
 
 
+def test_a_draft_trained_whole_ships_its_changes_and_drafts_losslessly(tmp_path):
+    """``parallel.update=full`` (PARD's recipe): every weight of the draft trains, not a low-rank
+    update; the artefact holds each weight's change, and loads back onto the base."""
+    from safetensors.torch import load_file
+
+    model = teacher()
+    before = {name: p.detach().clone() for name, p in model.named_parameters()}
+    base = parallel_draft(model, dtype="float32").parent / "base"
+    cfg = train_cfg("train_parallel", tmp_path, f"parallel.base={base}", "parallel.k=3", "parallel.update=full",
+                    "train.steps=30", "train.lr=3e-3", "loss=fkl")
+    path = train_module(cfg, ParallelRecipe.from_config(cfg), Target(model))
+    record = json.loads((path / RECORD).read_text())
+    assert record["base"]["update"] == "full" and record["rank"] == 0
+    assert record["heldout_after"]["pos2_greedy"] > record["heldout_before"]["pos2_greedy"]
+    tensors = load_file(str(path / WEIGHTS))
+    deltas = [n for n in tensors if n.endswith(".delta")]
+    assert deltas and not any(n.endswith((".up", ".down")) for n in tensors)
+    assert any(".layers." in n and "mlp" in n for n in deltas)  # beyond the masks: the layers trained
+    assert all(torch.equal(p, before[name]) for name, p in model.named_parameters())  # the target untouched
+    out = SpeculativeDecoder(Target(model), ParallelDrafter(str(path))).generate(PROMPT, max_new_tokens=24,
+                                                                                eos_token_ids=[])
+    assert out.ids == hf_greedy(model, PROMPT, 24) and out.stats.accepted > 0
+
+
 def test_bad_training_config_fails_before_any_model_load(tmp_path, monkeypatch):
     import spec_zoo.train.loop as loop
 
@@ -161,7 +185,8 @@ def test_bad_training_config_fails_before_any_model_load(tmp_path, monkeypatch):
     for override, message in [("parallel.k=1", "parallel.k=1"), ("parallel.rank=0", "parallel.rank=0"),
                               ("parallel.decay=0", "parallel.decay=0"),
                               (f"parallel.base={tmp_path / 'none'}", "is not a directory"),
-                              ("parallel.modules=[]", "parallel.modules is empty")]:
+                              ("parallel.modules=[]", "parallel.modules is empty"),
+                              ("parallel.update=lora", "parallel.update")]:
         cfg = train_cfg("train_parallel", tmp_path, override)
         with pytest.raises(ConfigError, match=message):
             train_module(cfg, ParallelRecipe.from_config(cfg))

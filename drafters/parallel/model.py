@@ -9,9 +9,11 @@ distributions: the last real token's row guesses token 1, mask i's row token i +
 Artefact (``parallel.json`` + ``parallel.safetensors``): what training changed on top of a base
 distilled draft, kept small. The tensors are ``mask_embeddings`` [k - 1, H] and, per adapted
 weight W of the base (``<name>``), a low-rank update ``<name>.up`` [out, r] and ``<name>.down``
-[r, in] (the scale folded into ``up``): W + up @ down. The record names the base (``base.path``,
-null = the shipped distilled draft) and its weights' SHA-256 (checked: a changed base is
-refused), the target it serves, k, the rank and the training record.
+[r, in] (the scale folded into ``up``): W + up @ down; or, for a draft trained whole
+(``parallel.update=full``), the dense change ``<name>.delta`` of each weight: W + delta. The
+record names the base (``base.path``, null = the shipped distilled draft) and its weights'
+SHA-256 (checked: a changed base is refused), the target it serves, k, the rank and the training
+record.
 """
 
 from __future__ import annotations
@@ -59,13 +61,16 @@ def weights_digest(base: Path) -> str:
 
 
 def save_parallel(out_dir, masks: torch.Tensor, updates: dict[str, tuple[torch.Tensor, torch.Tensor]],
-                  record: dict, dtype: torch.dtype = STORAGE_DTYPE, overwrite: bool = False) -> Path:
-    """Write the artefact: ``masks`` [k - 1, H], ``updates`` {weight name: (up, down)} (in ``dtype``;
-    loading casts them to the draft's), and the record (``base``, ``target``, training fields) with
-    the format, dtype, k and rank added."""
+                  record: dict, dtype: torch.dtype = STORAGE_DTYPE, overwrite: bool = False,
+                  dense: dict[str, torch.Tensor] | None = None) -> Path:
+    """Write the artefact: ``masks`` [k - 1, H], ``updates`` {weight name: (up, down)} and ``dense``
+    {weight name: delta} (in ``dtype``; loading casts them to the draft's), and the record (``base``,
+    ``target``, training fields) with the format, dtype, k and rank (0: dense changes only) added."""
     parts = {MASKS: masks}
     for name, (up, down) in updates.items():
         parts[f"{name}.up"], parts[f"{name}.down"] = up, down
+    for name, delta in (dense or {}).items():
+        parts[f"{name}.delta"] = delta
     tensors = storage_tensors(parts, dtype)
     rank = max((int(d.shape[0]) for _, d in updates.values()), default=0)
     full = {"format": FORMAT, "format_version": FORMAT_VERSION, "dtype": str(dtype).removeprefix("torch."),
@@ -105,8 +110,14 @@ def base_dir(record: dict, shipped: Path, path, key: str = "drafter.path") -> Pa
 
 @torch.no_grad()
 def apply_updates(lm: torch.nn.Module, tensors: dict[str, torch.Tensor], key: str, path) -> None:
-    """Add each low-rank update of ``tensors`` to the weight of ``lm`` it names (W += up @ down)."""
+    """Add each update of ``tensors`` to the weight of ``lm`` it names (W += up @ down, or W += delta)."""
     weights = dict(lm.named_parameters())
+    for name in sorted(n[: -len(".delta")] for n in tensors if n.endswith(".delta")):
+        weight, delta = weights.get(name), tensors[f"{name}.delta"]
+        if weight is None or tuple(delta.shape) != tuple(weight.shape):
+            raise ConfigError(f"{key}={str(path)!r}: its change of {name} does not fit the base draft; "
+                              "the files do not belong together: retrain or re-copy it.")
+        weight.add_(delta.to(weight.dtype))
     for name in sorted(n[: -len(".up")] for n in tensors if n.endswith(".up")):
         weight, up, down = weights.get(name), tensors[f"{name}.up"], tensors.get(f"{name}.down")
         if weight is None or down is None or (up.shape[0], down.shape[1]) != tuple(weight.shape):

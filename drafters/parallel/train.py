@@ -2,8 +2,11 @@
 with mask tokens (PARD, arXiv 2504.18583), on the shared teacher-data store.
 
 The student is a distilled draft (``parallel.base``, default the shipped one) with k - 1 mask
-embeddings and a low-rank update of its ``parallel.modules`` (``parallel.rank``; the base stays
-frozen, so the artefact holds only what training changed). One forward trains every offset at
+embeddings and, with ``parallel.update=low_rank``, a low-rank update of its ``parallel.modules``
+(``parallel.rank``; the base stays frozen, so the artefact holds only what training changed), or
+with ``parallel.update=full`` every weight of the draft trained (PARD's recipe: the rows of real
+tokens and of masks share all of it, so fitting the masks need not pull the first token's row
+through a shared rank-r update; the artefact holds the dense change of each weight). One forward trains every offset at
 every teacher position (PARD's layout): after the sequence come k - 1 masks per anchor j, at
 positions j + 1 .. j + k - 1, each seeing the real tokens up to j and the masks of its own anchor
 before it (`ParallelStudent.anchored`: exactly what a decode step's forward sees). The anchor's
@@ -124,6 +127,15 @@ def low_rank_updates(lm: torch.nn.Module) -> dict[str, tuple[torch.Tensor, torch
     return {f"{name}.weight": (m.up * m.scale, m.down) for name, m in lm.named_modules() if isinstance(m, LowRank)}
 
 
+def full_updates(lm: torch.nn.Module, base: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """{weight name: trained - base} of every weight ``parallel.update=full`` trained that moved."""
+    return {name: (p.detach().float() - base[name]) for name, p in lm.named_parameters()
+            if name in base and not torch.equal(p.detach().float(), base[name])}
+
+
+UPDATES = ("low_rank", "full")
+
+
 @register("parallel")
 class ParallelRecipe:
     """What `spec-zoo-train parallel` trains: a `ParallelStudent` (section ``parallel``)."""
@@ -136,15 +148,16 @@ class ParallelRecipe:
         limits={"parallel.k": Limit(low=2, example="4"), "parallel.rank": POSITIVE,
                 "parallel.alpha": Limit(low=0, low_open=True, example="32"),
                 "parallel.decay": Limit(low=0, low_open=True, high=1, example="0.8")},
-        types={"parallel.base": ((str,), True)})
+        types={"parallel.base": ((str,), True)}, choices={"parallel.update": UPDATES})
     chain_start: ClassVar[int] = 0
 
-    def __init__(self, decay: float = 0.8):
-        self.decay = decay
+    def __init__(self, decay: float = 0.8, update: str = "low_rank"):
+        self.decay, self.update = decay, update
+        self.start: dict[str, torch.Tensor] = {}  # update=full: the base's weights (the artefact holds the change)
 
     @classmethod
     def from_config(cls, cfg: DictConfig) -> Recipe:
-        return cls(float(cfg.parallel.decay))
+        return cls(float(cfg.parallel.decay), str(cfg.parallel.get("update", "low_rank")))
 
     def check(self, cfg: DictConfig) -> None:
         p = cfg.parallel
@@ -160,7 +173,10 @@ class ParallelRecipe:
         if not p.base and not SHIPPED_DISTILLED.is_dir():
             raise ConfigError(f"parallel.base=null but the shipped distilled draft is missing ({SHIPPED_DISTILLED}); "
                               "give parallel.base=DIR.")
-        if not p.modules:
+        if p.get("update", "low_rank") not in UPDATES:
+            raise ConfigError(f"parallel.update={p.update}; use low_rank (a rank-r update of parallel.modules) or "
+                              "full (every weight of the draft trained, PARD's recipe).")
+        if self.update == "low_rank" and not p.modules:
             raise ConfigError("parallel.modules is empty; name the linear layers to adapt, e.g. [q_proj, v_proj].")
 
     def base(self, cfg: DictConfig) -> Path:
@@ -172,7 +188,9 @@ class ParallelRecipe:
         if base.embed[0] is None:
             raise ConfigError(f"parallel.base={self.base(cfg)}: a parallel draft starts from a distilled draft "
                               "that reads the target's embeddings (`spec-zoo-train distill`).")
-        if add_low_rank(base.lm, int(p.rank), float(p.alpha) / int(p.rank), list(p.modules)) == 0:
+        if self.update == "full":
+            self.start = {name: w.detach().float().clone() for name, w in base.lm.named_parameters()}
+        elif add_low_rank(base.lm, int(p.rank), float(p.alpha) / int(p.rank), list(p.modules)) == 0:
             raise ConfigError(f"parallel.modules={list(p.modules)}: no such linear layer in the draft's decoder "
                               "layers (Llama names: q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj).")
         table = target.model.get_input_embeddings().weight.detach().float()
@@ -183,6 +201,11 @@ class ParallelRecipe:
         """Nothing: a draft model reads tokens only."""
 
     def trainable(self, student: Student, cfg: DictConfig) -> list[torch.nn.Parameter]:
+        if self.update == "full":
+            params = list(student.lm.parameters())  # the masks and every weight of the draft
+            for p in params:
+                p.requires_grad_(True)
+            return params
         for p in student.lm.parameters():
             p.requires_grad_(False)
         params = [getattr(student.lm, MASKS)]
@@ -214,11 +237,13 @@ class ParallelRecipe:
 
     def save(self, student: Student, cfg: DictConfig, target_info: dict, record: dict) -> Path:
         p, base = cfg.parallel, self.base(cfg)
-        info = {"path": str(p.base) if p.base else None, "sha256": weights_digest(base),
-                "modules": list(p.modules), "alpha": float(p.alpha)}
+        info = {"path": str(p.base) if p.base else None, "sha256": weights_digest(base), "update": self.update,
+                **({"modules": list(p.modules), "alpha": float(p.alpha)} if self.update == "low_rank" else {})}
         with torch.no_grad():
+            updates = low_rank_updates(student.lm) if self.update == "low_rank" else {}
+            dense = full_updates(student.lm, {n: w for n, w in self.start.items() if n != MASKS})
             return save_parallel(Path(cfg.output.dir).expanduser(), getattr(student.lm, MASKS),
-                                 low_rank_updates(student.lm), {"target": target_info, "base": info, **record},
+                                 updates, {"target": target_info, "base": info, **record}, dense=dense,
                                  dtype=DTYPES[str(cfg.output.dtype)],
                                  overwrite=bool(cfg.output.get("overwrite", False)))
 
