@@ -491,3 +491,23 @@ def test_held_out_mixture_prompts_are_never_a_document_trained_on_in_another_tem
     article = tuple(_Tokenizer()(f"Summarize: {docs[2]}")["input_ids"])
     assert len(exact) == 6 and article in {tuple(p) for p in exact}
     assert len(apart) == 5 and article not in {tuple(p) for p in apart}
+
+
+def test_length_groups_deal_batches_of_like_lengths_and_resume_the_same():
+    """``train.length_groups``: a block of G batches holds G * size distinct rows, each batch of
+    like lengths (less padding than a random draw); a step's rows depend on the step alone, so a
+    resumed run trains on what an uninterrupted one did; too few rows fall back to random draws."""
+    from spec_zoo.train.loop import batch_rows
+
+    lengths = torch.randint(20, 700, (1000,), generator=torch.Generator().manual_seed(1))
+    gen = torch.Generator().manual_seed(0)
+    block = [batch_rows(step, lengths, 32, 16, gen, seed=0) for step in range(16)]
+    rows = torch.cat(block)
+    assert len(rows) == len(set(rows.tolist())) == 512
+    padded = sum(int(lengths[b].max()) * len(b) for b in block)
+    random = sum(int(lengths[torch.randint(0, 1000, (32,), generator=gen)].max()) * 32 for _ in range(16))
+    assert padded < 0.6 * random
+    assert torch.equal(batch_rows(21, lengths, 32, 16, torch.Generator(), seed=0),
+                       batch_rows(21, lengths, 32, 16, torch.Generator().manual_seed(5), seed=0))
+    assert not torch.equal(batch_rows(21, lengths, 32, 16, gen, seed=0), batch_rows(21, lengths, 32, 16, gen, seed=1))
+    assert len(batch_rows(0, lengths[:40], 32, 16, gen, seed=0)) == 32  # one batch's worth: random draws

@@ -135,8 +135,9 @@ def evaluate(student: Student, data: TeacherData, full_vocab: int, kind: str, ba
     student.eval()
     sums: dict[str, float] = {}
     counts: dict[str, int] = {}
+    order = torch.sort(data.prompt_len + data.gen_len, stable=True).indices  # like lengths together: less padding
     for s in range(0, len(data), batch_size):
-        rows = torch.arange(s, min(s + batch_size, len(data)))
+        rows = order[s : s + batch_size]
         for name, values in metrics(student, data, rows, full_vocab, kind, with_agreement=True).items():
             sums[name] = sums.get(name, 0.0) + float(values.float().sum())
             counts[name] = counts.get(name, 0) + values.numel()

@@ -29,6 +29,7 @@ LIMITS: dict[str, Limit] = {
     "train.max_seconds": NON_NEGATIVE,
     "train.budget_s": NON_NEGATIVE,
     "train.batch_size": POSITIVE,
+    "train.length_groups": POSITIVE,
     "train.lr": Limit(low=0, low_open=True, example="1e-3"),
     "train.min_lr_ratio": Limit(low=0, high=1),
     "train.warmup": NON_NEGATIVE,
