@@ -1,13 +1,13 @@
 #!/bin/sh
 # The measurements that wait for a host with Intel's matrix engine (AMX-BF16), in the order the open
 # issues need them, each resumable: rerun the script and every step skips what its OUT already holds.
-#   sh docs/amx_pending.sh OUT [STEP...]      # steps: train46 lineup46 lineup47 head47 (default: all)
+#   sh docs/amx_pending.sh OUT [STEP...]      # steps: identity47 train46 lineup46 lineup47 head47 (default: all)
 # One thread per benchmark, pinned: core 0 runs the step, nothing else should run (docs/benchmark.md).
 # Refuses to start without AMX: on another host these figures would say nothing about the goals.
 set -eu
 out=${1:?give an output directory: sh docs/amx_pending.sh OUT [STEP...]}
 shift
-steps=${*:-train46 lineup46 lineup47 head47}
+steps=${*:-identity47 train46 lineup46 lineup47 head47}
 grep -q amx_tile /proc/cpuinfo || { echo "this CPU has no AMX (amx_tile): these bf16 goals are for AMX hosts" >&2; exit 2; }
 mkdir -p "$out"
 run() { OMP_NUM_THREADS=1 taskset -c 0 "$@"; }
@@ -17,6 +17,11 @@ needs_head() {  # lineup47 and head47 read a trained Gemma 3 EAGLE-3 head; the r
 }
 for step in $steps; do
   case $step in
+    identity47)  # issue 47: greedy identity on Gemma 3 (every drafter, eager and compiled, fp32 and bf16 on the AMX kernels),
+      # after the tiny families compiled (the order that once broke bf16 identity)
+      [ -s "$out/identity47.log" ] && grep -q " passed" "$out/identity47.log" || {
+        make gemma3 >/dev/null && OMP_NUM_THREADS=1 taskset -c 0 .venv/bin/pytest -q -n 0 -p no:cacheprovider \
+          tests/test_families.py tests/test_formats.py tests/test_gemma3.py > "$out/identity47.log" 2>&1; tail -3 "$out/identity47.log"; } ;;
     train46)  # issue 45: teacher-data and training throughput, bf16 against fp32 on this core
       [ -s "$out/bf16_throughput/bf16_throughput.json" ] || run python docs/training/bf16_throughput.py --out "$out/bf16_throughput" ;;
     lineup46)  # issue 46: the batch line-up in bf16 on the AMX GEMM beside vLLM (docs/batching.md)
@@ -41,6 +46,6 @@ for step in $steps; do
       for dtype in bfloat16 float32; do
         [ -s "$out/head47_$dtype.json" ] || run python docs/gemma3/head_cost.py "$head47" $dtype 3 > "$out/head47_$dtype.json"
       done ;;
-    *) echo "unknown step $step (train46 lineup46 lineup47 head47)" >&2; exit 2 ;;
+    *) echo "unknown step $step (identity47 train46 lineup46 lineup47 head47)" >&2; exit 2 ;;
   esac
 done
