@@ -462,6 +462,7 @@ def test_export_writes_medusa_and_speculators_layouts_that_import_to_the_same_dr
 def test_export_refuses_what_the_layout_cannot_hold_before_loading_a_model(tmp_path, monkeypatch, capsys):
     import sys
 
+    import spec_zoo.api  # noqa: F401 (imported now, it binds the real load_target, not the patch below for good)
     from spec_zoo.train.cli import main
 
     monkeypatch.setattr("spec_zoo.models.load_target", lambda **_: pytest.fail("a model was loaded"))
