@@ -511,3 +511,53 @@ def test_length_groups_deal_batches_of_like_lengths_and_resume_the_same():
                        batch_rows(21, lengths, 32, 16, torch.Generator().manual_seed(5), seed=0))
     assert not torch.equal(batch_rows(21, lengths, 32, 16, gen, seed=0), batch_rows(21, lengths, 32, 16, gen, seed=1))
     assert len(batch_rows(0, lengths[:40], 32, 16, gen, seed=0)) == 32  # one batch's worth: random draws
+
+
+def test_keep_states_writes_more_states_from_the_same_forward(tmp_path):
+    """``data.keep_states``: a head's states pass also writes the states other recipes read
+    (final, layer<E>, layers<a>_<b>), one forward per batch; a later pass for one of them reads
+    the file and computes nothing, and each equals the target's own states."""
+    from spec_zoo.train.store import named_states, state_layers
+
+    model = teacher()
+    ts = TeacherSet(_data_cfg(tmp_path), Target(model), 12)
+    data = ts.fill(12, progress=False)
+    names = ("layers0_1", "final", "layer1")
+    calls = []
+
+    def every(ids):
+        calls.append(len(ids))
+        return named_states(model.model, ids, names)
+
+    never = lambda ids: pytest.fail("computed what the store holds")  # noqa: E731
+    fused = ts.store.states("layers0_1", never, 4, progress=False, keep=names[1:], compute_all=every)
+    shards = sorted(p.name for p in ts.store.root.glob("shard-*[0-9].safetensors") if p.name.count(".") == 1)
+    assert calls and all((ts.store.root / f"{s[: -len('.safetensors')]}.{n}.safetensors").is_file()
+                         for s in shards for n in names)
+    final, layer1 = ts.store.states("final", never, 4, progress=False), ts.store.states("layer1", never, 4)
+    for i in (0, 7):
+        n = int(data.prompt_len[i] + data.gen_len[i])
+        out = model.model(input_ids=data.ids[i : i + 1, :n], output_hidden_states=True)
+        assert torch.allclose(final[i], out.last_hidden_state[0], atol=1e-5)
+        assert torch.allclose(layer1[i], out.hidden_states[1][0], atol=1e-5)
+        assert torch.allclose(fused[i], torch.cat([out.hidden_states[0][0], out.hidden_states[1][0]], -1), atol=1e-5)
+    assert state_layers("layers2_15_27") == (2, 15, 27) and state_layers("final") is None
+    for bad, words in (("layer", "names no target states"), ("layers3", "names no target states"),
+                       ("layer9", "a layer the target lacks")):
+        with pytest.raises(ConfigError, match=words):
+            state_layers(bad, num_layers=2)
+
+
+def test_a_recipe_writes_data_keep_states_beside_its_own(tmp_path):
+    from spec_zoo.drafters.eagle.train import Eagle3Recipe
+    from spec_zoo.train.loop import train_module
+
+    model = teacher()
+    cfg = train_cfg("train_eagle3", tmp_path, "data.keep_states=[final,layer1]", "train.steps=2")
+    train_module(cfg, Eagle3Recipe.from_config(cfg), Target(model))
+    written = {p.name.split(".")[1] for p in Path(cfg.data.store).glob("shard-*.*.safetensors")}
+    assert {"final", "layer1"} < written and any(n.startswith("layers") for n in written)
+    for bad, words in (("[nope]", "names no target states"), ("[layer99]", "a layer the target lacks")):
+        cfg = train_cfg("train_eagle3", tmp_path / bad[1:-1], f"data.keep_states={bad}", "train.steps=2")
+        with pytest.raises(ConfigError, match=words):
+            train_module(cfg, Eagle3Recipe.from_config(cfg), Target(model))

@@ -171,10 +171,6 @@ class Eagle3Student(EagleStudent):
     def states_width(self) -> int:
         return int(self.lm.fc.in_features)
 
-    def target_states(self, ids: torch.Tensor) -> torch.Tensor:
-        out = self.stack.inner(input_ids=ids.to(self.stack.model.device), use_cache=False, output_hidden_states=True)
-        return torch.cat([out.hidden_states[i] for i in self.lm.target_layers], dim=-1)
-
     def unroll(self, ids: torch.Tensor, attention_mask: torch.Tensor, steps: int,
                regress_steps: int) -> list[torch.Tensor]:
         """Layer outputs [B, L, H] at draft depths 1..``steps``: depth 1 reads the fused target

@@ -20,7 +20,7 @@ from spec_zoo.schema import Keys
 from spec_zoo.train.batches import TeacherMetrics, draft_vocab, same_at_every_depth
 from spec_zoo.train.data import TeacherData
 from spec_zoo.train.recipe import Recipe, Student
-from spec_zoo.train.store import TeacherSet
+from spec_zoo.train.store import TeacherSet, named_states, state_layers
 
 
 class HeadStudent(torch.nn.Module):
@@ -55,8 +55,8 @@ class HeadStudent(torch.nn.Module):
         return self._stack[0]
 
     def target_states(self, ids: torch.Tensor) -> torch.Tensor:
-        """The frozen target's states the head reads, [B, T, H], for a right-padded batch."""
-        return self.stack.inner(input_ids=ids.to(self.stack.model.device), use_cache=False).last_hidden_state
+        """The frozen target's states the head reads (`states_name`), [B, T, W], for a right-padded batch."""
+        return named_states(self.stack.inner, ids.to(self.stack.model.device), [self.states_name])[self.states_name]
 
     def preload(self, data: TeacherData, states: list[torch.Tensor]) -> None:
         """Take `target_states` of ``data``'s sequences from the store instead of computing them."""
@@ -132,8 +132,16 @@ class HeadRecipe(TeacherMetrics):
     def preload(self, student: Student, data: TeacherData, teacher: TeacherSet, cfg: DictConfig) -> None:
         """The target states the head reads, from the store (computed once per shard)."""
         assert isinstance(student, HeadStudent)
-        states = teacher.store.states(student.states_name, student.target_states, int(cfg.data.batch_size),
-                                      bool(cfg.progress))
+        name = student.states_name
+        keep = tuple(str(n) for n in cfg.data.get("keep_states") or () if n != name)
+        for other in keep:
+            state_layers(other, student.stack.num_layers)  # refused before any forward
+
+        def every(ids: torch.Tensor) -> dict[str, torch.Tensor]:  # the head's states and data.keep_states, one forward
+            return named_states(student.stack.inner, ids.to(student.stack.model.device), (name, *keep))
+
+        states = teacher.store.states(name, student.target_states, int(cfg.data.batch_size), bool(cfg.progress),
+                                      keep=keep, compute_all=every)
         student.preload(data, states)
 
     def trainable(self, student: Student, cfg: DictConfig) -> list[torch.nn.Parameter]:

@@ -45,6 +45,7 @@ TYPES: dict[str, tuple[tuple[type, ...], bool]] = {
     "data.prompts": ((str,), True),
     "data.sources": ((list, str), True),
     "data.token_ids": ((list,), True),
+    "data.keep_states": ((list,), True),
 }
 
 

@@ -38,7 +38,7 @@ from spec_zoo.train.data import TeacherData, concat_data, data_key, forced_data,
 from spec_zoo.train.losses import LOSSES
 from spec_zoo.train.mixture import FollowUp
 from spec_zoo.train.recipe import Recipe, Student
-from spec_zoo.train.store import TeacherSet, data_budget
+from spec_zoo.train.store import TeacherSet, data_budget, state_layers
 
 
 def check_config(cfg: DictConfig, recipe: Recipe) -> None:
@@ -58,6 +58,8 @@ def check_config(cfg: DictConfig, recipe: Recipe) -> None:
                           "run would differ; "
                           "set train.max_seconds=0 train.patience=0, or train.budget_s=0.")
     data_budget(cfg.data)
+    for name in cfg.data.get("keep_states") or ():
+        state_layers(str(name))
     if int(cfg.data.get("forced_prompts", 0)) < 0:
         raise ConfigError(f"data.forced_prompts={cfg.data.forced_prompts}; use 0 or more prompts.")
     if not 0.0 <= float(cfg.data.get("student_fraction", 0.0)) <= 1.0:

@@ -13,8 +13,11 @@
   resumes after the last one written; a run asking for more prompts appends shards. A
   conversation's two turns share a shard: the second is asked after the target's answer to the first.
 * ``shard-<start>-<end>.<name>.safetensors``: hidden states a recipe reads (``final``:
-  the target's last-layer features; ``layer<E>``: the states entering layer E), one
-  batched teacher-forced pass per shard, flat [positions, H] in sequence order.
+  the target's last-layer features; ``layer<E>``: the states entering layer E;
+  ``layers<a>_<b>_..``: those entering layers a, b, .. side by side), one batched
+  teacher-forced pass per shard, flat [positions, W] in sequence order. ``data.keep_states``
+  names more of them to write in the same pass (`named_states`: one forward gives every
+  layer's), so the recipes that read them later compute nothing.
 
 ``data.budget_s`` bounds a run's teacher-data work (both passes) in wall seconds: once spent,
 the pass stops after the shard in progress and raises `BudgetSpent`; the same command, rerun,
@@ -151,29 +154,39 @@ class TeacherStore:
                                   "template changed?); set data.store to another directory or delete that one.")
         return part
 
-    def states(self, name: str, compute, batch_size: int, progress: bool = True) -> list[torch.Tensor]:
-        """Hidden states ``compute(ids [B, T]) -> [B, T, H]`` of every sequence of the last
-        `fill` ([length, H] each, in its order), computed once per shard (batched, right-padded:
+    def states(self, name: str, compute, batch_size: int, progress: bool = True, keep: tuple[str, ...] = (),
+               compute_all=None) -> list[torch.Tensor]:
+        """Hidden states ``compute(ids [B, T]) -> [B, T, W]`` of every sequence of the last
+        `fill` ([length, W] each, in its order), computed once per shard (batched, right-padded:
         causal attention keeps padding out of the real positions) and memory-mapped from disk
-        (`mapped`): the states of a large store need not fit in memory."""
+        (`mapped`): the states of a large store need not fit in memory. ``keep``: more states
+        to write beside them, from the same forward (``compute_all(ids) -> {name: [B, T, W]}``
+        for ``name`` and ``keep``; `named_states`), where a shard lacks any."""
         from tqdm import tqdm
 
         out: list[torch.Tensor] = []
         total = sum(rows for _, rows in self.used)
         for path, rows in tqdm(self.used, desc=f"target states ({name})", disable=not progress, dynamic_ncols=True):
-            file = path.with_name(f"{path.stem}.{name}.safetensors")
+            files = {n: path.with_name(f"{path.stem}.{n}.safetensors") for n in (name, *keep)}
             part = load_file(path)
             lengths = (part["prompt_len"] + part["gen_len"]).tolist()
             flat = None
-            if file.is_file():
+            if files[name].is_file():
                 try:
-                    flat = mapped(file, "states")
+                    flat = mapped(files[name], "states")
                 except Exception:
-                    file.unlink()
+                    files[name].unlink()
+            missing = [n for n, f in files.items() if (n == name and flat is None) or (n != name and not f.is_file())]
+            if missing:
+                if keep:
+                    made = _states(compute_all, part["ids"], lengths, batch_size)
+                else:
+                    made = _states(lambda ids: {name: compute(ids)}, part["ids"], lengths, batch_size)
+                for n in missing:
+                    _save({"states": made[n]}, files[n])
+                self._stop(f"target states ({', '.join(missing)})", len(out) + rows, total)
             if flat is None:
-                _save({"states": _states(compute, part["ids"], lengths, batch_size)}, file)
-                flat = mapped(file, "states")
-                self._stop(f"target states ({name})", len(out) + rows, total)
+                flat = mapped(files[name], "states")
             out += list(torch.split(flat, lengths))[:rows]
         return out
 
@@ -270,16 +283,46 @@ class TeacherSet:
 
 
 @torch.no_grad()
-def _states(compute, ids: torch.Tensor, lengths: list[int], batch_size: int) -> torch.Tensor:
+def _states(compute, ids: torch.Tensor, lengths: list[int], batch_size: int) -> dict[str, torch.Tensor]:
+    """{name: flat [positions, W]} of ``compute(ids [B, T]) -> {name: [B, T, W]}`` over every sequence, by length."""
     order = sorted(range(len(lengths)), key=lambda i: lengths[i])
-    per_seq: list[torch.Tensor | None] = [None] * len(lengths)
+    per_seq: dict[str, list[torch.Tensor | None]] = {}
     for b in range(0, len(order), batch_size):
         rows = order[b : b + batch_size]
         T = max(lengths[i] for i in rows)
-        states = compute(ids[rows, :T].long().clamp(min=0)).cpu()
-        for j, i in enumerate(rows):
-            per_seq[i] = states[j, : lengths[i]]
-    return torch.cat(cast(list[torch.Tensor], per_seq)).contiguous()  # every row filled
+        for name, states in compute(ids[rows, :T].long().clamp(min=0)).items():
+            kept = per_seq.setdefault(name, [None] * len(lengths))
+            for j, i in enumerate(rows):
+                kept[i] = states[j, : lengths[i]].cpu()
+    return {name: torch.cat(cast(list[torch.Tensor], kept)).contiguous() for name, kept in per_seq.items()}
+
+
+_STATE_NAME = re.compile(r"final|layer(\d+)|layers(\d+(?:_\d+)+)")
+
+
+def state_layers(name: str, num_layers: int | None = None, key: str = "data.keep_states") -> tuple[int, ...] | None:
+    """The hidden-states entries ``name`` reads (transformers' numbering: entry i enters layer i):
+    None for ``final`` (the final norm's output). A name of no such form, or (given
+    ``num_layers``) a layer the target lacks, is refused naming ``key``."""
+    found = _STATE_NAME.fullmatch(name)
+    if not found:
+        raise ConfigError(f"{key}: {name!r} names no target states; use final, layer<E> (the states entering "
+                          "layer E) or layers<a>_<b>_.. (those entering layers a, b, .. side by side).")
+    layers = None if name == "final" else tuple(int(i) for i in (found[1] or found[2]).split("_"))
+    if num_layers is not None and layers and not all(0 <= i < num_layers for i in layers):
+        raise ConfigError(f"{key}: {name!r} names a layer the target lacks (layers 0..{num_layers - 1}).")
+    return layers
+
+
+def named_states(inner: torch.nn.Module, ids: torch.Tensor, names) -> dict[str, torch.Tensor]:
+    """The states each of ``names`` names (`state_layers`), [B, T, W], from one forward of the
+    target's decoder ``inner`` (a transformers base model) over the right-padded ``ids``."""
+    out = inner(input_ids=ids, use_cache=False, output_hidden_states=True)
+    found = {}
+    for name in names:
+        layers = state_layers(name)
+        found[name] = out.last_hidden_state if layers is None else torch.cat([out.hidden_states[i] for i in layers], -1)
+    return found
 
 
 def _generate(model, prompts, categories, batch_size, g: dict, eos_ids, pad_id, seed, tokenizer=None) -> dict:
