@@ -118,7 +118,7 @@ def _lr(step: int, cfg: DictConfig, steps: int) -> float:
 
 # keys that leave a run's result as it is: a resume may change them (every other key must stay)
 _RESUMABLE = ("train.resume", "train.budget_s", "train.keep_checkpoints", "train.ckpt_every", "progress",
-              "output.dir", "output.overwrite", "data.cache_dir", "data.budget_s")
+              "output.dir", "output.overwrite", "data.cache_dir", "data.budget_s", "data.keep_states")
 
 
 def _result_config(cfg: DictConfig, dtype: torch.dtype) -> dict[str, str]:
