@@ -662,7 +662,9 @@ def test_ctrl_c_from_the_terminal_ends_in_one_line(tmp_path):
     exe = str(Path(sys.executable).with_name("spec-zoo"))
     process = subprocess.Popen([exe, "model=local", f"model.path={path}", "prompt=[3,4,5]", "compare=false",
                                 "generation.max_new_tokens=400"], cwd=tmp_path, stdout=subprocess.DEVNULL,
-                               stderr=subprocess.PIPE, text=True)
+                               stderr=subprocess.PIPE, text=True,
+                               # as from a terminal: a suite run in the background (SIGINT ignored) passes that on
+                               preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     time.sleep(3)
     process.send_signal(signal.SIGINT)
     _, stderr = process.communicate(timeout=120)
