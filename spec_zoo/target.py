@@ -65,16 +65,20 @@ def follow(fed: list[int], committed: list[int], bound: int, *caches) -> int:
     return keep
 
 
-def target_states(hidden_states: tuple, hidden) -> torch.Tensor | None:
-    """What ``score(hidden=...)`` asks of a forward's ``hidden_states`` (transformers' tuple:
-    entry i enters layer i, the last is the final norm's output): ``True`` = the last entry
-    (what the LM head reads), a tuple of layer ids = the states entering those layers side by
-    side (EAGLE-3 heads fuse a low, a middle and a high layer), falsy = None."""
-    if not hidden:
-        return None
+def layer_states(hidden_states: tuple, hidden) -> torch.Tensor:
+    """From a forward's ``hidden_states`` (transformers' tuple: entry i enters layer i, the last
+    is the final norm's output), [B, T, W]: ``True`` = the last entry (what the LM head reads), a
+    tuple of layer ids = the states entering those layers side by side (EAGLE-3 heads fuse a low,
+    a middle and a high layer)."""
     if hidden is True:
-        return hidden_states[-1][0]
-    return torch.cat([hidden_states[i][0] for i in hidden], dim=-1)
+        return hidden_states[-1]
+    return torch.cat([hidden_states[i] for i in hidden], dim=-1)
+
+
+def target_states(hidden_states: tuple, hidden) -> torch.Tensor | None:
+    """What ``score(hidden=...)`` asks of a forward's ``hidden_states`` (`layer_states` of its
+    one sequence); falsy = None."""
+    return layer_states(hidden_states, hidden)[0] if hidden else None
 
 
 @dataclass

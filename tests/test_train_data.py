@@ -84,7 +84,7 @@ def test_store_resumes_keeping_written_shards_and_grows(tmp_path):
     assert {p.name: p.stat().st_mtime_ns for p in shards[:2]} == stamps  # kept, not regenerated
     assert len(more) == 20 and torch.equal(more.ids[:12, : first.ids.shape[1]], first.ids)
     assert json.loads((store.root / "manifest.json").read_text())["sequences"] == 20
-    states = again.store.states("final", lambda ids: model.model(input_ids=ids).last_hidden_state, 4)
+    states = again.store.states("final", lambda ids: {"final": model.model(input_ids=ids).last_hidden_state}, 4)
     one = model.model(input_ids=more.ids[3:4, : int(more.prompt_len[3] + more.gen_len[3])]).last_hidden_state[0]
     assert len(states) == 20 and torch.allclose(states[3], one, atol=1e-5)
     assert again.store.states("final", None, 4)[3].equal(states[3])  # read back, not recomputed
@@ -103,7 +103,7 @@ def test_data_budget_stops_after_a_shard_and_reruns_make_the_uninterrupted_store
     generated with another seed would differ)."""
     model = teacher()
     monkeypatch.setattr(TeacherSet, "shard_prompts", 4)
-    final = lambda ids: model.model(input_ids=ids).last_hidden_state  # noqa: E731
+    final = lambda ids: {"final": model.model(input_ids=ids).last_hidden_state}  # noqa: E731
 
     def run(where, *overrides):
         ts = TeacherSet(_data_cfg(tmp_path / where, "data.temperature=1.0", *overrides), Target(model), 20)
@@ -530,7 +530,7 @@ def test_keep_states_writes_more_states_from_the_same_forward(tmp_path):
         return named_states(model.model, ids, names)
 
     never = lambda ids: pytest.fail("computed what the store holds")  # noqa: E731
-    fused = ts.store.states("layers0_1", never, 4, progress=False, keep=names[1:], compute_all=every)
+    fused = ts.store.states("layers0_1", every, 4, progress=False, keep=names[1:])
     shards = sorted(p.name for p in ts.store.root.glob("shard-*[0-9].safetensors") if p.name.count(".") == 1)
     assert calls and all((ts.store.root / f"{s[: -len('.safetensors')]}.{n}.safetensors").is_file()
                          for s in shards for n in names)

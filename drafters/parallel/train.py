@@ -241,7 +241,7 @@ class ParallelRecipe:
                 **({"modules": list(p.modules), "alpha": float(p.alpha)} if self.update == "low_rank" else {})}
         with torch.no_grad():
             updates = low_rank_updates(student.lm) if self.update == "low_rank" else {}
-            dense = full_updates(student.lm, {n: w for n, w in self.start.items() if n != MASKS})
+            dense = full_updates(student.lm, self.start)  # start: the base's weights, taken before the masks joined
             return save_parallel(Path(cfg.output.dir).expanduser(), getattr(student.lm, MASKS),
                                  updates, {"target": target_info, "base": info, **record}, dense=dense,
                                  dtype=DTYPES[str(cfg.output.dtype)],

@@ -137,11 +137,12 @@ class HeadRecipe(TeacherMetrics):
         for other in keep:
             state_layers(other, student.stack.num_layers)  # refused before any forward
 
-        def every(ids: torch.Tensor) -> dict[str, torch.Tensor]:  # the head's states and data.keep_states, one forward
-            return named_states(student.stack.inner, ids.to(student.stack.model.device), (name, *keep))
+        def compute(ids: torch.Tensor) -> dict[str, torch.Tensor]:  # with data.keep_states: one forward for all
+            if keep:
+                return named_states(student.stack.inner, ids.to(student.stack.model.device), (name, *keep))
+            return {name: student.target_states(ids)}  # the head's own path (the exit adapter's runs layers < E only)
 
-        states = teacher.store.states(name, student.target_states, int(cfg.data.batch_size), bool(cfg.progress),
-                                      keep=keep, compute_all=every)
+        states = teacher.store.states(name, compute, int(cfg.data.batch_size), bool(cfg.progress), keep=keep)
         student.preload(data, states)
 
     def trainable(self, student: Student, cfg: DictConfig) -> list[torch.nn.Parameter]:

@@ -40,6 +40,7 @@ from safetensors.torch import load_file, save_file
 from spec_zoo.artefacts import describe_target, fingerprint_matches, read_record
 from spec_zoo.errors import ConfigError
 from spec_zoo.outputs import atomic_write, resolved
+from spec_zoo.target import layer_states
 from spec_zoo.train.data import TeacherData, from_parts, generate_batch, join_batches, second_turn_ids, stop_and_pad_ids
 from spec_zoo.train.mixture import FollowUp, categories, describe, mixture_prompts, text_digest
 from spec_zoo.train.workloads import Workloads, bench_ngrams, refuse_bench_overlap
@@ -154,14 +155,14 @@ class TeacherStore:
                                   "template changed?); set data.store to another directory or delete that one.")
         return part
 
-    def states(self, name: str, compute, batch_size: int, progress: bool = True, keep: tuple[str, ...] = (),
-               compute_all=None) -> list[torch.Tensor]:
-        """Hidden states ``compute(ids [B, T]) -> [B, T, W]`` of every sequence of the last
-        `fill` ([length, W] each, in its order), computed once per shard (batched, right-padded:
-        causal attention keeps padding out of the real positions) and memory-mapped from disk
-        (`mapped`): the states of a large store need not fit in memory. ``keep``: more states
-        to write beside them, from the same forward (``compute_all(ids) -> {name: [B, T, W]}``
-        for ``name`` and ``keep``; `named_states`), where a shard lacks any."""
+    def states(self, name: str, compute, batch_size: int, progress: bool = True,
+               keep: tuple[str, ...] = ()) -> list[torch.Tensor]:
+        """Hidden states ``name`` of every sequence of the last `fill` ([length, W] each, in its
+        order), computed once per shard (batched, right-padded: causal attention keeps padding
+        out of the real positions) and memory-mapped from disk (`mapped`): the states of a large
+        store need not fit in memory. ``keep``: more states to write beside them from the same
+        forward, where a shard lacks any. ``compute(ids [B, T]) -> {name: [B, T, W]}`` gives
+        ``name`` and ``keep``'s (`named_states`)."""
         from tqdm import tqdm
 
         out: list[torch.Tensor] = []
@@ -176,12 +177,9 @@ class TeacherStore:
                     flat = mapped(files[name], "states")
                 except Exception:
                     files[name].unlink()
-            missing = [n for n, f in files.items() if (n == name and flat is None) or (n != name and not f.is_file())]
+            missing = [n for n, f in files.items() if not f.is_file()]  # a torn file of ``name`` is gone by now
             if missing:
-                if keep:
-                    made = _states(compute_all, part["ids"], lengths, batch_size)
-                else:
-                    made = _states(lambda ids: {name: compute(ids)}, part["ids"], lengths, batch_size)
+                made = _states(compute, part["ids"], lengths, batch_size)
                 for n in missing:
                     _save({"states": made[n]}, files[n])
                 self._stop(f"target states ({', '.join(missing)})", len(out) + rows, total)
@@ -318,11 +316,7 @@ def named_states(inner: torch.nn.Module, ids: torch.Tensor, names) -> dict[str, 
     """The states each of ``names`` names (`state_layers`), [B, T, W], from one forward of the
     target's decoder ``inner`` (a transformers base model) over the right-padded ``ids``."""
     out = inner(input_ids=ids, use_cache=False, output_hidden_states=True)
-    found = {}
-    for name in names:
-        layers = state_layers(name)
-        found[name] = out.last_hidden_state if layers is None else torch.cat([out.hidden_states[i] for i in layers], -1)
-    return found
+    return {name: layer_states(out.hidden_states, state_layers(name) or True) for name in names}
 
 
 def _generate(model, prompts, categories, batch_size, g: dict, eos_ids, pad_id, seed, tokenizer=None) -> dict:
