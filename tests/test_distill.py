@@ -146,20 +146,26 @@ def test_interrupted_run_resumed_equals_the_uninterrupted_one(tmp_path, monkeypa
 
 def test_a_run_in_stretches_of_train_budget_s_equals_one_run(tmp_path, capsys):
     """``train.budget_s`` stops (checkpointed) after every step here; rerunning the same command
-    continues, until the draft is written: the one an uninterrupted run writes."""
+    continues, until the draft is written: the one an uninterrupted run writes, whose record
+    counts the training time of every stretch."""
     from safetensors.torch import load_file
+
+    import spec_zoo.train.loop as loop
 
     model = _teacher()
     args = ("train.steps=5", "train.eval_every=2")
     a = distill(_cfg(tmp_path / "a", *args), target=Target(model))
-    stretches = 0
+    spent = [0.0]  # training seconds so far, as each stretch's checkpoint says
     def stretch():
         return distill(_cfg(tmp_path / "b", *args, "train.budget_s=1e-9"), target=Target(model))
 
     while (out := stretch()).name == "last.safetensors":
-        stretches += 1
+        spent.append(loop._read_checkpoint(out)["seconds"])
         assert "rerun the same command" in capsys.readouterr().err
-    assert stretches == 4  # steps 1..4 each end a stretch; step 5 ends the run
+    assert len(spent) == 5  # steps 1..4 each end a stretch; step 5 ends the run
+    assert spent == sorted(set(spent))  # each stretch adds its time to the earlier ones'
+    record = json.loads((out / "distill.json").read_text())
+    assert record["time_s"]["train"] >= round(spent[-1], 3) > 0
     sa, sb = load_file(a / "model.safetensors"), load_file(out / "model.safetensors")
     assert all(torch.equal(sa[k], sb[k]) for k in sa)
     assert not (out.parent / ".draft.checkpoints").exists()  # the finished run cleans up

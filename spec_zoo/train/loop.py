@@ -149,11 +149,12 @@ def _check_same_config(path: Path, saved: dict[str, str], now: dict[str, str]) -
 
 
 def _save_checkpoint(path: Path, student: Student, opt: torch.optim.Optimizer, step: int, gen: torch.Generator,
-                     history: list, ema: float | None, run: dict[str, str]) -> None:
+                     history: list, ema: float | None, run: dict[str, str], seconds: float) -> None:
     """The run so far as one safetensors file (never a pickle): the student's weights, the
     optimizer's per-parameter tensors and the generator's state as tensors; the step, the
-    config, the loss average (a resumed run writes the same history) and the optimizer's
-    param groups as JSON metadata."""
+    config, the loss average (a resumed run writes the same history), the training seconds
+    spent so far (a run in stretches records its whole cost) and the optimizer's param groups
+    as JSON metadata."""
     opt_state = opt.state_dict()
     tensors = {f"model.{k}": v for k, v in student.lm.state_dict().items()}
     tensors |= {f"optimizer.{i}.{name}": t for i, each in opt_state["state"].items() for name, t in each.items()}
@@ -161,7 +162,7 @@ def _save_checkpoint(path: Path, student: Student, opt: torch.optim.Optimizer, s
     if student.vocab_ids is not None:
         tensors["vocab_ids"] = student.vocab_ids
     metadata = {"format": "spec-zoo-train-checkpoint", "step": str(step), "config": json.dumps(run),
-                "ema": json.dumps(ema), "history": json.dumps(history),
+                "ema": json.dumps(ema), "history": json.dumps(history), "seconds": json.dumps(round(seconds, 3)),
                 "param_groups": json.dumps(opt_state["param_groups"])}
     # cloned: tied weights share storage, which safetensors refuses to write twice
     atomic_write(path, lambda tmp: save_file({k: v.detach().clone().contiguous() for k, v in tensors.items()},
@@ -180,13 +181,14 @@ def _read_checkpoint(path: Path) -> dict:
     groups = [{k: tuple(v) if isinstance(v, list) and k != "params" else v for k, v in g.items()}
               for g in json.loads(meta["param_groups"])]  # JSON made betas a list
     return {"step": int(meta["step"]), "config": meta["config"], "ema": json.loads(meta["ema"]),
+            "seconds": json.loads(meta.get("seconds", "0")),
             "history": meta["history"], "generator": tensors["generator"], "vocab_ids": tensors.get("vocab_ids"),
             "model": {k.removeprefix("model."): t for k, t in tensors.items() if k.startswith("model.")},
             "optimizer": {"state": state, "param_groups": groups}}
 
 
 def _load_checkpoint(path: Path, student: Student, opt: torch.optim.Optimizer,
-                     gen: torch.Generator, run: dict[str, str]) -> tuple[int, list, float | None]:
+                     gen: torch.Generator, run: dict[str, str]) -> tuple[int, list, float | None, float]:
     try:
         state = _read_checkpoint(path)
     except Exception as e:
@@ -205,7 +207,7 @@ def _load_checkpoint(path: Path, student: Student, opt: torch.optim.Optimizer,
         raise ConfigError(f"checkpoint {path} does not match the student of this config ({str(e)[:160]}); "
                           "delete it or set train.resume=false.") from None
     gen.set_state(state["generator"])
-    return int(state["step"]), json.loads(state.get("history", "[]")), state.get("ema")
+    return int(state["step"]), json.loads(state.get("history", "[]")), state.get("ema"), float(state["seconds"])
 
 
 @dataclass
@@ -229,7 +231,7 @@ class TeacherSplit:
 @dataclass
 class Fit:
     """What the training loop did: steps run, held-out metrics before and after, the history
-    of evaluations, its time, and where its checkpoint lives."""
+    of evaluations, its time (every stretch's, for a resumed run), and where its checkpoint lives."""
 
     steps: int
     before: dict[str, float]
@@ -366,12 +368,13 @@ def train_student(cfg: DictConfig, recipe: Recipe, student: Student, split: Teac
     step = 0
     history: list[dict] = []  # one record per held-out evaluation
     ema: float | None = None
+    earlier = 0.0  # training seconds of the stretches before this one
     if bool(cfg.train.resume) and not ckpt.is_file() and (old := ckpt.with_name("last.pt")).is_file():
         raise ConfigError(f"{old} is a checkpoint of an older spec-zoo (a pickle, which this version does not "
                           "read); finish that run with the version that began it, or delete it (or set "
                           "train.resume=false) to start over.")
     if bool(cfg.train.resume) and ckpt.is_file():
-        step, history, ema = _load_checkpoint(ckpt, student, opt, gen, run)
+        step, history, ema, earlier = _load_checkpoint(ckpt, student, opt, gen, run)
         print(f"resumed from {ckpt} at step {step}", file=sys.stderr)
     budget = StepBudget(int(cfg.train.steps), float(cfg.train.get("max_seconds", 0) or 0), step)
     first, t_first = step, time.time()
@@ -420,14 +423,14 @@ def train_student(cfg: DictConfig, recipe: Recipe, student: Student, split: Teac
                 break
         if step % int(cfg.train.ckpt_every) == 0 and step < budget.steps:
             ckpt.parent.mkdir(parents=True, exist_ok=True)
-            _save_checkpoint(ckpt, student, opt, step, gen, history, ema, run)
+            _save_checkpoint(ckpt, student, opt, step, gen, history, ema, run, earlier + time.time() - budget.start)
         if stretch and step < budget.steps and time.time() - budget.start >= stretch:
             ckpt.parent.mkdir(parents=True, exist_ok=True)
-            _save_checkpoint(ckpt, student, opt, step, gen, history, ema, run)
+            _save_checkpoint(ckpt, student, opt, step, gen, history, ema, run, earlier + time.time() - budget.start)
             bar.close()
             print(f"train.budget_s={stretch:g}: stopped at step {step} of {budget.steps}, checkpointed in {ckpt}; "
                   "rerun the same command (train.resume=true) to continue", file=sys.stderr)
-            return Fit(step, before, {}, history, time.time() - budget.start, ckpt, paused=True)
+            return Fit(step, before, {}, history, earlier + time.time() - budget.start, ckpt, paused=True)
         if budget.after_step(step):
             bar.total = budget.steps
             print(f"train.max_seconds={budget.max_seconds:g}: {budget.steps} steps fit "
@@ -438,7 +441,7 @@ def train_student(cfg: DictConfig, recipe: Recipe, student: Student, split: Teac
     if plateau.patience and plateau.step != step:
         print(f"train.patience: kept step {plateau.step}'s weights (the best held-out alpha)", file=sys.stderr)
         plateau.restore(params)
-    seconds = time.time() - budget.start
+    seconds = earlier + time.time() - budget.start
     return Fit(step, before, evaluate(student, held, full_vocab, kind, metrics=metrics), history, seconds, ckpt)
 
 
@@ -514,7 +517,7 @@ def write_artefact(cfg: DictConfig, recipe: Recipe, student: Student, split: Tea
         "heldout_before": fit.before,
         "heldout_after": fit.after,
         "history": fit.history,
-        "time_s": {"data": round(split.seconds, 1), "train": round(fit.seconds, 1), "total": round(elapsed, 1)},
+        "time_s": {"data": round(split.seconds, 3), "train": round(fit.seconds, 3), "total": round(elapsed, 3)},
         "threads": int(cfg.threads),
         "config": OmegaConf.to_container(cfg, resolve=True),
     }
