@@ -377,6 +377,10 @@ def train_student(cfg: DictConfig, recipe: Recipe, student: Student, split: Teac
         step, history, ema, earlier = _load_checkpoint(ckpt, student, opt, gen, run)
         print(f"resumed from {ckpt} at step {step}", file=sys.stderr)
     budget = StepBudget(int(cfg.train.steps), float(cfg.train.get("max_seconds", 0) or 0), step)
+
+    def spent() -> float:  # training seconds of the whole run: the earlier stretches' and this one's
+        return earlier + time.time() - budget.start
+
     first, t_first = step, time.time()
     last_eval = history[-1]["alpha_greedy"] if history else before["alpha_greedy"]
     bs, groups = int(cfg.train.batch_size), int(cfg.train.get("length_groups", 1))
@@ -423,14 +427,14 @@ def train_student(cfg: DictConfig, recipe: Recipe, student: Student, split: Teac
                 break
         if step % int(cfg.train.ckpt_every) == 0 and step < budget.steps:
             ckpt.parent.mkdir(parents=True, exist_ok=True)
-            _save_checkpoint(ckpt, student, opt, step, gen, history, ema, run, earlier + time.time() - budget.start)
+            _save_checkpoint(ckpt, student, opt, step, gen, history, ema, run, spent())
         if stretch and step < budget.steps and time.time() - budget.start >= stretch:
             ckpt.parent.mkdir(parents=True, exist_ok=True)
-            _save_checkpoint(ckpt, student, opt, step, gen, history, ema, run, earlier + time.time() - budget.start)
+            _save_checkpoint(ckpt, student, opt, step, gen, history, ema, run, spent())
             bar.close()
             print(f"train.budget_s={stretch:g}: stopped at step {step} of {budget.steps}, checkpointed in {ckpt}; "
                   "rerun the same command (train.resume=true) to continue", file=sys.stderr)
-            return Fit(step, before, {}, history, earlier + time.time() - budget.start, ckpt, paused=True)
+            return Fit(step, before, {}, history, spent(), ckpt, paused=True)
         if budget.after_step(step):
             bar.total = budget.steps
             print(f"train.max_seconds={budget.max_seconds:g}: {budget.steps} steps fit "
@@ -441,7 +445,7 @@ def train_student(cfg: DictConfig, recipe: Recipe, student: Student, split: Teac
     if plateau.patience and plateau.step != step:
         print(f"train.patience: kept step {plateau.step}'s weights (the best held-out alpha)", file=sys.stderr)
         plateau.restore(params)
-    seconds = earlier + time.time() - budget.start
+    seconds = spent()  # before the final evaluation, as ever
     return Fit(step, before, evaluate(student, held, full_vocab, kind, metrics=metrics), history, seconds, ckpt)
 
 
