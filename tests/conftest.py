@@ -9,11 +9,13 @@ from tests.tiny import tiny_llama as make_tiny_llama
 
 @pytest.fixture(scope="session", autouse=True)
 def inductor_cache(tmp_path_factory):
-    """One inductor cache dir for the session, in tmp: compiled graphs of the same tiny
-    weights are served from it (`spec_zoo.compile_cache`), and nothing is read from the
-    user's cache."""
+    """One inductor cache dir for the whole run, in tmp, shared by the xdist workers: a graph
+    of the same weights compiled by one worker is served to the other (`spec_zoo.compile_cache`;
+    inductor writes its entries atomically), and nothing is read from the user's cache."""
     with pytest.MonkeyPatch.context() as patch:
-        path = tmp_path_factory.mktemp("inductor")
+        base = tmp_path_factory.getbasetemp()
+        path = (base.parent if base.name.startswith("popen-gw") else base) / "inductor-shared"
+        path.mkdir(exist_ok=True)
         patch.setenv("TORCHINDUCTOR_CACHE_DIR", str(path))
         yield path
 
