@@ -34,6 +34,10 @@ def _hydra_main(cfg: DictConfig) -> None:
     if cfg.get("prompts_file") is not None:
         return _batch_main(cfg, drafter_choice)
     try:
+        if cfg.get("out"):
+            raise ConfigError(f"out: {cfg.out} keeps the results of a prompts_file run, and this run has one prompt, "
+                              "whose text is printed; give prompts_file=FILE (one prompt per line) to keep results "
+                              "in out=, or drop out=.")
         with quiet_loading():  # progress bars and load reports would interleave with the text
             decoder = build_decoder(cfg)
             # text streams as it is committed; a target without a tokenizer (a bare local model) gives ids
@@ -53,7 +57,7 @@ def _hydra_main(cfg: DictConfig) -> None:
 def _batch_main(cfg: DictConfig, drafter_choice: str | None) -> None:
     """``prompts_file=...``: every prompt through `spec_zoo.batch_run`, then (``compare``) the same
     requests decoded plainly, batched alike: the speedup, and how many texts are equal."""
-    from spec_zoo.batch_run import done_requests, read_prompts, run_batch
+    from spec_zoo.batch_run import done_requests, read_prompts, run_batch, run_settings
 
     try:
         if cfg.get("prompt_file") is not None:
@@ -61,7 +65,7 @@ def _batch_main(cfg: DictConfig, drafter_choice: str | None) -> None:
                               "prompts (prompts_file), not both.")
         prompts = read_prompts(cfg.prompts_file)
         if cfg.out:
-            done_requests(cfg.out, prompts)  # refused now, before any model loads
+            done_requests(cfg.out, prompts, run_settings(cfg))  # refused now, before any model loads
         with quiet_loading():
             decoder = build_decoder(cfg, prompts=prompts)  # drafter=auto calibrates on the first few
             outputs, wall = run_batch(cfg, decoder, prompts)
