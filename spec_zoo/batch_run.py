@@ -20,9 +20,7 @@ from collections.abc import Callable
 from contextlib import ExitStack
 from pathlib import Path
 
-from omegaconf import DictConfig
-
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
 
 from spec_zoo import console
 from spec_zoo.decoder import Output, SpeculativeDecoder
@@ -115,10 +113,9 @@ def done_requests(out, prompts: list, settings: dict) -> dict[int, dict]:
     if not path.exists():
         return {}
     done: dict[int, dict] = {}
-    rows, _ = read_owned_jsonl(path, HEAD, "out", FIX)
+    rows, _ = read_owned_jsonl(path, HEAD, lambda row: isinstance(row, dict) and row.get("format") == FORMAT, "out",
+                               FIX)
     for row in rows:
-        if not isinstance(row, dict) or row.get("format") != FORMAT:
-            raise ConfigError(f"out: {path} is not a spec-zoo batch results file; {FIX}.")
         i = row.get("index")
         if not isinstance(i, int) or not 0 <= i < len(prompts) or row.get("prompt") != prompts[i]:
             raise ConfigError(f"out: {path} holds results of other prompts than prompts_file's (request {i}); {FIX}.")

@@ -160,30 +160,36 @@ def lock_path(path) -> Path:
     return cache_root() / "locks" / f"{name}.lock"
 
 
-def read_owned_jsonl(path, head: str, key: str, fix: str, empty_ok: bool = False) -> tuple[list, list[int]]:
-    """The JSON values of the JSONL ``path`` spec-zoo appends to, and the numbers of its lines an
-    interrupted write cut short (a rerun redoes them). Every line spec-zoo writes begins with
-    ``head`` (its mark, e.g. ``{"format": "spec-zoo-batch-results"``), so a line that does not (a
-    note, another tool's JSON), or a file with no line at all (unless ``empty_ok``), means the file
-    is not spec-zoo's: a one-line `ConfigError` naming ``key``, the line and ``fix``, before any work;
-    the file is left as it is."""
+def read_owned_jsonl(path, head: str, ours: Callable[[object], bool], key: str, fix: str, empty_ok: bool = False,
+                     text: str | None = None) -> tuple[list, list[int]]:
+    """The records of the JSONL ``path`` (its ``text`` when given) spec-zoo appends to, and the
+    numbers of its lines an interrupted write cut short (a rerun redoes them). Each record spec-zoo
+    writes carries its mark (``ours`` says whether a JSON value does) and begins with ``head`` (e.g.
+    ``{"format": "spec-zoo-batch-results"``: all a cut line keeps). Any other line (a note,
+    another tool's JSON), or no line at all (unless ``empty_ok``), means the file is not spec-zoo's:
+    a one-line `ConfigError` naming ``key``, the line and ``fix``, before any work."""
     path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as err:
-        raise ConfigError(f"{key}: {path} cannot be read as a spec-zoo results file ({type(err).__name__}), so it is "
-                          f"left as it is; {fix}.") from None
+    if text is None:
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as err:
+            raise ConfigError(f"{key}: {path} cannot be read as a spec-zoo results file ({type(err).__name__}), so "
+                              f"it is left as it is; {fix}.") from None
     values, torn = [], []
     for number, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
-        if not (line.startswith(head) or head.startswith(line)):
-            raise ConfigError(f"{key}: {path} was not written by spec-zoo (line {number}, {line.strip()[:40]!r}, is "
-                              f"not one of its records), so it is never appended to; {fix}.")
         try:
-            values.append(json.loads(line))
+            value = json.loads(line)
         except ValueError:
-            torn.append(number)
+            value = None
+            if line.startswith(head) or head.startswith(line):  # a record cut short
+                torn.append(number)
+                continue
+        if value is None or not ours(value):
+            raise ConfigError(f"{key}: {path} was not written by spec-zoo (line {number}, {line.strip()[:40]!r}, is "
+                              f"not one of its records), so it is left as it is; {fix}.")
+        values.append(value)
     if not values and not torn and not empty_ok:
         raise ConfigError(f"{key}: {path} exists and is empty; spec-zoo never leaves its results file empty, so it "
                           f"is not spec-zoo's and is left as it is; {fix}.")

@@ -54,6 +54,20 @@ def check_out_files(out: Path, key: str = "out") -> None:
     check_outputs(out, ("summary.md", "compile_s.json"), key, OUT_FIX)
 
 
+#: what to do when out= holds a results, traces or failures file spec-zoo-bench did not write
+RESULTS_FIX = "give another out= directory (a rerun into this one resumes only the results spec-zoo-bench wrote there)"
+
+
+def check_results(out: Path) -> list[dict]:
+    """The records already in ``out``'s results.jsonl, once it and the files appended beside it
+    (traces, failures) are spec-zoo-bench's own (`read_records`): a user's file there, or an empty
+    one, is refused before any model loads, and never appended to."""
+    for name in (TRACE_FILE, FAILURE_FILE):
+        read_records(out / name, "out", RESULTS_FIX, empty_ok=False, warn=False)
+    path = out / "results.jsonl"
+    return check_schema(read_records(path, "out", RESULTS_FIX, empty_ok=False, warn=False), str(path))
+
+
 def write_summary(summary: Summary, out_dir, key: str = "out") -> Path:
     """Write ``summary.md`` into ``out_dir`` (atomically, replacing only a summary spec-zoo
     wrote), print it, and return its path."""
@@ -158,7 +172,7 @@ def _run(cfg: DictConfig, specs, questions, sampling: SamplingParams, policy: Ba
     from spec_zoo.models import load_target
 
     data, gen = cfg.dataset, cfg.generation
-    existing = check_schema(read_records(results_path), str(results_path))  # before any model loads
+    existing = check_results(out)  # before any model loads
     model = cast(dict, OmegaConf.to_container(cfg.model))
     if model.get("device_map") is None:  # unset: the records of runs made before the key existed still resume
         model.pop("device_map", None)
