@@ -268,6 +268,9 @@ def generate(
     if isinstance(overrides, str):
         raise fail("overrides", "a single string, not a list", f"pass a list, e.g. overrides=[{overrides!r}]")
     cfg = compose_config([c for c in choices if c] + list(overrides))
+    if isinstance(prompt, (list, tuple)) and not prompt:
+        raise fail("prompt", "an empty list holds no prompt and no token id",
+                   "pass text, token ids, or a list of prompts, e.g. ['Tell me about bees']")
     batch = _batch(prompt)
     values = {"prompt": batch[0] if batch else prompt, "generation.max_new_tokens": max_new_tokens,
               "generation.temperature": temperature}

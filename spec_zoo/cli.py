@@ -72,7 +72,8 @@ def _batch_main(cfg: DictConfig, drafter_choice: str | None) -> None:
             if not (cfg.compare and outputs and not is_plain(decoder)):
                 print(label(cfg, decoder, drafter_choice))
                 return
-            plain = build_decoder(cfg, target=decoder.target, drafter=plain_drafter(), verifier=decoder.verifier)
+            plain = build_decoder(cfg, target=decoder.target, drafter=plain_drafter(), verifier=decoder.verifier,
+                                  prompts=prompts)
             start = time.perf_counter()
             baseline = plain.generate_batch([o.prompt_ids for o in outputs], cfg.generation.max_new_tokens,
                                             cfg.generation.stop_strings, batch_size=cfg.batch_size)

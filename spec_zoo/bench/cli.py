@@ -143,6 +143,7 @@ def bench(cfg: DictConfig) -> Summary | None:
         if not cfg.get("dry_run"):  # one writer per results directory: a second run into it is refused
             check_writable(out, "out")
             check_out_files(out)
+            check_results(out)  # a user's file is refused before the lock is taken: nothing is left in out=
             held.enter_context(one_writer(out / LOCK_FILE, busy=(
                 f"out: {out} is being written by another spec-zoo-bench run (it holds {out / LOCK_FILE}); "
                 "wait for it to finish (a rerun then resumes), or give another out= directory.")))

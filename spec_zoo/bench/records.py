@@ -43,8 +43,7 @@ LOCK_FILE = ".spec-zoo-bench.lock"
 RECORD_HEAD, KEY_HEAD = '{"schema_version": ', '{"method": '
 
 #: what to do with a results file spec-zoo-bench did not write
-NOT_OURS_FIX = ("give the path of a results.jsonl spec-zoo-bench wrote; to run the benchmark, give another out= "
-                "directory")
+NOT_OURS_FIX = "give the path of a results.jsonl spec-zoo-bench wrote"
 
 #: the fields of a record that name it (`record_key`), which its trace repeats
 KEY_FIELDS = ("method", "question_id", "turn", "repeat", "config_hash")
