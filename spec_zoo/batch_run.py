@@ -136,6 +136,11 @@ def results_path(out) -> Path:
     return path
 
 
+def cut_note(out: Output) -> str:
+    """What a summary line adds when the target's context ended the output (finish_reason "cache")."""
+    return " | cut short: the target's context is full (finish_reason cache)" if out.finish_reason == "cache" else ""
+
+
 def encode_request(decoder: SpeculativeDecoder, prompts: list, index: int, chat: bool) -> list[int]:
     """Request ``index`` as token ids; a prompt the target refuses is named by its line of the file."""
     try:
@@ -181,7 +186,8 @@ def run_batch(cfg: DictConfig, decoder: SpeculativeDecoder, prompts: list, say: 
         def finished(k: int, out: Output) -> None:
             nonlocal sink, written
             i = todo[k]
-            say(f"--- request {i}: {out.stats.summary()}\n{out.text if out.text is not None else out.ids}")
+            text = out.text if out.text is not None else out.ids
+            say(f"--- request {i}: {out.stats.summary()}{cut_note(out)}\n{text}")
             if not cfg.out:
                 return
             if sink is None:  # made with the first result: a run stopped before one leaves no empty file

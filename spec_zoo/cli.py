@@ -12,6 +12,7 @@ import hydra
 from omegaconf import DictConfig
 
 from spec_zoo.api import build_decoder, compile_ahead, label, quiet_loading, run
+from spec_zoo.batch_run import cut_note
 from spec_zoo.decoder import Output, SpeculativeDecoder
 from spec_zoo.errors import ConfigError
 from spec_zoo.interfaces import Drafter
@@ -47,7 +48,7 @@ def _hydra_main(cfg: DictConfig) -> None:
     except ConfigError as e:
         _fail(e)
     print(out.ids if not texts else "")
-    print(f"{label(cfg, decoder, drafter_choice)} | {out.stats.summary()}")
+    print(f"{label(cfg, decoder, drafter_choice)} | {out.stats.summary()}{cut_note(out)}")
     if plain is not None:
         print(comparison(out, plain, greedy=decoder.sampling.temperature == 0))
     if compiled := compile_ahead(decoder):  # compiled when the decoder was built: this only says so
