@@ -78,7 +78,7 @@ class SuffixCache:
         self.index: dict[int, dict[int, list[int]]] = {}  # token -> output id -> positions followed by a token
         self.tokens = 0
         self._next_id = 0
-        self._seen: tuple | None = None  # the saved file as last loaded or saved (`_stamp`): unchanged, no merge
+        self._seen: bytes | None = None  # the saved file as last loaded or saved (`_stamp`): unchanged, no merge
 
     def __len__(self) -> int:
         return len(self.outputs)
@@ -148,7 +148,7 @@ class SuffixCache:
                 self.load(path)
                 for key, source, tokens in mine:
                     self.add(tokens, source, key)
-            body = {"format": self.FORMAT, "outputs": [
+            body = {"format": self.FORMAT, "saved": uuid.uuid4().hex, "outputs": [
                 {"key": key, "source": source, "tokens": tokens} for key, source, tokens in self.outputs.values()]}
             atomic_write(path, json.dumps(body))
             self._seen = _stamp(path)
@@ -176,14 +176,14 @@ class SuffixCache:
         self._seen = stamp
 
 
-def _stamp(path) -> tuple | None:
-    """What identifies one saved version of the file ``path`` (None: there is none): a save by
-    another process changes it (a new file each time: `atomic_write` renames)."""
+def _stamp(path) -> bytes | None:
+    """What identifies one saved version of the file ``path`` (None: there is none): its head, which
+    holds the id each `SuffixCache.save` writes first (inode and mtime repeat across quick saves)."""
     try:
-        st = os.stat(path)
+        with open(path, "rb") as f:
+            return f.read(128)
     except OSError:
         return None
-    return st.st_ino, st.st_mtime_ns, st.st_size
 
 
 def _text(value) -> str:
