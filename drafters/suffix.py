@@ -21,7 +21,9 @@ c calibrating the counts' probabilities by what was accepted so far (one occurre
 
 The cache is bounded (oldest requests evicted first, by count and by tokens) and can be
 persisted to a JSON file (``cache_path``: checked when the drafter is built, before a model
-loads; loaded then, and rewritten atomically when each request ends, `Drafter.end`). A
+loads; loaded then, and rewritten atomically when each request ends, `Drafter.end`). Processes
+sharing one ``cache_path`` take turns (a lock in spec-zoo's cache) and each save merges what the
+others saved since, so no process's outputs are lost. A
 request's output is filed under the source the benchmark names (`DecodeState.request_id`);
 while a sequence of source s runs, everything s produced before is hidden, so a repeated
 measurement never drafts its own earlier answer.
@@ -45,7 +47,7 @@ import torch
 from spec_zoo.draft import ROOT, Draft
 from spec_zoo.errors import ConfigError, first_line
 from spec_zoo.interfaces import DecodeState, Drafter, Verdict
-from spec_zoo.outputs import atomic_write, check_writable, resolved
+from spec_zoo.outputs import atomic_write, check_writable, lock_path, one_writer, resolved
 from spec_zoo.stats import StepStats
 
 Occurrence = tuple[list[int], int]  # (a token sequence, index of the last matched token in it)
@@ -76,6 +78,7 @@ class SuffixCache:
         self.index: dict[int, dict[int, list[int]]] = {}  # token -> output id -> positions followed by a token
         self.tokens = 0
         self._next_id = 0
+        self._seen: bytes | None = None  # the saved file as last loaded or saved (`_stamp`): unchanged, no merge
 
     def __len__(self) -> int:
         return len(self.outputs)
@@ -132,15 +135,29 @@ class SuffixCache:
         return {"requests": len(self.outputs), "tokens": self.tokens, "index_entries": entries, "bytes": size}
 
     def save(self, path: str | os.PathLike) -> None:
-        """Write the outputs (oldest first) as JSON, atomically."""
-        body = {"format": self.FORMAT, "outputs": [
-            {"key": key, "source": source, "tokens": tokens} for key, source, tokens in self.outputs.values()]}
-        atomic_write(path, json.dumps(body))
+        """Write the outputs (oldest first) as JSON, atomically, holding the path's lock; what another
+        process saved there since this one last read it is merged in first (its outputs, older than
+        this one's newest), so two runs sharing a cache both keep what they filed."""
+        with one_writer(lock_path(path)):
+            if _stamp(path) not in (None, self._seen):
+                mine = list(self.outputs.values())
+                self.outputs.clear()
+                self.by_key.clear()
+                self.index.clear()
+                self.tokens = 0
+                self.load(path)
+                for key, source, tokens in mine:
+                    self.add(tokens, source, key)
+            body = {"format": self.FORMAT, "saved": uuid.uuid4().hex, "outputs": [
+                {"key": key, "source": source, "tokens": tokens} for key, source, tokens in self.outputs.values()]}
+            atomic_write(path, json.dumps(body))
+            self._seen = _stamp(path)
 
     def load(self, path: str | os.PathLike) -> None:
         """Add the outputs saved by `save`; a file that is not one (unreadable, not JSON, another
         format, a field of the wrong type) raises a one-line `ConfigError` and is left as it is."""
         fix = "point drafter.cache_path at a new file, or delete this one if spec-zoo wrote it"
+        stamp = _stamp(path)  # before reading: a save in between changes it, so the next save merges
         try:
             body = json.loads(Path(path).read_text(encoding="utf-8"))
         except (OSError, ValueError) as err:
@@ -156,6 +173,17 @@ class SuffixCache:
                               f"({first_line(err)}); {fix}.") from None
         for key, source, tokens in outputs:
             self.add(tokens, source, key)
+        self._seen = stamp
+
+
+def _stamp(path) -> bytes | None:
+    """What identifies one saved version of the file ``path`` (None: there is none): its head, which
+    holds the id each `SuffixCache.save` writes first (inode and mtime repeat across quick saves)."""
+    try:
+        with open(path, "rb") as f:
+            return f.read(128)
+    except OSError:
+        return None
 
 
 def _text(value) -> str:

@@ -128,8 +128,30 @@ def build_decoder(
         target = load_checked_target(cfg.model)
     decoder = SpeculativeDecoder(target, drafter, verifier, sampling, seed=cfg.seed, cost_table=cached_table(target),
                                  batch_policy=policy)
+    check_room(decoder, [cfg.prompt] if prompts is None else prompts, gen)
     compile_ahead(decoder)
     return decoder
+
+
+def check_room(decoder: SpeculativeDecoder, prompts: Sequence[str | list[int]], gen) -> None:
+    """Every prompt and its ``max_new_tokens`` fit the target's context (the compiled runtime's
+    static cache: ``model.max_cache_len``), checked once the tokenizer is there and before any graph
+    compiles: a generation the cache would cut short is refused, never returned short. A prompt of a
+    ``prompts_file`` is named by its line (`spec_zoo.batch_run.Prompts.where`)."""
+    limit, where = decoder.target.max_length, getattr(prompts, "where", None)
+    for i, prompt in enumerate(prompts):
+        name = where(i) if where else "prompt"
+        try:
+            ids = decoder.encode(prompt if isinstance(prompt, str) else list(prompt), chat=gen.chat)
+        except ConfigError as err:
+            raise ConfigError(f"{name}: {err}" if where else str(err)) from None
+        need = len(ids) + gen.max_new_tokens
+        if limit is not None and need > limit:
+            fix = (f"lower generation.max_new_tokens to {limit - len(ids)}, or shorten the prompt"
+                   if len(ids) < limit else "shorten the prompt")
+            raise ConfigError(f"{name}: {len(ids)} prompt tokens + generation.max_new_tokens={gen.max_new_tokens} "
+                              f"need {need} positions, but the target holds {limit} ({decoder.target.context_limit}); "
+                              f"{fix}.")
 
 
 def choose_drafter(cfg: DictConfig, auto: AutoChoice, target: Target, verifier: Verifier, sampling: SamplingParams,
@@ -246,6 +268,9 @@ def generate(
     if isinstance(overrides, str):
         raise fail("overrides", "a single string, not a list", f"pass a list, e.g. overrides=[{overrides!r}]")
     cfg = compose_config([c for c in choices if c] + list(overrides))
+    if isinstance(prompt, (list, tuple)) and not prompt:
+        raise fail("prompt", "an empty list holds no prompt and no token id",
+                   "pass text, token ids, or a list of prompts, e.g. ['Tell me about bees']")
     batch = _batch(prompt)
     values = {"prompt": batch[0] if batch else prompt, "generation.max_new_tokens": max_new_tokens,
               "generation.temperature": temperature}

@@ -12,6 +12,7 @@ import hydra
 from omegaconf import DictConfig
 
 from spec_zoo.api import build_decoder, compile_ahead, label, quiet_loading, run
+from spec_zoo.batch_run import cut_note
 from spec_zoo.decoder import Output, SpeculativeDecoder
 from spec_zoo.errors import ConfigError
 from spec_zoo.interfaces import Drafter
@@ -34,6 +35,10 @@ def _hydra_main(cfg: DictConfig) -> None:
     if cfg.get("prompts_file") is not None:
         return _batch_main(cfg, drafter_choice)
     try:
+        if cfg.get("out"):
+            raise ConfigError(f"out: {cfg.out} keeps the results of a prompts_file run, and this run has one prompt, "
+                              "whose text is printed; give prompts_file=FILE (one prompt per line) to keep results "
+                              "in out=, or drop out=.")
         with quiet_loading():  # progress bars and load reports would interleave with the text
             decoder = build_decoder(cfg)
             # text streams as it is committed; a target without a tokenizer (a bare local model) gives ids
@@ -43,7 +48,7 @@ def _hydra_main(cfg: DictConfig) -> None:
     except ConfigError as e:
         _fail(e)
     print(out.ids if not texts else "")
-    print(f"{label(cfg, decoder, drafter_choice)} | {out.stats.summary()}")
+    print(f"{label(cfg, decoder, drafter_choice)} | {out.stats.summary()}{cut_note(out)}")
     if plain is not None:
         print(comparison(out, plain, greedy=decoder.sampling.temperature == 0))
     if compiled := compile_ahead(decoder):  # compiled when the decoder was built: this only says so
@@ -53,7 +58,7 @@ def _hydra_main(cfg: DictConfig) -> None:
 def _batch_main(cfg: DictConfig, drafter_choice: str | None) -> None:
     """``prompts_file=...``: every prompt through `spec_zoo.batch_run`, then (``compare``) the same
     requests decoded plainly, batched alike: the speedup, and how many texts are equal."""
-    from spec_zoo.batch_run import done_requests, read_prompts, run_batch
+    from spec_zoo.batch_run import done_requests, read_prompts, run_batch, run_settings
 
     try:
         if cfg.get("prompt_file") is not None:
@@ -61,14 +66,15 @@ def _batch_main(cfg: DictConfig, drafter_choice: str | None) -> None:
                               "prompts (prompts_file), not both.")
         prompts = read_prompts(cfg.prompts_file)
         if cfg.out:
-            done_requests(cfg.out, prompts)  # refused now, before any model loads
+            done_requests(cfg.out, prompts, run_settings(cfg))  # refused now, before any model loads
         with quiet_loading():
             decoder = build_decoder(cfg, prompts=prompts)  # drafter=auto calibrates on the first few
             outputs, wall = run_batch(cfg, decoder, prompts)
             if not (cfg.compare and outputs and not is_plain(decoder)):
                 print(label(cfg, decoder, drafter_choice))
                 return
-            plain = build_decoder(cfg, target=decoder.target, drafter=plain_drafter(), verifier=decoder.verifier)
+            plain = build_decoder(cfg, target=decoder.target, drafter=plain_drafter(), verifier=decoder.verifier,
+                                  prompts=prompts)
             start = time.perf_counter()
             baseline = plain.generate_batch([o.prompt_ids for o in outputs], cfg.generation.max_new_tokens,
                                             cfg.generation.stop_strings, batch_size=cfg.batch_size)

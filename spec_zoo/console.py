@@ -20,15 +20,19 @@ def keep(note: str) -> None:
     _kept["note"] = note
 
 
-def console(target: str, prog: str, kept: str, argv: bool = False) -> Callable[[], None]:
+def console(target: str, prog: str, kept: str, argv: bool = False, cache: bool = True) -> Callable[[], None]:
     """The console script running ``module:function`` as ``prog``; ``kept`` says what an interrupt
-    leaves; ``argv``: the function takes ``sys.argv[1:]`` and returns an exit code."""
+    leaves; ``argv``: the function takes ``sys.argv[1:]`` and returns an exit code; ``cache``: it
+    keeps things in spec-zoo's cache, whose path (``SPEC_ZOO_CACHE``) is checked first."""
 
     def script() -> None:
         from spec_zoo.errors import ConfigError  # light: no torch
+        from spec_zoo.paths import cache_root
 
         _kept["note"] = kept
         try:
+            if cache:
+                cache_root()  # a file there is one line now, not a traceback deep in a model load
             module, _, name = target.partition(":")
             function = getattr(importlib.import_module(module), name)
             code = function(sys.argv[1:]) if argv else function()
@@ -49,8 +53,8 @@ NOTHING = "nothing was written"
 spec_zoo = console("spec_zoo.cli:main", "spec-zoo", f"the text so far is above; {NOTHING}")
 bench = console("spec_zoo.bench.cli:main", "spec-zoo-bench", NOTHING)
 report = console("spec_zoo.report.cli:main", "spec-zoo-report", f"{NOTHING} (reports are written whole)",
-                 argv=True)
-project = console("spec_zoo.report.cli:project", "spec-zoo-project", NOTHING, argv=True)
+                 argv=True, cache=False)
+project = console("spec_zoo.report.cli:project", "spec-zoo-project", NOTHING, argv=True, cache=False)
 make_draft = console("spec_zoo.cli:make_draft", "spec-zoo-make-draft",
                      f"{NOTHING} (a draft is written whole or not at all)", argv=True)
 train = console("spec_zoo.train.cli:main", "spec-zoo-train",

@@ -38,7 +38,7 @@ class Output:
     ids: list[int]  # generated token ids (prompt excluded)
     text: str | None  # decoded text (None without a tokenizer)
     stats: RunStats
-    finish_reason: str  # "eos", "stop_string" or "length"
+    finish_reason: str  # "eos", "stop_string", "length", or "cache" (cut short: the target's context was full)
     prompt_ids: list[int]
 
 
@@ -55,6 +55,7 @@ class _Sequence:
     drafter: Drafter  # the decoder's, or its `for_sequence` fork when requests interleave
     generated: list[int] = field(default_factory=list)
     finish: str = "length"
+    cache_bound: bool = False  # max_new_tokens was cut to the target's context: ending there is "cache"
     target_state: dict | None = None  # its target cache while other sequences are served
     slot: int = 0  # which of the sequences decoded at once it is (its cache entry on a static cache)
     start: float = 0.0
@@ -170,6 +171,7 @@ class SpeculativeDecoder:
                 f"prompt has {len(prompt_ids)} tokens but the target's context is {limit} "
                 f"({self.target.context_limit}); shorten the prompt."
             )
+        cut = limit is not None and len(prompt_ids) + max_new_tokens > limit
         if limit is not None:
             max_new_tokens = min(max_new_tokens, limit - len(prompt_ids))
         eos = set(self._eos_ids() if eos_token_ids is None else eos_token_ids)
@@ -178,7 +180,7 @@ class SpeculativeDecoder:
         # sampled output must not depend on timings; the cost table is data, so it prices every run
         state = DecodeState(list(prompt_ids), len(prompt_ids), max_new_tokens - 1, self.sampling, generator,
                             timings_steer=self.sampling.greedy, cost_table=self.cost_table, request_id=request_id)
-        return _Sequence(prompt_ids, state, max_new_tokens, eos, stop_strings, self.drafter)
+        return _Sequence(prompt_ids, state, max_new_tokens, eos, stop_strings, self.drafter, cache_bound=cut)
 
     def slots(self, batch_size: int) -> int:
         """How many requests decode at once: ``batch_size`` when the target holds several caches
@@ -357,7 +359,8 @@ class SpeculativeDecoder:
         seq.drafter.end(seq.state)  # after the clock: what a drafter files (a suffix cache saved) is not decoding
         tok = self.target.tokenizer
         text = tok.decode(seq.generated, skip_special_tokens=True) if tok else None
-        return Output(seq.generated, text, seq.stats, seq.finish, seq.prompt_ids)
+        finish = "cache" if seq.finish == "length" and seq.cache_bound else seq.finish
+        return Output(seq.generated, text, seq.stats, finish, seq.prompt_ids)
 
     def steps(
         self,

@@ -7,7 +7,10 @@ written in (`check_writable`); a file replaced only when spec-zoo wrote it (`che
 its `SIGNATURE`, or a JSON ``format`` naming spec-zoo), never the user's; every persistent
 file written whole or not at all (`atomic_write`: a temp file beside it, then one rename); and
 one writer at a time (`one_writer`: an advisory lock file, so two runs into one place never
-interleave or overwrite each other)."""
+interleave or overwrite each other; for a file in the user's place the lock lives in spec-zoo's
+cache, `lock_path`, never beside it). A JSONL spec-zoo appends to is its own only when every
+line says so (`read_owned_jsonl`: each record begins with its mark), so a user's file is never
+taken for an empty results file."""
 
 from __future__ import annotations
 
@@ -19,6 +22,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from spec_zoo.errors import ConfigError
+from spec_zoo.paths import cache_root
 
 #: what marks a file spec-zoo wrote (a markdown comment on its first line, a PNG's text chunk),
 #: so a later run replaces its own file and refuses the user's
@@ -144,6 +148,52 @@ def write_owned(path, text: str, key: str, fix: str, overwrite: bool = False) ->
     the mark of `signed_markdown` (or be JSON with a spec-zoo ``format``), so a later run
     may replace it."""
     return atomic_write(check_replaceable(path, key, fix, overwrite), text)
+
+
+def lock_path(path) -> Path:
+    """The lock file of the file ``path`` (`resolved`) spec-zoo writes in a place the user chose:
+    in spec-zoo's cache (``locks/``), named by the path's hash, so no ``<file>.lock`` is left
+    beside the user's files and every process writing ``path`` finds the same lock."""
+    import hashlib
+
+    name = hashlib.sha256(str(resolved(path)).encode()).hexdigest()[:24]
+    return cache_root() / "locks" / f"{name}.lock"
+
+
+def read_owned_jsonl(path, head: str, ours: Callable[[object], bool], key: str, fix: str, empty_ok: bool = False,
+                     text: str | None = None) -> tuple[list, list[int]]:
+    """The records of the JSONL ``path`` (its ``text`` when given) spec-zoo appends to, and the
+    numbers of its lines an interrupted write cut short (a rerun redoes them). Each record spec-zoo
+    writes carries its mark (``ours`` says whether a JSON value does) and begins with ``head`` (e.g.
+    ``{"format": "spec-zoo-batch-results"``: all a cut line keeps). Any other line (a note,
+    another tool's JSON), or no line at all (unless ``empty_ok``), means the file is not spec-zoo's:
+    a one-line `ConfigError` naming ``key``, the line and ``fix``, before any work."""
+    path = Path(path)
+    if text is None:
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as err:
+            raise ConfigError(f"{key}: {path} cannot be read as a spec-zoo results file ({type(err).__name__}), so "
+                              f"it is left as it is; {fix}.") from None
+    values, torn = [], []
+    for number, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            value = json.loads(line)
+        except ValueError:
+            value = None
+            if line.startswith(head) or head.startswith(line):  # a record cut short
+                torn.append(number)
+                continue
+        if value is None or not ours(value):
+            raise ConfigError(f"{key}: {path} was not written by spec-zoo (line {number}, {line.strip()[:40]!r}, is "
+                              f"not one of its records), so it is left as it is; {fix}.")
+        values.append(value)
+    if not values and not torn and not empty_ok:
+        raise ConfigError(f"{key}: {path} exists and is empty; spec-zoo never leaves its results file empty, so it "
+                          f"is not spec-zoo's and is left as it is; {fix}.")
+    return values, torn
 
 
 @contextmanager

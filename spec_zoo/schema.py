@@ -163,7 +163,9 @@ def check_value(key: str, value, types, nullable: bool = False, example=None, ke
 
 
 def _fix(key: str, types, example) -> str:
-    return f"e.g. {key}={example}" if example not in (None, "") else f"set {key} to {_names(types)}"
+    """``e.g. key=<example>``; a long example (the default prompt) would bury the fix: its type instead."""
+    short = example not in (None, "") and len(str(example)) <= 60
+    return f"e.g. {key}={example}" if short else f"set {key} to {_names(types)}"
 
 
 def _suggest(limit: Limit) -> str:

@@ -905,3 +905,204 @@ def test_a_model_without_a_tokenizer_prints_its_ids(tmp_path):
     assert result.returncode == 0, result.stderr
     ids, summary = result.stdout.strip().splitlines()[-2:]
     assert len(json.loads(ids)) == 5 and "tau" in summary
+
+
+# -- issue 59: results files that are ours alone ------------------------------------------------------------------
+def users_files(tmp_path) -> dict:
+    """name -> a path an ``out=`` may be given that spec-zoo did not write (each keeps every byte)."""
+    (tmp_path / "diary.md").write_text("# diary\n\ndear diary\n")
+    (tmp_path / "link.jsonl").symlink_to(tmp_path / "diary.md")
+    (tmp_path / "notes.txt").write_text("my notes\nline two\n")
+    (tmp_path / "empty.jsonl").write_text("")
+    (tmp_path / "other.jsonl").write_text('{"id": 1, "text": "mine"}\n')
+    (tmp_path / "amid.jsonl").write_text('{"format": "spec-zoo-batch-results", "index": 0}\nmy note\n')
+    (tmp_path / "blob.bin").write_bytes(b"\x89PNG\r\n\x1a\n\x00\xff")
+    return {"plain text": "notes.txt", "a symlink to a user's file": "link.jsonl", "an empty file": "empty.jsonl",
+            "another tool's JSONL": "other.jsonl", "a user's line amid results": "amid.jsonl", "binary": "blob.bin"}
+
+
+ISSUE59_CASES = ["plain text", "a symlink to a user's file", "an empty file", "another tool's JSONL",
+                 "a user's line amid results", "binary"]
+
+
+def run_console(script: str, *args: str) -> int:
+    """``script args`` in this process, under its console wrapper; its exit code."""
+    from spec_zoo import console
+
+    sys.argv = [script, *args]
+    with pytest.raises(SystemExit) as done:
+        getattr(console, script.replace("spec-zoo-", "").replace("-", "_"))()
+    return done.value.code
+
+
+@pytest.mark.parametrize("case", ISSUE59_CASES)
+def test_a_batch_out_file_spec_zoo_did_not_write_is_refused_before_a_model_loads(case, tmp_path, monkeypatch, capsys,
+                                                                                no_model_load):
+    name = users_files(tmp_path)[case]
+    (tmp_path / "p.jsonl").write_text("[5, 6]\n[7, 8]\n")
+    monkeypatch.chdir(tmp_path)
+    before = snapshot(tmp_path)
+    code = run_console("spec-zoo", "model=local", f"model.path={tmp_path}", f"prompts_file={tmp_path / 'p.jsonl'}",
+                       f"out={tmp_path / name}")
+    assert code == 2
+    one_line_error(capsys.readouterr().err, "out")
+    assert snapshot(tmp_path) == before  # no byte changed, no <out>.lock, no file made
+
+
+@pytest.mark.parametrize("case", ["users-text", "empty", "another tool's JSONL", "symlink", "users-traces"])
+def test_a_bench_out_dir_holding_files_it_did_not_write_is_refused_before_a_model_loads(case, tmp_path, monkeypatch,
+                                                                                      capsys):
+    monkeypatch.setattr("spec_zoo.models.load_target", lambda **_: pytest.fail("a model loaded first"))
+    (tmp_path / "q.jsonl").write_text('{"prompt": "Say hi."}\n')
+    (tmp_path / "diary.md").write_text("# diary\n")
+    out = tmp_path / "out"
+    out.mkdir()
+    name, text = {"users-text": ("results.jsonl", "my notes\n"), "empty": ("results.jsonl", ""),
+                  "another tool's JSONL": ("results.jsonl", '{"id": 1}\n'), "symlink": ("results.jsonl", None),
+                  "users-traces": ("traces.jsonl", "my traces\n")}[case]
+    if text is None:
+        (out / name).symlink_to(tmp_path / "diary.md")
+    else:
+        (out / name).write_text(text)
+    monkeypatch.chdir(tmp_path)
+    before = snapshot(tmp_path)
+    code = run_console("spec-zoo-bench", f"out={out}", "methods=[ar]", "dataset=jsonl",
+                       f"dataset.path={tmp_path / 'q.jsonl'}", "progress=false")
+    assert code == 2
+    err = capsys.readouterr().err
+    one_line_error(err, "out")
+    assert "Warning" not in err and snapshot(tmp_path) == before
+
+
+@pytest.mark.parametrize("override, key", [
+    ("generation.max_new_tokens=5", "generation.max_new_tokens"), ("drafter=none", "drafter._target_"),
+    ("drafter.max_ngram=2", "drafter.max_ngram"), ("seed=3", "seed"), ("generation.temperature=0.5", "temperature"),
+    ("model.dtype=bfloat16", "model.dtype"), ("verifier=greedy", "verifier._target_"),
+    ("model.runtime=compiled", "model.runtime"), ("model=gemma3_270m", "model.name")])
+def test_resume_refuses_results_of_other_settings_naming_the_first_key(override, key, tmp_path):
+    from spec_zoo.batch_run import FORMAT, done_requests, run_settings
+
+    settings = run_settings(compose_config(["drafter=ngram"]))
+    out = tmp_path / "results.jsonl"
+    out.write_text(json.dumps({"format": FORMAT, "index": 0, "prompt": "a", "settings": settings}) + "\n")
+    before = out.read_bytes()
+    assert list(done_requests(out, ["a", "b"], settings)) == [0]  # the same settings resume
+    assert done_requests(out, ["a", "b"], run_settings(compose_config(["drafter=ngram", "batch_size=2"])))
+    with pytest.raises(ConfigError, match=rf"^out: .* other settings \(\S*{re.escape(key)}=.*; rerun with the file's"):
+        done_requests(out, ["a", "b"], run_settings(compose_config(["drafter=ngram", override])))
+    assert out.read_bytes() == before
+
+
+def test_a_results_file_keeps_its_torn_lines_and_redoes_them(tmp_path):
+    from spec_zoo.batch_run import HEAD
+    from spec_zoo.outputs import read_owned_jsonl
+
+    path = tmp_path / "r.jsonl"
+    path.write_text(f'{HEAD}, "a": 1}}\n{HEAD}, "a"\n{HEAD}, "a": 2}}\n{{"for')  # cut mid-file (resumed) and last
+    values, torn = read_owned_jsonl(path, HEAD, lambda v: True, "out", "fix")
+    assert [v["a"] for v in values] == [1, 2] and torn == [2, 4]
+
+
+def test_a_refused_batch_run_names_the_line_and_leaves_no_out_file_nor_lock(tmp_path, monkeypatch, capsys):
+    model = saved_model(tmp_path / "model")
+    capsys.readouterr()
+    (tmp_path / "p.jsonl").write_text("[5, 6]\n\n[7, 8]\n[5, 999999]\n")
+    monkeypatch.setenv("SPEC_ZOO_CACHE", str(tmp_path / "cache"))
+    code = run_console("spec-zoo", "model=local", f"model.path={model}", f"prompts_file={tmp_path / 'p.jsonl'}",
+                       f"out={tmp_path / 'out.jsonl'}", "generation.max_new_tokens=2")
+    assert code == 2
+    one_line_error(capsys.readouterr().err, "line 4")
+    assert not (tmp_path / "out.jsonl").exists() and not (tmp_path / "out.jsonl.lock").exists()
+    assert not list((tmp_path / "cache").rglob("*.lock"))
+
+
+def test_ctrl_c_in_a_batch_run_says_how_many_results_are_kept(tmp_path, monkeypatch, capsys):
+    from spec_zoo.decoder import SpeculativeDecoder
+
+    model = saved_model(tmp_path / "model")
+    capsys.readouterr()
+    (tmp_path / "p.jsonl").write_text("[5, 6]\n[7, 8]\n[9, 10]\n")
+    real = SpeculativeDecoder.generate_batch
+
+    def one_then_interrupt(self, ids, *args, on_done=None, **kw):
+        real(self, ids[:1], *args, on_done=on_done, **{**kw, "request_ids": kw["request_ids"][:1]})
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(SpeculativeDecoder, "generate_batch", one_then_interrupt)
+    monkeypatch.setenv("SPEC_ZOO_CACHE", str(tmp_path / "cache"))
+    out = tmp_path / "out.jsonl"
+    code = run_console("spec-zoo", "model=local", f"model.path={model}", f"prompts_file={tmp_path / 'p.jsonl'}",
+                       f"out={out}", "generation.max_new_tokens=2", "compare=false")
+    assert code == 130
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"spec-zoo: interrupted; 1 of 3 results are kept in {out}; rerun the same command to decode the "
+                   "rest"]
+    assert len(out.read_text().splitlines()) == 1 and not out.with_name("out.jsonl.lock").exists()
+
+
+def test_out_without_prompts_file_is_refused(tmp_path, monkeypatch, capsys, no_model_load):
+    monkeypatch.chdir(tmp_path)
+    assert run_console("spec-zoo", "prompt=Hello", f"out={tmp_path / 'x.jsonl'}") == 2
+    one_line_error(capsys.readouterr().err, "out")
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("where", ["file", "file/sub"])
+def test_a_spec_zoo_cache_that_is_not_a_directory_is_one_line(where, tmp_path, monkeypatch, capsys):
+    (tmp_path / "file").write_text("mine\n")
+    monkeypatch.setenv("SPEC_ZOO_CACHE", str(tmp_path / where))
+    assert run_console("spec-zoo", "prompt=Hi") == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("spec-zoo: error: SPEC_ZOO_CACHE: ") and "is a file; point" in err[0]
+    assert (tmp_path / "file").read_text() == "mine\n"
+
+
+def test_a_generation_the_cache_cannot_hold_is_refused_before_the_compile(monkeypatch):
+    import spec_zoo
+    from spec_zoo.runtime import CompiledTarget
+    from tests.tiny import tiny_llama
+
+    target = CompiledTarget(tiny_llama(0), max_cache_len=64)
+    monkeypatch.setattr(CompiledTarget, "warm_up", lambda self: pytest.fail("compiled before the refusal"))
+    with pytest.raises(ConfigError, match=r"^prompt: 60 prompt tokens \+ generation.max_new_tokens=32 need 92 positions"
+                                          r", but the target holds 64 \(model.max_cache_len.*max_new_tokens to 4"):
+        spec_zoo.generate([5 + i % 50 for i in range(60)], model=target, max_new_tokens=32)
+
+
+def test_a_generation_cut_at_the_context_says_cache():
+    from spec_zoo.decoder import SpeculativeDecoder
+    from tests.tiny import tiny_llama
+
+    target = Target(tiny_llama(0))
+    prompt = [5 + i % 50 for i in range(target.max_length - 3)]
+    out = SpeculativeDecoder(target).generate(prompt, 10, eos_token_ids=[])
+    assert len(out.ids) == 3 and out.finish_reason == "cache"
+
+
+def test_report_on_a_torn_last_line_warns_in_one_line_and_refuses_another_schema(tmp_path, capsys):
+    from spec_zoo.report.cli import main as report
+
+    results_dir(tmp_path / "torn", result_record())
+    with open(tmp_path / "torn" / "results.jsonl", "a") as f:
+        f.write(json.dumps(result_record(question_id=2))[:40])
+    assert report([str(tmp_path / "torn")]) == 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("warning: ") and "line 2" in err[0] and ".py" not in err[0], err
+    results_dir(tmp_path / "theirs", {"id": 1, "text": "mine"})
+    before = snapshot(tmp_path / "theirs")
+    assert report([str(tmp_path / "theirs"), "-o", str(tmp_path / "rep")]) == 2
+    err = capsys.readouterr().err
+    one_line_error(err, "results")
+    assert "was not written by spec-zoo" in err and "version that wrote it" not in err
+    assert snapshot(tmp_path / "theirs") == before
+
+
+@pytest.mark.parametrize("prompt, kwargs, says", [(123, {}, "prompt: 123 is not a string or a list; set prompt to"),
+                                                  ([], {"batch_size": 2}, "prompt: an empty list holds no prompt"),
+                                                  ([], {}, "prompt: an empty list holds no prompt")])
+def test_api_prompt_messages_are_short_and_right(prompt, kwargs, says, no_model_load):
+    import spec_zoo
+
+    with pytest.raises(ConfigError) as info:
+        spec_zoo.generate(prompt, **kwargs)
+    assert str(info.value).startswith(says) and len(str(info.value)) < 200, str(info.value)

@@ -330,10 +330,10 @@ def test_cli_refuses_an_out_file_it_did_not_write_before_loading_a_model(tmp_pat
     mine.write_text('{"my": "notes"}\n')
     common = [f"prompts_file={tmp_path / 'p.txt'}", "model=local", f"model.path={tmp_path / 'no-model'}"]
     result = _cli(*common, f"out={mine}")
-    assert result.returncode == 2 and "out:" in result.stderr and "not a spec-zoo batch results file" in result.stderr
+    assert result.returncode == 2 and "out:" in result.stderr and "was not written by spec-zoo" in result.stderr
     assert mine.read_text() == '{"my": "notes"}\n'  # untouched
     other = tmp_path / "other.jsonl"
-    other.write_text('{"format": "spec-zoo-batch-results", "index": 0, "prompt": "three"}\n')
+    other.write_text('{"format": "spec-zoo-batch-results", "index": 0, "prompt": "three"}\n')  # no settings needed
     result = _cli(*common, f"out={other}")
     assert result.returncode == 2 and "holds results of other prompts" in result.stderr
     both = _cli(*common, f"prompt_file={tmp_path / 'p.txt'}")

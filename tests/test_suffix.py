@@ -181,6 +181,30 @@ def test_cache_persists_as_json_and_refuses_other_files(tmp_path):
         SuffixDrafter(cache_path=str(path))
 
 
+def test_two_runs_sharing_a_cache_path_both_keep_their_outputs(tmp_path, monkeypatch):
+    """Two processes with one drafter.cache_path (two drafters, each loaded before the other saved):
+    each save merges what the other saved since, under the path's lock; none is lost."""
+    import subprocess
+    import sys
+
+    monkeypatch.setenv("SPEC_ZOO_CACHE", str(tmp_path / "cache"))
+    path = tmp_path / "suffix.json"
+    first, second = SuffixDrafter(cache_path=str(path)), SuffixDrafter(cache_path=str(path))
+    for k, drafter in enumerate([first, second, first, second]):
+        drafter.cache.add([10 * k + 1, 10 * k + 2], source=f"s{k}", key=f"k{k}")
+        drafter.cache.save(path)
+    assert sorted(o["key"] for o in json.loads(path.read_text())["outputs"]) == ["k0", "k1", "k2", "k3"]
+    assert not list(tmp_path.glob("*.lock")) and list((tmp_path / "cache" / "locks").glob("*.lock"))
+    script = ("import sys; from spec_zoo.drafters.suffix import SuffixCache\n"
+              "c = SuffixCache()\n"
+              "for i in range(40):\n    c.add([i, i + 1], source=sys.argv[2], key=sys.argv[2] + str(i)); "
+              "c.save(sys.argv[1])\n")
+    runs = [subprocess.Popen([sys.executable, "-c", script, str(path), name]) for name in ("a", "b")]
+    assert [run.wait(timeout=120) for run in runs] == [0, 0]
+    keys = {o["key"] for o in json.loads(path.read_text())["outputs"]}
+    assert {f"{n}{i}" for n in "ab" for i in range(40)} <= keys
+
+
 @pytest.mark.parametrize("kwargs", [{"max_match": 0}, {"alpha": 0}, {"min_token_prob": 2}, {"max_requests": -1}])
 def test_bad_settings_are_config_errors(kwargs):
     with pytest.raises(ConfigError, match="drafter\\."):

@@ -54,6 +54,20 @@ def check_out_files(out: Path, key: str = "out") -> None:
     check_outputs(out, ("summary.md", "compile_s.json"), key, OUT_FIX)
 
 
+#: what to do when out= holds a results, traces or failures file spec-zoo-bench did not write
+RESULTS_FIX = "give another out= directory (a rerun into this one resumes only the results spec-zoo-bench wrote there)"
+
+
+def check_results(out: Path) -> list[dict]:
+    """The records already in ``out``'s results.jsonl, once it and the files appended beside it
+    (traces, failures) are spec-zoo-bench's own (`read_records`): a user's file there, or an empty
+    one, is refused before any model loads, and never appended to."""
+    for name in (TRACE_FILE, FAILURE_FILE):
+        read_records(out / name, "out", RESULTS_FIX, empty_ok=False, warn=False)
+    path = out / "results.jsonl"
+    return check_schema(read_records(path, "out", RESULTS_FIX, empty_ok=False, warn=False), str(path))
+
+
 def write_summary(summary: Summary, out_dir, key: str = "out") -> Path:
     """Write ``summary.md`` into ``out_dir`` (atomically, replacing only a summary spec-zoo
     wrote), print it, and return its path."""
@@ -129,6 +143,7 @@ def bench(cfg: DictConfig) -> Summary | None:
         if not cfg.get("dry_run"):  # one writer per results directory: a second run into it is refused
             check_writable(out, "out")
             check_out_files(out)
+            check_results(out)  # a user's file is refused before the lock is taken: nothing is left in out=
             held.enter_context(one_writer(out / LOCK_FILE, busy=(
                 f"out: {out} is being written by another spec-zoo-bench run (it holds {out / LOCK_FILE}); "
                 "wait for it to finish (a rerun then resumes), or give another out= directory.")))
@@ -158,7 +173,7 @@ def _run(cfg: DictConfig, specs, questions, sampling: SamplingParams, policy: Ba
     from spec_zoo.models import load_target
 
     data, gen = cfg.dataset, cfg.generation
-    existing = check_schema(read_records(results_path), str(results_path))  # before any model loads
+    existing = check_results(out)  # before any model loads
     model = cast(dict, OmegaConf.to_container(cfg.model))
     if model.get("device_map") is None:  # unset: the records of runs made before the key existed still resume
         model.pop("device_map", None)

@@ -16,11 +16,12 @@ from __future__ import annotations
 import gzip
 import json
 import math
-import warnings
+import sys
 from collections.abc import Iterable
 from pathlib import Path
 
 from spec_zoo.errors import ConfigError
+from spec_zoo.outputs import read_owned_jsonl
 
 #: the plain-decoding method every speedup and `matches_baseline` refers to
 BASELINE = "ar"
@@ -36,6 +37,13 @@ FAILURE_FILE = "failures.jsonl"
 
 #: the lock file beside a results file: one spec-zoo-bench run writes into a directory at a time
 LOCK_FILE = ".spec-zoo-bench.lock"
+
+#: how each line begins, as written (a record: `FIELDS` in order; a trace or a failure: `KEY_FIELDS` first):
+#: all a line cut short by an interrupted write keeps of its mark
+RECORD_HEAD, KEY_HEAD = '{"schema_version": ', '{"method": '
+
+#: what to do with a results file spec-zoo-bench did not write
+NOT_OURS_FIX = "give the path of a results.jsonl spec-zoo-bench wrote"
 
 #: the fields of a record that name it (`record_key`), which its trace repeats
 KEY_FIELDS = ("method", "question_id", "turn", "repeat", "config_hash")
@@ -93,21 +101,38 @@ def beside(folder, name: str) -> Path:
     return gz if not path.exists() and gz.exists() else path
 
 
-def read_records(path) -> list[dict]:
-    """All records of a results file ([] when it does not exist); a line cut short by an
-    interrupted write is skipped with a warning (its record is measured again on resume)."""
+def is_record(value) -> bool:
+    """Whether a JSON value is a spec-zoo-bench record (its mark: a ``schema_version``)."""
+    return isinstance(value, dict) and "schema_version" in value
+
+
+def is_keyed(value) -> bool:
+    """Whether a JSON value is a trace or a failure line (a record's `KEY_FIELDS`)."""
+    return isinstance(value, dict) and all(f in value for f in KEY_FIELDS)
+
+
+def read_records(path, key: str = "results", fix: str = NOT_OURS_FIX, empty_ok: bool = True,
+                 warn: bool = True) -> list[dict]:
+    """All records of a results file ([] when it does not exist): refused when it is not
+    spec-zoo-bench's (`spec_zoo.outputs.read_owned_jsonl`: a line that is no record of its own,
+    or no line at all unless ``empty_ok``). A line cut short by an interrupted write is skipped,
+    said in one line on stderr (``warn``); a resumed run measures its record again. Traces and
+    failures (`TRACE_FILE`, `FAILURE_FILE`) are read alike, by their file name."""
     path = Path(path)
     if not path.exists():
         return []
-    records = []
-    for line_no, line in enumerate(read_text(path).splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            records.append(json.loads(line))
-        except json.JSONDecodeError:
-            warnings.warn(f"{path}:{line_no} is not a complete JSON record (interrupted write?); ignoring it.",
-                          stacklevel=2)
+    keyed = path.name.removesuffix(".gz") in (TRACE_FILE, FAILURE_FILE)
+    try:
+        text = read_text(path)
+    except (OSError, UnicodeDecodeError, EOFError, gzip.BadGzipFile) as err:
+        raise ConfigError(f"{key}: {path} cannot be read as a spec-zoo-bench file ({type(err).__name__}), so it is "
+                          f"left as it is; {fix}.") from None
+    records, torn = read_owned_jsonl(path, KEY_HEAD if keyed else RECORD_HEAD, is_keyed if keyed else is_record, key,
+                                     fix, empty_ok, text)
+    if torn and warn:
+        lines = ", ".join(map(str, torn))
+        print(f"warning: {path} line{'s' if len(torn) > 1 else ''} {lines}: cut short by an interrupted write; "
+              "ignored (a rerun into the same out= measures it again).", file=sys.stderr)
     return records
 
 
@@ -185,6 +210,9 @@ def check_schema(records: Iterable[dict], source="results") -> list[dict]:
     records = list(records)
     for i, r in enumerate(records):
         version = r.get("schema_version") if isinstance(r, dict) else None
+        if not is_record(r):
+            raise ConfigError(f"{source}: record {i + 1} has no schema_version: it was not written by spec-zoo-bench; "
+                              f"{NOT_OURS_FIX} (the file is left as it is).")
         if version != SCHEMA_VERSION:
             raise ConfigError(
                 f"{source}: record {i + 1} has schema_version={version!r}, this spec-zoo reads "
@@ -199,22 +227,28 @@ def check_schema(records: Iterable[dict], source="results") -> list[dict]:
 
 
 class RecordWriter:
-    """Appends records to a results file, one flushed line each."""
+    """Appends records to a results file, one flushed line each; the file is made (or opened) with
+    the first record, so a run stopped before one leaves no empty file (which no rerun would take
+    for spec-zoo's: `read_records`)."""
 
     def __init__(self, path):
         self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        cut_short = self.path.exists() and self.path.stat().st_size and not self.path.read_bytes().endswith(b"\n")
-        self.file = self.path.open("a", encoding="utf-8")
-        if cut_short:  # keep a partial last line from gluing onto the next record
-            self.file.write("\n")
+        self.file = None
 
     def write(self, record: dict) -> None:
+        if self.file is None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            size = self.path.stat().st_size if self.path.exists() else 0
+            cut_short = size and not self.path.read_bytes().endswith(b"\n")
+            self.file = self.path.open("a", encoding="utf-8")
+            if cut_short:  # keep a partial last line from gluing onto the next record
+                self.file.write("\n")
         self.file.write(json.dumps(record) + "\n")
         self.file.flush()
 
     def close(self) -> None:
-        self.file.close()
+        if self.file is not None:
+            self.file.close()
 
     def __enter__(self):
         return self
