@@ -11,14 +11,16 @@ back with their format and version checked.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import torch
+from torch.utils.weak import WeakIdKeyDictionary
 
 from spec_zoo.errors import ConfigError
 from spec_zoo.outputs import check_writable, resolved, umask
@@ -112,17 +114,40 @@ def write_artefact(out_dir, record_name: str, record: dict, write_files: Callabl
     return out_dir
 
 
-#: the dtype trained weights are stored in: half the bytes of float32, and the shipped artefacts' weights
-#: (|w| <= 5.4) sit far inside its range with 3 more mantissa bits than bfloat16; loaders cast to the target's
+#: the dtype trained weights are stored in (the vectors, and the matrices when not quantized): half the bytes of
+#: float32, and the shipped artefacts' weights (|w| <= 5.4) sit far inside its range with 3 more mantissa bits than
+#: bfloat16; loaders cast to the target's
 STORAGE_DTYPE = torch.float16
 
+#: how an artefact's weight matrices (2-D floating tensors) may be stored (`storage_tensors`, ``output.quantize``):
+#: None as floats of the storage dtype; "int8" symmetric per output row (one float32 scale per row, 1 byte a weight);
+#: "int4" symmetric per group of `INT4_GROUP` inputs of a row (a float16 scale per group, two weights a byte).
+#: Vectors (norms, biases) and integer tensors are never quantized. Read back by `restored_tensors`.
+QUANTIZE = (None, "int8", "int4")
+INT4_GROUP = 64
+#: what a trained artefact's matrices are stored as unless ``output.quantize`` says otherwise: a quarter of float32's
+#: bytes, and the shipped artefacts' acceptance moves by less than 0.01 a position at it (docs/training.md)
+DEFAULT_QUANTIZE = "int8"
+#: a quantized matrix ``name`` is stored as ``name`` (the integers) and ``name + SCALES`` (its scales)
+SCALES = "::scales"
 
-def storage_tensors(tensors: dict[str, torch.Tensor], dtype: torch.dtype = STORAGE_DTYPE) -> dict[str, torch.Tensor]:
-    """``tensors`` as stored: floating ones in ``dtype``, on the CPU, contiguous; a weight beyond
-    ``dtype``'s finite range is refused (it would be stored as inf and refused at load)."""
+
+def storage_tensors(tensors: dict[str, torch.Tensor], dtype: torch.dtype = STORAGE_DTYPE,
+                    quantize: str | None = None) -> dict[str, torch.Tensor]:
+    """``tensors`` as stored: floating ones in ``dtype`` (matrices quantized when ``quantize`` is
+    "int8" or "int4", see `QUANTIZE`), on the CPU, contiguous; a weight beyond ``dtype``'s finite
+    range is refused (it would be stored as inf and refused at load). The one writer of every
+    artefact's weights; `restored_tensors` reads what it writes."""
+    if quantize not in QUANTIZE:
+        raise ConfigError(f"output.quantize={quantize!r}; allowed values: null (floats), int8, int4.")
     out = {}
     for name, t in tensors.items():
         t = t.detach().to("cpu")
+        if name.endswith(SCALES):
+            raise ConfigError(f"{name}: a weight's name may not end in {SCALES!r} (the suffix of stored scales).")
+        if quantize and t.is_floating_point() and t.dim() == 2 and (quantize == "int8" or t.shape[1] % 2 == 0):
+            out[name], out[name + SCALES] = _quantized(t.float(), quantize)
+            continue
         if t.is_floating_point() and t.dtype != dtype:
             cast = t.to(dtype)
             if bool(torch.isfinite(t).all()) and not bool(torch.isfinite(cast).all()):
@@ -132,6 +157,73 @@ def storage_tensors(tensors: dict[str, torch.Tensor], dtype: torch.dtype = STORA
             t = cast
         out[name] = t.contiguous()
     return out
+
+
+def _quantized(w: torch.Tensor, kind: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """(integers, scales) of the float matrix ``w`` [O, I]: int8 [O, I] and float32 scales [O, 1], or
+    int4 packed two a byte (uint8 [O, I / 2], low nibble first, offset by 8) and float16 scales
+    [O, ceil(I / INT4_GROUP)]; each scale is its row's (group's) max |w| / 127 (/ 7), 1 where that is 0."""
+    if not bool(torch.isfinite(w).all()):
+        raise ConfigError("a weight matrix to quantize holds NaN or infinite values; the training diverged.")
+    if kind == "int8":
+        scales = (w.abs().amax(1, keepdim=True) / 127).clamp_min(torch.finfo(torch.float32).tiny)
+        scales = torch.where(w.abs().amax(1, keepdim=True) > 0, scales, torch.ones_like(scales))
+        return (w / scales).round().clamp(-127, 127).to(torch.int8), scales.contiguous()
+    groups = _groups(w)
+    peak = groups.abs().amax(2)
+    scales = torch.where(peak > 0, peak / 7, torch.ones_like(peak))
+    half = scales.to(torch.float16)
+    if bool((half.float() <= 0).any() | ~torch.isfinite(half.float()).all()):
+        raise ConfigError("a weight matrix is out of float16's range for int4 scales; use output.quantize=int8.")
+    q = (groups / half.float()[..., None]).round().clamp(-7, 7).flatten(1)[:, : w.shape[1]].to(torch.int16) + 8
+    packed = (q[:, 0::2] | (q[:, 1::2] << 4)).to(torch.uint8)
+    return packed.contiguous(), half.contiguous()
+
+
+def _groups(w: torch.Tensor) -> torch.Tensor:
+    """``w`` [O, I] as [O, G, INT4_GROUP] (zero-padded on the right)."""
+    pad = -w.shape[1] % INT4_GROUP
+    return torch.nn.functional.pad(w, (0, pad)).view(w.shape[0], -1, INT4_GROUP)
+
+
+def restored_tensors(tensors: dict[str, torch.Tensor], key: str, path, what: str) -> dict[str, torch.Tensor]:
+    """What `storage_tensors` wrote, with each quantized matrix back as float32 (integers x scales);
+    everything else as stored. Scales that are not positive and finite, or that do not fit their
+    matrix, raise a one-line `ConfigError` (the file is corrupt). Float tensors of an older,
+    unquantized artefact pass through unchanged."""
+    out = {}
+    for name, t in tensors.items():
+        if name.endswith(SCALES):
+            if name[: -len(SCALES)] not in tensors:
+                raise ConfigError(f"{key}: {path} holds scales {name!r} of no weight; the {what} is corrupt: "
+                                  "retrain or re-copy it.")
+            continue
+        scales = tensors.get(name + SCALES)
+        out[name] = t if scales is None else _dequantized(name, t, scales, key, path, what)
+    return out
+
+
+def _dequantized(name: str, q: torch.Tensor, scales: torch.Tensor, key: str, path, what: str) -> torch.Tensor:
+    bad = f"{key}: {path} has a corrupt quantized weight {name!r} ({{}}); the {what} is corrupt: retrain or re-copy it."
+    s = scales.float()
+    if not scales.is_floating_point() or not bool((torch.isfinite(s) & (s > 0)).all()):
+        raise ConfigError(bad.format("scales not positive and finite"))
+    if q.dtype == torch.int8 and q.dim() == 2 and tuple(s.shape) == (q.shape[0], 1):
+        return q.float() * s
+    if q.dtype == torch.uint8 and q.dim() == 2 and s.dim() == 2 and s.shape[0] == q.shape[0] and \
+            s.shape[1] == -(-2 * q.shape[1] // INT4_GROUP):
+        ints = torch.stack([q & 15, q >> 4], 2).flatten(1).to(torch.int16) - 8
+        if bool((ints < -7).any()):
+            raise ConfigError(bad.format("an int4 value out of range"))
+        w = _groups(ints.float()) * s[..., None]
+        return w.flatten(1)[:, : ints.shape[1]].contiguous()
+    raise ConfigError(bad.format(f"{str(q.dtype).removeprefix('torch.')} {list(q.shape)} with scales {list(s.shape)}"))
+
+
+def storage_record(dtype: torch.dtype, quantize: str | None) -> dict:
+    """The record fields that say how an artefact's weights are stored."""
+    return {"dtype": str(dtype).removeprefix("torch."), "quantize": quantize,
+            **({"int4_group": INT4_GROUP} if quantize == "int4" else {})}
 
 
 def _usual_modes(tmp: Path) -> None:
@@ -225,3 +317,52 @@ def check_target(record: dict, target_model, path, key: str = "drafter.path",
             f"{key}={str(path)!r} was trained for target {want.get('name')!r}, not for this one "
             f"({'; '.join(problems)}). Use one trained for this target ({fix})."
         )
+
+
+def sha256(chunks: Iterable[bytes]) -> str:
+    """SHA-256 of ``chunks`` in order: the digest an artefact records of what it was made against
+    (a base draft's weight files, `spec_zoo.drafters.parallel.model.weights_digest`; a tensor it
+    takes from the target, `target_digests`)."""
+    digest = hashlib.sha256()
+    for chunk in chunks:
+        digest.update(chunk)
+    return digest.hexdigest()
+
+
+#: a tensor an artefact takes from the target instead of storing it is recorded by its digest in the two
+#: dtypes a target's weights are compared in: float16 for a float16 target, bfloat16 for the others (a
+#: float32 or bfloat16 load of the same model rounds to the same bfloat16 values)
+_DIGEST_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def _digest_dtype(t: torch.Tensor) -> str:
+    return "float16" if t.dtype == torch.float16 else "bfloat16"
+
+
+_DIGESTS = WeakIdKeyDictionary()  # tensor -> (its version, its digests)
+
+
+def target_digests(t: torch.Tensor) -> dict[str, str]:
+    """The record of a tensor the artefact takes from the target (never stores): its SHA-256 as rounded to
+    each of `_DIGEST_DTYPES`; `check_from_target` compares the one of the dtype the target is loaded in.
+    Kept per tensor until it changes (a target's embedding table is checked by every draft loaded on it)."""
+    version, digests = _DIGESTS.get(t, (None, None))
+    if digests is None or version != t._version:
+        flat = t.detach().to("cpu").contiguous()
+        digests = {name: sha256([flat.to(dtype).view(torch.int16).numpy().tobytes()])
+                   for name, dtype in _DIGEST_DTYPES.items()}
+        _DIGESTS[t] = (t._version, digests)
+    return digests
+
+
+def check_from_target(record: dict, tensors: dict[str, torch.Tensor], key: str, path, what: str, fix: str) -> None:
+    """Refuse, in one line, an artefact whose record names a tensor taken from the target
+    (``from_target``: name -> `target_digests`) that this target's ``tensors[name]`` does not match:
+    the target's weights differ from those the artefact was made with. Records without one pass."""
+    for name, want in (record.get("from_target") or {}).items():
+        t = tensors.get(name)
+        kind = _digest_dtype(t) if t is not None else "bfloat16"
+        if not isinstance(want, dict) or t is None or want.get(kind) != target_digests(t)[kind]:
+            raise ConfigError(f"{key}={str(path)!r} takes {name} from the target, but this target's {name} differ "
+                              f"from those the {what} was made with (SHA-256 of its {kind} values); use one made "
+                              f"for this target ({fix}).")
