@@ -120,33 +120,35 @@ def write_artefact(out_dir, record_name: str, record: dict, write_files: Callabl
 STORAGE_DTYPE = torch.float16
 
 #: how an artefact's weight matrices (2-D floating tensors) may be stored (`storage_tensors`, ``output.quantize``):
-#: None as floats of the storage dtype; "int8" symmetric per output row (one float32 scale per row, 1 byte a weight);
-#: "int4" symmetric per group of `INT4_GROUP` inputs of a row (a float16 scale per group, two weights a byte).
-#: Vectors (norms, biases) and integer tensors are never quantized. Read back by `restored_tensors`.
-QUANTIZE = (None, "int8", "int4")
-INT4_GROUP = 64
+#: None as floats of the storage dtype; "int8" symmetric per output row (a float32 scale per row, 1 byte a weight);
+#: "int6" / "int5" / "int4" symmetric per group of `GROUP` inputs of a row (a float16 scale per group), the
+#: integers bit-packed (6, 5 or 4 bits a weight). Vectors (norms, biases) and integer tensors are never
+#: quantized. Read back by `restored_tensors`.
+QUANTIZE = (None, "int8", "int6", "int5", "int4")
+GROUP = 64
 #: what a trained artefact's matrices are stored as unless ``output.quantize`` says otherwise: a quarter of float32's
 #: bytes, and the shipped artefacts' acceptance moves by less than 0.01 a position at it (docs/training.md)
 DEFAULT_QUANTIZE = "int8"
-#: a quantized matrix ``name`` is stored as ``name`` (the integers) and ``name + SCALES`` (its scales)
-SCALES = "::scales"
+#: a quantized matrix ``name`` is stored as ``name`` (the integers), ``name + SCALES`` (its scales) and, when
+#: bit-packed, ``name + BITS`` ([bits, input features])
+SCALES, BITS = "::scales", "::bits"
 
 
 def storage_tensors(tensors: dict[str, torch.Tensor], dtype: torch.dtype = STORAGE_DTYPE,
                     quantize: str | None = None) -> dict[str, torch.Tensor]:
-    """``tensors`` as stored: floating ones in ``dtype`` (matrices quantized when ``quantize`` is
-    "int8" or "int4", see `QUANTIZE`), on the CPU, contiguous; a weight beyond ``dtype``'s finite
-    range is refused (it would be stored as inf and refused at load). The one writer of every
-    artefact's weights; `restored_tensors` reads what it writes."""
+    """``tensors`` as stored: floating ones in ``dtype`` (matrices quantized when ``quantize`` is one
+    of `QUANTIZE`), on the CPU, contiguous; a weight beyond ``dtype``'s finite range is refused (it
+    would be stored as inf and refused at load). The one writer of every artefact's weights;
+    `restored_tensors` reads what it writes."""
     if quantize not in QUANTIZE:
-        raise ConfigError(f"output.quantize={quantize!r}; allowed values: null (floats), int8, int4.")
+        raise ConfigError(f"output.quantize={quantize!r}; allowed values: null (floats), int8, int6, int5, int4.")
     out = {}
     for name, t in tensors.items():
         t = t.detach().to("cpu")
-        if name.endswith(SCALES):
-            raise ConfigError(f"{name}: a weight's name may not end in {SCALES!r} (the suffix of stored scales).")
-        if quantize and t.is_floating_point() and t.dim() == 2 and (quantize == "int8" or t.shape[1] % 2 == 0):
-            out[name], out[name + SCALES] = _quantized(t.float(), quantize)
+        if name.endswith((SCALES, BITS)):
+            raise ConfigError(f"{name}: a weight's name may not end in {SCALES!r} or {BITS!r} (stored scales).")
+        if quantize and t.is_floating_point() and t.dim() == 2:
+            out.update({name + k: v for k, v in _quantized(t.float(), quantize).items()})
             continue
         if t.is_floating_point() and t.dtype != dtype:
             cast = t.to(dtype)
@@ -159,31 +161,35 @@ def storage_tensors(tensors: dict[str, torch.Tensor], dtype: torch.dtype = STORA
     return out
 
 
-def _quantized(w: torch.Tensor, kind: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """(integers, scales) of the float matrix ``w`` [O, I]: int8 [O, I] and float32 scales [O, 1], or
-    int4 packed two a byte (uint8 [O, I / 2], low nibble first, offset by 8) and float16 scales
-    [O, ceil(I / INT4_GROUP)]; each scale is its row's (group's) max |w| / 127 (/ 7), 1 where that is 0."""
+def _quantized(w: torch.Tensor, kind: str) -> dict[str, torch.Tensor]:
+    """The stored parts of the float matrix ``w`` [O, I] (keys: "", `SCALES`, `BITS`): int8 [O, I] with
+    float32 scales [O, 1]; or b-bit integers offset to 0..2^b - 2, bit-packed row by row (uint8
+    [O, ceil(I * b / 8)]), with float16 scales [O, ceil(I / GROUP)]. Each scale is its row's (group's)
+    max |w| / (2^(b-1) - 1), 1 where that is 0."""
     if not bool(torch.isfinite(w).all()):
         raise ConfigError("a weight matrix to quantize holds NaN or infinite values; the training diverged.")
     if kind == "int8":
-        scales = (w.abs().amax(1, keepdim=True) / 127).clamp_min(torch.finfo(torch.float32).tiny)
-        scales = torch.where(w.abs().amax(1, keepdim=True) > 0, scales, torch.ones_like(scales))
-        return (w / scales).round().clamp(-127, 127).to(torch.int8), scales.contiguous()
+        peak = w.abs().amax(1, keepdim=True)
+        scales = torch.where(peak > 0, peak / 127, torch.ones_like(peak))
+        return {"": (w / scales).round().clamp(-127, 127).to(torch.int8), SCALES: scales.contiguous()}
+    bits = int(kind.removeprefix("int"))
+    top = 2 ** (bits - 1) - 1
     groups = _groups(w)
     peak = groups.abs().amax(2)
-    scales = torch.where(peak > 0, peak / 7, torch.ones_like(peak))
-    half = scales.to(torch.float16)
+    half = torch.where(peak > 0, peak / top, torch.ones_like(peak)).to(torch.float16)
     if bool((half.float() <= 0).any() | ~torch.isfinite(half.float()).all()):
-        raise ConfigError("a weight matrix is out of float16's range for int4 scales; use output.quantize=int8.")
-    q = (groups / half.float()[..., None]).round().clamp(-7, 7).flatten(1)[:, : w.shape[1]].to(torch.int16) + 8
-    packed = (q[:, 0::2] | (q[:, 1::2] << 4)).to(torch.uint8)
-    return packed.contiguous(), half.contiguous()
+        raise ConfigError(f"a weight matrix is out of float16's range for {kind} scales; use output.quantize=int8.")
+    q = (groups / half.float()[..., None]).round().clamp(-top, top).flatten(1)[:, : w.shape[1]].to(torch.int16) + top
+    flat = ((q[..., None] >> torch.arange(bits, dtype=torch.int16)) & 1).flatten(1)  # [O, I * bits], low bit first
+    flat = torch.nn.functional.pad(flat, (0, -flat.shape[1] % 8)).view(w.shape[0], -1, 8)
+    packed = (flat << torch.arange(8, dtype=torch.int16)).sum(2, dtype=torch.int16).to(torch.uint8)
+    return {"": packed.contiguous(), SCALES: half.contiguous(), BITS: torch.tensor([bits, w.shape[1]])}
 
 
 def _groups(w: torch.Tensor) -> torch.Tensor:
-    """``w`` [O, I] as [O, G, INT4_GROUP] (zero-padded on the right)."""
-    pad = -w.shape[1] % INT4_GROUP
-    return torch.nn.functional.pad(w, (0, pad)).view(w.shape[0], -1, INT4_GROUP)
+    """``w`` [O, I] as [O, G, GROUP] (zero-padded on the right)."""
+    pad = -w.shape[1] % GROUP
+    return torch.nn.functional.pad(w, (0, pad)).view(w.shape[0], -1, GROUP)
 
 
 def restored_tensors(tensors: dict[str, torch.Tensor], key: str, path, what: str) -> dict[str, torch.Tensor]:
@@ -193,37 +199,42 @@ def restored_tensors(tensors: dict[str, torch.Tensor], key: str, path, what: str
     unquantized artefact pass through unchanged."""
     out = {}
     for name, t in tensors.items():
-        if name.endswith(SCALES):
-            if name[: -len(SCALES)] not in tensors:
+        if name.endswith((SCALES, BITS)):
+            if name.rsplit("::", 1)[0] not in tensors:
                 raise ConfigError(f"{key}: {path} holds scales {name!r} of no weight; the {what} is corrupt: "
                                   "retrain or re-copy it.")
             continue
         scales = tensors.get(name + SCALES)
-        out[name] = t if scales is None else _dequantized(name, t, scales, key, path, what)
+        out[name] = t if scales is None else _dequantized(name, t, scales, tensors.get(name + BITS), key, path, what)
     return out
 
 
-def _dequantized(name: str, q: torch.Tensor, scales: torch.Tensor, key: str, path, what: str) -> torch.Tensor:
+def _dequantized(name: str, q: torch.Tensor, scales: torch.Tensor, bits: torch.Tensor | None, key: str, path,
+                 what: str) -> torch.Tensor:
     bad = f"{key}: {path} has a corrupt quantized weight {name!r} ({{}}); the {what} is corrupt: retrain or re-copy it."
     s = scales.float()
     if not scales.is_floating_point() or not bool((torch.isfinite(s) & (s > 0)).all()):
         raise ConfigError(bad.format("scales not positive and finite"))
-    if q.dtype == torch.int8 and q.dim() == 2 and tuple(s.shape) == (q.shape[0], 1):
+    if bits is None and q.dtype == torch.int8 and q.dim() == 2 and tuple(s.shape) == (q.shape[0], 1):
         return q.float() * s
-    if q.dtype == torch.uint8 and q.dim() == 2 and s.dim() == 2 and s.shape[0] == q.shape[0] and \
-            s.shape[1] == -(-2 * q.shape[1] // INT4_GROUP):
-        ints = torch.stack([q & 15, q >> 4], 2).flatten(1).to(torch.int16) - 8
-        if bool((ints < -7).any()):
-            raise ConfigError(bad.format("an int4 value out of range"))
-        w = _groups(ints.float()) * s[..., None]
-        return w.flatten(1)[:, : ints.shape[1]].contiguous()
-    raise ConfigError(bad.format(f"{str(q.dtype).removeprefix('torch.')} {list(q.shape)} with scales {list(s.shape)}"))
+    b, width = (int(x) for x in bits.tolist()) if bits is not None and bits.numel() == 2 else (0, 0)
+    if not (q.dtype == torch.uint8 and q.dim() == 2 and 2 <= b <= 7 and q.shape[1] == -(-width * b // 8)
+            and s.dim() == 2 and tuple(s.shape) == (q.shape[0], -(-width // GROUP))):
+        raise ConfigError(bad.format(f"{str(q.dtype).removeprefix('torch.')} {list(q.shape)} with scales "
+                                     f"{list(s.shape)}"))
+    flat = ((q[..., None] >> torch.arange(8, dtype=torch.uint8)) & 1).flatten(1)[:, : width * b]
+    flat = flat.view(q.shape[0], width, b).to(torch.int16)
+    top = 2 ** (b - 1) - 1
+    ints = (flat << torch.arange(b, dtype=torch.int16)).sum(2, dtype=torch.int16) - top
+    if bool((ints > top).any()):
+        raise ConfigError(bad.format(f"an int{b} value out of range"))
+    return (_groups(ints.float()) * s[..., None]).flatten(1)[:, :width].contiguous()
 
 
 def storage_record(dtype: torch.dtype, quantize: str | None) -> dict:
     """The record fields that say how an artefact's weights are stored."""
     return {"dtype": str(dtype).removeprefix("torch."), "quantize": quantize,
-            **({"int4_group": INT4_GROUP} if quantize == "int4" else {})}
+            **({"group": GROUP} if quantize not in (None, "int8") else {})}
 
 
 def _usual_modes(tmp: Path) -> None:

@@ -11,36 +11,38 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from spec_zoo.artefacts import INT4_GROUP, SCALES, describe_target, restored_tensors, storage_tensors
+from spec_zoo.artefacts import BITS, GROUP, SCALES, describe_target, restored_tensors, storage_tensors
 from spec_zoo.errors import ConfigError
 from tests.tiny import tiny_llama
 
 
 def _weights(seed: int = 0) -> dict[str, torch.Tensor]:
     gen = torch.Generator().manual_seed(seed)
-    return {"w": torch.randn(40, 3 * INT4_GROUP + 10, generator=gen), "norm": torch.randn(7, generator=gen),
+    return {"w": torch.randn(40, 3 * GROUP + 10, generator=gen), "norm": torch.randn(7, generator=gen),
             "ids": torch.arange(5), "zero": torch.zeros(3, 8)}
 
 
-@pytest.mark.parametrize(("kind", "levels"), [("int8", 127), ("int4", 7)])
+@pytest.mark.parametrize(("kind", "levels"), [("int8", 127), ("int6", 31), ("int5", 15), ("int4", 7)])
 def test_a_quantized_matrix_comes_back_within_half_a_step_of_its_scale(kind, levels):
     weights = _weights()
     stored = storage_tensors(weights, quantize=kind)
     assert stored["w"].dtype == (torch.int8 if kind == "int8" else torch.uint8)
+    assert set(stored) == {"w", "w" + SCALES, "norm", "ids", "zero", "zero" + SCALES} | (
+        set() if kind == "int8" else {"w" + BITS, "zero" + BITS})
     assert stored["norm"].dtype == torch.float16 and torch.equal(stored["ids"], weights["ids"])  # as before
     back = restored_tensors(stored, "drafter.head", "here", "head")
     assert set(back) == set(weights) and back["w"].shape == weights["w"].shape
     w = weights["w"]
     if kind == "int8":
         step = w.abs().amax(1, keepdim=True) / levels
-    else:  # per group of INT4_GROUP inputs, scales rounded to float16
-        peaks = torch.nn.functional.pad(w, (0, -w.shape[1] % INT4_GROUP)).view(w.shape[0], -1, INT4_GROUP)
-        step = (peaks.abs().amax(2) / levels).repeat_interleave(INT4_GROUP, 1)[:, : w.shape[1]]
+    else:  # per group of GROUP inputs
+        peaks = torch.nn.functional.pad(w, (0, -w.shape[1] % GROUP)).view(w.shape[0], -1, GROUP)
+        step = (peaks.abs().amax(2) / levels).repeat_interleave(GROUP, 1)[:, : w.shape[1]]
     assert bool(((back["w"] - w).abs() <= step / 2 * 1.01 + 1e-7).all())
     assert torch.equal(back["zero"], weights["zero"])
     bytes_per_weight = (stored["w"].numel() * stored["w"].element_size() + stored["w" + SCALES].numel()
                         * stored["w" + SCALES].element_size()) / w.numel()
-    assert bytes_per_weight < (1.03 if kind == "int8" else 0.54)  # 1 or 1/2 byte a weight, plus its scales
+    assert bytes_per_weight < {"int8": 1.03, "int6": 0.81, "int5": 0.69, "int4": 0.56}[kind]  # + its scales
 
 
 @pytest.mark.parametrize("bad", ["zero", "nan", "negative", "shape", "orphan"])
@@ -68,13 +70,20 @@ def test_quantize_takes_only_the_known_kinds():
         storage_tensors(_weights(), quantize="int3")
 
 
+def test_a_corrupt_bit_width_is_refused():
+    stored = storage_tensors(_weights(), quantize="int5")
+    stored["w" + BITS] = torch.tensor([6, stored["w" + BITS][1]])
+    with pytest.raises(ConfigError, match=r"corrupt quantized weight 'w' \(uint8"):
+        restored_tensors(stored, "drafter.head", "here", "head")
+
+
 def _head(model, train_head: bool):
     from spec_zoo.drafters.early_exit.adapter import ExitAdapter
 
     return ExitAdapter(model, 1, 1, vocab_ids=torch.tensor([0, 2, 3, 5]), train_head=train_head)
 
 
-@pytest.mark.parametrize("quantize", ["int8", "int4", None])
+@pytest.mark.parametrize("quantize", ["int8", "int6", "int4", None])
 def test_a_head_saved_in_each_storage_loads_as_it_was_within_the_storage_step(tmp_path, quantize):
     from spec_zoo.draft_head import load_head, save_head
     from spec_zoo.drafters.early_exit.adapter import ExitAdapter
@@ -87,8 +96,9 @@ def test_a_head_saved_in_each_storage_loads_as_it_was_within_the_storage_step(tm
     loaded = load_head(ExitAdapter, path, model, "drafter.adapter", "spec-zoo-train early_exit")
     for name, want in head.state_dict().items():
         got = loaded.state_dict()[name]
+        steps = {"int8": 254, "int6": 62, "int4": 14}
         tol = 0 if not want.is_floating_point() else (1e-3 if quantize is None or want.dim() < 2 else
-                                                      want.abs().max() / (14 if quantize == "int4" else 254) * 1.01)
+                                                      want.abs().max() / steps[quantize] * 1.01)
         assert float((got.double() - want.double()).abs().max()) <= tol + 1e-6, name
 
 

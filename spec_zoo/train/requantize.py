@@ -8,7 +8,7 @@ kept as they are; its record then names the rewritten base draft's digest (``bas
 the one it was trained against (``base.requantized_from``). Give a parallel draft together
 with its base distilled draft: both are read, and checked, before anything is written.
 
-    python -m spec_zoo.train.requantize int8 DIR [DIR ...]     # or int4, or none (float16)
+    python -m spec_zoo.train.requantize int8 DIR [DIR ...]     # or int6, int5, int4, or none (float16)
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from spec_zoo.artefacts import QUANTIZE
 from spec_zoo.errors import ConfigError
 
 #: record fields the writers compute themselves (the rest of a record is carried over)
-_WRITTEN = {"format", "format_version", "dtype", "quantize", "int4_group", "from_target"}
+_WRITTEN = {"format", "format_version", "dtype", "quantize", "group", "from_target"}
 
 
 def requantize(paths, target_model, quantize: str | None) -> list[Path]:
@@ -35,7 +35,7 @@ def requantize(paths, target_model, quantize: str | None) -> list[Path]:
     from spec_zoo.train.trim import _spec_zoo_heads
 
     if quantize not in QUANTIZE:
-        raise ConfigError(f"quantize={quantize!r}; use int8, int4 or none.")
+        raise ConfigError(f"quantize={quantize!r}; use int8, int6, int5, int4 or none.")
     paths = [Path(p).expanduser() for p in paths]
     parallel = {}  # read (and their base checked) before any base is rewritten
     for p in paths:
