@@ -25,6 +25,14 @@ from spec_zoo.errors import ConfigError
 _WRITTEN = {"format", "format_version", "dtype", "quantize", "group", "from_target"}
 
 
+def _was(record: dict) -> dict:
+    """The rest of ``record`` (what its writer does not compute), plus how it was stored before
+    (``requantized_from``: the first layout, when rewritten more than once)."""
+    before = {k: record.get(k) for k in ("format_version", "dtype", "quantize") if k in record}
+    return {**{k: v for k, v in record.items() if k not in _WRITTEN},
+            "requantized_from": record.get("requantized_from", before)}
+
+
 def requantize(paths, target_model, quantize: str | None) -> list[Path]:
     """Rewrite each artefact dir of ``paths`` (distilled draft, parallel draft, or a spec-zoo head)
     with its matrices stored as ``quantize``; the dirs written, in order."""
@@ -61,7 +69,7 @@ def _distilled(path: Path, target_model, quantize: str | None) -> Path:
 
     student, record = student_from_pretrained(path, target_model)
     assert record is not None
-    rest = {k: v for k, v in record.items() if k not in _WRITTEN | {"input_embeddings", "draft_vocab"}}
+    rest = {k: v for k, v in _was(record).items() if k not in {"input_embeddings", "draft_vocab"}}
     return save_artefact(student, path, rest, dtype="float16", quantize=quantize)
 
 
@@ -69,7 +77,7 @@ def _head(cls, path: Path, target_model, quantize: str | None) -> Path:
     from spec_zoo.draft_head import load_head, save_head
 
     head = load_head(cls, path, target_model, "requantize", "spec-zoo-train")
-    rest = {k: v for k, v in head.record.items() if k not in _WRITTEN | {"target", *head.describe()}}
+    rest = {k: v for k, v in _was(head.record).items() if k not in {"target", *head.describe()}}
     return save_head(head, path, head.record["target"], rest, quantize=quantize)
 
 
@@ -84,7 +92,7 @@ def _parallel(path: Path, record: dict, tensors: dict, base: Path, quantize: str
     if digest != info.get("sha256"):
         info["requantized_from"] = info.get("requantized_from", info.get("sha256"))
         info["sha256"] = digest
-    rest = {k: v for k, v in record.items() if k not in _WRITTEN | {"k", "rank", "base"}}
+    rest = {k: v for k, v in _was(record).items() if k not in {"k", "rank", "base"}}
     return save_parallel(path, tensors[MASKS], updates, {**rest, "base": info}, dense=dense, quantize=quantize)
 
 
