@@ -193,7 +193,8 @@ def test_data_budget_s_stops_the_command_before_training_and_reruns_finish_the_r
             "data.top_k=16", "student.layers=1", "student.vocab_size=48", "student.init=random", "train.steps=5",
             "train.batch_size=8", "train.lr=1e-2", "train.warmup=4", "train.eval_every=10", "train.ckpt_every=10",
             f"output.dir={b / 'draft'}", f"data.cache_dir={b / 'cache'}", "output.dtype=float32",
-            "output.quantize=null", "progress=false", "threads=1", f"data.token_ids={json.dumps(prompts).replace(' ', '')}", "data.budget_s=1e-9"]
+            "output.quantize=null", "progress=false", "threads=1",
+            f"data.token_ids={json.dumps(prompts).replace(' ', '')}", "data.budget_s=1e-9"]
     monkeypatch.setattr(sys, "argv", list(args))
     main()  # returns: exit status 0
     out = capsys.readouterr()
