@@ -224,13 +224,13 @@ def load_head(cls: type[Head], path, target_model, key: str, train_command: str)
     except KeyError as e:
         raise ConfigError(f"{key}: {path / cls.RECORD} lacks {e}; "
                           f"the {cls.WHAT} is corrupt: retrain or re-copy it.") from None
-    if not head.train_head:  # its rows are the target's, taken now: the ones it was trained with?
-        check_from_target(record, {"lm_head_rows": head.head}, key, path, cls.WHAT, f"`{train_command}`")
     dtype = target_model.lm_head.weight.dtype
     try:
         head.load_state_dict({k: (v if k == "vocab_ids" else v.to(dtype)) for k, v in tensors.items()})
     except RuntimeError as e:
         raise ConfigError(f"{key}={str(path)!r}: the weights do not fit {cls.RECORD} or this target "
                           f"({str(e)[:160]}); retrain or re-copy the {cls.WHAT}.") from None
+    if not head.train_head:  # its rows are the target's, taken now: the ones it was trained with?
+        check_from_target(record, {"lm_head_rows": head.head}, key, path, cls.WHAT, f"`{train_command}`")
     head.record = record
     return head.to(target_model.device).eval().requires_grad_(False)
