@@ -11,14 +11,16 @@ back with their format and version checked.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import torch
+from torch.utils.weak import WeakIdKeyDictionary
 
 from spec_zoo.errors import ConfigError
 from spec_zoo.outputs import check_writable, resolved, umask
@@ -112,17 +114,42 @@ def write_artefact(out_dir, record_name: str, record: dict, write_files: Callabl
     return out_dir
 
 
-#: the dtype trained weights are stored in: half the bytes of float32, and the shipped artefacts' weights
-#: (|w| <= 5.4) sit far inside its range with 3 more mantissa bits than bfloat16; loaders cast to the target's
+#: the dtype trained weights are stored in (the vectors, and the matrices when not quantized): half the bytes of
+#: float32, and the shipped artefacts' weights (|w| <= 5.4) sit far inside its range with 3 more mantissa bits than
+#: bfloat16; loaders cast to the target's
 STORAGE_DTYPE = torch.float16
 
+#: how an artefact's weight matrices (2-D floating tensors) may be stored (`storage_tensors`, ``output.quantize``):
+#: None as floats of the storage dtype; "int8" symmetric per output row (a float32 scale per row, 1 byte a weight);
+#: "int6" / "int5" / "int4" symmetric per group of `GROUP` inputs of a row (a float16 scale per group), the
+#: integers bit-packed (6, 5 or 4 bits a weight). Vectors (norms, biases) and integer tensors are never
+#: quantized. Read back by `restored_tensors`.
+QUANTIZE = (None, "int8", "int6", "int5", "int4")
+GROUP = 64
+#: what a trained artefact's matrices are stored as unless ``output.quantize`` says otherwise: a quarter of float32's
+#: bytes, and the shipped artefacts' acceptance moves by less than 0.01 a position at it (docs/training.md)
+DEFAULT_QUANTIZE = "int8"
+#: a quantized matrix ``name`` is stored as ``name`` (the integers), ``name + SCALES`` (its scales) and, when
+#: bit-packed, ``name + BITS`` ([bits, input features])
+SCALES, BITS = "::scales", "::bits"
 
-def storage_tensors(tensors: dict[str, torch.Tensor], dtype: torch.dtype = STORAGE_DTYPE) -> dict[str, torch.Tensor]:
-    """``tensors`` as stored: floating ones in ``dtype``, on the CPU, contiguous; a weight beyond
-    ``dtype``'s finite range is refused (it would be stored as inf and refused at load)."""
+
+def storage_tensors(tensors: dict[str, torch.Tensor], dtype: torch.dtype = STORAGE_DTYPE,
+                    quantize: str | None = None) -> dict[str, torch.Tensor]:
+    """``tensors`` as stored: floating ones in ``dtype`` (matrices quantized when ``quantize`` is one
+    of `QUANTIZE`), on the CPU, contiguous; a weight beyond ``dtype``'s finite range is refused (it
+    would be stored as inf and refused at load). The one writer of every artefact's weights;
+    `restored_tensors` reads what it writes."""
+    if quantize not in QUANTIZE:
+        raise ConfigError(f"output.quantize={quantize!r}; allowed values: null (floats), int8, int6, int5, int4.")
     out = {}
     for name, t in tensors.items():
         t = t.detach().to("cpu")
+        if name.endswith((SCALES, BITS)):
+            raise ConfigError(f"{name}: a weight's name may not end in {SCALES!r} or {BITS!r} (stored scales).")
+        if quantize and t.is_floating_point() and t.dim() == 2:
+            out.update({name + k: v for k, v in _quantized(t.float(), quantize).items()})
+            continue
         if t.is_floating_point() and t.dtype != dtype:
             cast = t.to(dtype)
             if bool(torch.isfinite(t).all()) and not bool(torch.isfinite(cast).all()):
@@ -132,6 +159,82 @@ def storage_tensors(tensors: dict[str, torch.Tensor], dtype: torch.dtype = STORA
             t = cast
         out[name] = t.contiguous()
     return out
+
+
+def _quantized(w: torch.Tensor, kind: str) -> dict[str, torch.Tensor]:
+    """The stored parts of the float matrix ``w`` [O, I] (keys: "", `SCALES`, `BITS`): int8 [O, I] with
+    float32 scales [O, 1]; or b-bit integers offset to 0..2^b - 2, bit-packed row by row (uint8
+    [O, ceil(I * b / 8)]), with float16 scales [O, ceil(I / GROUP)]. Each scale is its row's (group's)
+    max |w| / (2^(b-1) - 1), 1 where that is 0."""
+    if not bool(torch.isfinite(w).all()):
+        raise ConfigError("a weight matrix to quantize holds NaN or infinite values; the training diverged.")
+    if kind == "int8":
+        peak = w.abs().amax(1, keepdim=True)
+        scales = torch.where(peak > 0, peak / 127, torch.ones_like(peak))
+        return {"": (w / scales).round().clamp(-127, 127).to(torch.int8), SCALES: scales.contiguous()}
+    bits = int(kind.removeprefix("int"))
+    top = 2 ** (bits - 1) - 1
+    groups = _groups(w)
+    peak = groups.abs().amax(2)
+    half = torch.where(peak > 0, peak / top, torch.ones_like(peak)).to(torch.float16)
+    if bool((half.float() <= 0).any() | ~torch.isfinite(half.float()).all()):
+        raise ConfigError(f"a weight matrix is out of float16's range for {kind} scales; use output.quantize=int8.")
+    q = (groups / half.float()[..., None]).round().clamp(-top, top).flatten(1)[:, : w.shape[1]].to(torch.int16) + top
+    flat = ((q[..., None] >> torch.arange(bits, dtype=torch.int16)) & 1).flatten(1)  # [O, I * bits], low bit first
+    flat = torch.nn.functional.pad(flat, (0, -flat.shape[1] % 8)).view(w.shape[0], -1, 8)
+    packed = (flat << torch.arange(8, dtype=torch.int16)).sum(2, dtype=torch.int16).to(torch.uint8)
+    return {"": packed.contiguous(), SCALES: half.contiguous(), BITS: torch.tensor([bits, w.shape[1]])}
+
+
+def _groups(w: torch.Tensor) -> torch.Tensor:
+    """``w`` [O, I] as [O, G, GROUP] (zero-padded on the right)."""
+    pad = -w.shape[1] % GROUP
+    return torch.nn.functional.pad(w, (0, pad)).view(w.shape[0], -1, GROUP)
+
+
+def restored_tensors(tensors: dict[str, torch.Tensor], key: str, path, what: str) -> dict[str, torch.Tensor]:
+    """What `storage_tensors` wrote, with each quantized matrix back as float32 (integers x scales);
+    everything else as stored. Scales that are not positive and finite, or that do not fit their
+    matrix, raise a one-line `ConfigError` (the file is corrupt). Float tensors of an older,
+    unquantized artefact pass through unchanged."""
+    out = {}
+    for name, t in tensors.items():
+        if name.endswith((SCALES, BITS)):
+            if name.rsplit("::", 1)[0] not in tensors:
+                raise ConfigError(f"{key}: {path} holds scales {name!r} of no weight; the {what} is corrupt: "
+                                  "retrain or re-copy it.")
+            continue
+        scales = tensors.get(name + SCALES)
+        out[name] = t if scales is None else _dequantized(name, t, scales, tensors.get(name + BITS), key, path, what)
+    return out
+
+
+def _dequantized(name: str, q: torch.Tensor, scales: torch.Tensor, bits: torch.Tensor | None, key: str, path,
+                 what: str) -> torch.Tensor:
+    bad = f"{key}: {path} has a corrupt quantized weight {name!r} ({{}}); the {what} is corrupt: retrain or re-copy it."
+    s = scales.float()
+    if not scales.is_floating_point() or not bool((torch.isfinite(s) & (s > 0)).all()):
+        raise ConfigError(bad.format("scales not positive and finite"))
+    if bits is None and q.dtype == torch.int8 and q.dim() == 2 and tuple(s.shape) == (q.shape[0], 1):
+        return q.float() * s
+    b, width = (int(x) for x in bits.tolist()) if bits is not None and bits.numel() == 2 else (0, 0)
+    if not (q.dtype == torch.uint8 and q.dim() == 2 and 2 <= b <= 7 and q.shape[1] == -(-width * b // 8)
+            and s.dim() == 2 and tuple(s.shape) == (q.shape[0], -(-width // GROUP))):
+        raise ConfigError(bad.format(f"{str(q.dtype).removeprefix('torch.')} {list(q.shape)} with scales "
+                                     f"{list(s.shape)}"))
+    flat = ((q[..., None] >> torch.arange(8, dtype=torch.uint8)) & 1).flatten(1)[:, : width * b]
+    flat = flat.view(q.shape[0], width, b).to(torch.int16)
+    top = 2 ** (b - 1) - 1
+    ints = (flat << torch.arange(b, dtype=torch.int16)).sum(2, dtype=torch.int16) - top
+    if bool((ints > top).any()):
+        raise ConfigError(bad.format(f"an int{b} value out of range"))
+    return (_groups(ints.float()) * s[..., None]).flatten(1)[:, :width].contiguous()
+
+
+def storage_record(dtype: torch.dtype, quantize: str | None) -> dict:
+    """The record fields that say how an artefact's weights are stored."""
+    return {"dtype": str(dtype).removeprefix("torch."), "quantize": quantize,
+            **({"group": GROUP} if quantize not in (None, "int8") else {})}
 
 
 def _usual_modes(tmp: Path) -> None:
@@ -225,3 +328,52 @@ def check_target(record: dict, target_model, path, key: str = "drafter.path",
             f"{key}={str(path)!r} was trained for target {want.get('name')!r}, not for this one "
             f"({'; '.join(problems)}). Use one trained for this target ({fix})."
         )
+
+
+def sha256(chunks: Iterable[bytes]) -> str:
+    """SHA-256 of ``chunks`` in order: the digest an artefact records of what it was made against
+    (a base draft's weight files, `spec_zoo.drafters.parallel.model.weights_digest`; a tensor it
+    takes from the target, `target_digests`)."""
+    digest = hashlib.sha256()
+    for chunk in chunks:
+        digest.update(chunk)
+    return digest.hexdigest()
+
+
+#: a tensor an artefact takes from the target instead of storing it is recorded by its digest in the two
+#: dtypes a target's weights are compared in: float16 for a float16 target, bfloat16 for the others (a
+#: float32 or bfloat16 load of the same model rounds to the same bfloat16 values)
+_DIGEST_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def _digest_dtype(t: torch.Tensor) -> str:
+    return "float16" if t.dtype == torch.float16 else "bfloat16"
+
+
+_DIGESTS = WeakIdKeyDictionary()  # tensor -> (its version, its digests)
+
+
+def target_digests(t: torch.Tensor) -> dict[str, str]:
+    """The record of a tensor the artefact takes from the target (never stores): its SHA-256 as rounded to
+    each of `_DIGEST_DTYPES`; `check_from_target` compares the one of the dtype the target is loaded in.
+    Kept per tensor until it changes (a target's embedding table is checked by every draft loaded on it)."""
+    version, digests = _DIGESTS.get(t, (None, None))
+    if digests is None or version != t._version:
+        flat = t.detach().to("cpu").contiguous()
+        digests = {name: sha256([flat.to(dtype).view(torch.int16).numpy().tobytes()])
+                   for name, dtype in _DIGEST_DTYPES.items()}
+        _DIGESTS[t] = (t._version, digests)
+    return digests
+
+
+def check_from_target(record: dict, tensors: dict[str, torch.Tensor], key: str, path, what: str, fix: str) -> None:
+    """Refuse, in one line, an artefact whose record names a tensor taken from the target
+    (``from_target``: name -> `target_digests`) that this target's ``tensors[name]`` does not match:
+    the target's weights differ from those the artefact was made with. Records without one pass."""
+    for name, want in (record.get("from_target") or {}).items():
+        t = tensors.get(name)
+        kind = _digest_dtype(t) if t is not None else "bfloat16"
+        if not isinstance(want, dict) or t is None or want.get(kind) != target_digests(t)[kind]:
+            raise ConfigError(f"{key}={str(path)!r} takes {name} from the target, but this target's {name} differ "
+                              f"from those the {what} was made with (SHA-256 of its {kind} values); use one made "
+                              f"for this target ({fix}).")

@@ -34,11 +34,16 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from spec_zoo.artefacts import (
+    DEFAULT_QUANTIZE,
     STORAGE_DTYPE,
     check_artefact_values,
+    check_from_target,
     check_target,
     read_record,
+    restored_tensors,
+    storage_record,
     storage_tensors,
+    target_digests,
     write_artefact,
 )
 from spec_zoo.errors import ConfigError
@@ -58,7 +63,9 @@ class VocabHead(torch.nn.Module):
 
     #: artefact format name, JSON record and weights file names, and what to call it in errors
     FORMAT, RECORD, WEIGHTS, WHAT = "", "", "", ""
-    FORMAT_VERSION = 1
+    #: 2: weight matrices may be quantized (``quantize``, `spec_zoo.artefacts.storage_tensors`) and the
+    #: target's LM-head rows an untrained head uses are recorded by digest (``from_target``); 1 (read too): float16
+    FORMAT_VERSION = 2
     vocab_ids: torch.Tensor | None  # a buffer
     head: torch.Tensor  # a parameter when trained, else a buffer
     record: dict  # what `load_head` read
@@ -170,12 +177,15 @@ class BlockHead(VocabHead):
 
 
 def save_head(head: VocabHead, out_dir, target_info: dict, record: dict, dtype=STORAGE_DTYPE,
-              overwrite: bool = False) -> Path:
-    """Write the head's weights (in ``dtype``; `load_head` casts them to the target's) + JSON record
-    with `write_artefact` (atomic; replaces only a previous artefact)."""
-    tensors = storage_tensors(head.state_dict(), dtype)
-    full = {"format": head.FORMAT, "format_version": head.FORMAT_VERSION, "dtype": str(dtype).removeprefix("torch."),
-            **head.describe(), "target": target_info, **record}
+              overwrite: bool = False, quantize: str | None = DEFAULT_QUANTIZE) -> Path:
+    """Write the head's weights (`storage_tensors`: vectors in ``dtype``, matrices quantized as
+    ``quantize`` says; `load_head` restores them in the target's dtype) + JSON record with
+    `write_artefact` (atomic; replaces only a previous artefact). An untrained head's rows are the
+    target's: not stored, recorded by digest (``from_target``)."""
+    tensors = storage_tensors(head.state_dict(), dtype, quantize)
+    taken = {} if head.train_head else {"lm_head_rows": target_digests(head.head)}
+    full = {"format": head.FORMAT, "format_version": head.FORMAT_VERSION, **storage_record(dtype, quantize),
+            **head.describe(), "target": target_info, **({"from_target": taken} if taken else {}), **record}
     return write_artefact(out_dir, head.RECORD, full, lambda tmp: save_file(tensors, str(tmp / head.WEIGHTS)),
                           overwrite=overwrite)
 
@@ -201,6 +211,7 @@ def load_head(cls: type[Head], path, target_model, key: str, train_command: str)
     except Exception as e:  # missing, truncated or corrupt file
         raise ConfigError(f"{key}={str(path)!r}: {cls.WEIGHTS} cannot be read ({type(e).__name__}: "
                           f"{str(e)[:160]}); the file is corrupt or incomplete: retrain or re-copy it.") from None
+    tensors = restored_tensors(tensors, key, path, cls.WHAT)
     check_artefact_values(record, tensors, key, path, cls.WHAT)
     ids, vocab = tensors.get("vocab_ids"), target_model.lm_head.weight.shape[0]
     if ids is not None and (ids.dim() != 1 or ids.is_floating_point() or not ids.numel()
@@ -219,5 +230,7 @@ def load_head(cls: type[Head], path, target_model, key: str, train_command: str)
     except RuntimeError as e:
         raise ConfigError(f"{key}={str(path)!r}: the weights do not fit {cls.RECORD} or this target "
                           f"({str(e)[:160]}); retrain or re-copy the {cls.WHAT}.") from None
+    if not head.train_head:  # its rows are the target's, taken now: the ones it was trained with?
+        check_from_target(record, {"lm_head_rows": head.head}, key, path, cls.WHAT, f"`{train_command}`")
     head.record = record
     return head.to(target_model.device).eval().requires_grad_(False)

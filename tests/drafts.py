@@ -129,7 +129,7 @@ def parallel_draft(model, k: int = 3, seed: int = 5, dtype: str = "float64") -> 
     student = student_from_target(model, 1, None, torch.tensor([0, *range(2, vocab)]))
     target = describe_target(model, "tiny")
     base = save_artefact(student, root / "base", {"target": target, "init": {"kind": "target", "layers": 1}},
-                         dtype=dtype)
+                         dtype=dtype, quantize=None)  # float64 kept: the tests compare exact values
     gen = torch.Generator().manual_seed(seed)
     H = model.config.hidden_size
     updates = {name: (torch.randn(w.shape[0], 2, generator=gen, dtype=torch.float64) / 2,
@@ -137,7 +137,7 @@ def parallel_draft(model, k: int = 3, seed: int = 5, dtype: str = "float64") -> 
                for name, w in student.lm.named_parameters() if ".layers." in name and w.dim() == 2}
     masks = torch.randn(k - 1, H, generator=gen, dtype=torch.float64)
     record = {"target": target, "base": {"path": str(base), "sha256": weights_digest(base)}}
-    return save_parallel(root / "parallel", masks, updates, record, dtype=getattr(torch, dtype))
+    return save_parallel(root / "parallel", masks, updates, record, dtype=getattr(torch, dtype), quantize=None)
 
 
 _PARALLEL: dict = {}

@@ -465,7 +465,7 @@ def test_head_with_non_finite_weights_is_refused_at_load(tmp_path, bad, setup):
 
     model, path = saved_eagle_head(tmp_path)
     tensors = load_file(str(path / EagleHead.WEIGHTS))
-    name = next(k for k, v in tensors.items() if v.is_floating_point())
+    name = next(k for k, v in tensors.items() if v.is_floating_point() and "::" not in k)  # a weight, not a scale
     tensors[name].view(-1)[0] = bad
     save_file(tensors, str(path / EagleHead.WEIGHTS))
     drafter = {"alone": ["drafter=eagle", f"drafter.head={path}"],
@@ -480,7 +480,7 @@ def test_head_with_non_finite_weights_is_refused_at_load(tmp_path, bad, setup):
 
 def test_a_weight_beyond_the_stored_dtype_is_refused_at_save_and_a_stored_head_loads_in_the_targets_dtype(tmp_path):
     """float16 storage (|w| <= 65504) would write a larger weight as inf; the save refuses it by
-    name. A float16-stored head runs in the target's dtype (float32 here)."""
+    name (int8 matrices, the default, take it). A stored head runs in the target's dtype (float32 here)."""
     from spec_zoo.artefacts import describe_target, storage_tensors
     from spec_zoo.draft_head import load_head, save_head
     from spec_zoo.drafters.eagle.head import EagleHead
@@ -495,8 +495,9 @@ def test_a_weight_beyond_the_stored_dtype_is_refused_at_save_and_a_stored_head_l
     with torch.no_grad():
         head.fc.weight.view(-1)[0] = 1e5
     with pytest.raises(ConfigError, match="fc.weight has weights beyond float16's range"):
-        save_head(head, tmp_path / "head", describe_target(model, None), {})
+        save_head(head, tmp_path / "head", describe_target(model, None), {}, quantize=None)
     assert not (tmp_path / "head").exists()
+    save_head(head, tmp_path / "int8", describe_target(model, None), {})  # a matrix's int8 scale holds any weight
     _, path = saved_eagle_head(tmp_path)
     loaded = load_head(EagleHead, path, model, "drafter.head", "spec-zoo-train eagle")
     assert loaded.record["dtype"] == "float16" and loaded.fc.weight.dtype == model.lm_head.weight.dtype

@@ -46,7 +46,7 @@ def _cfg(tmp_path, *overrides, prompts=None):
         "student.layers=1", "student.vocab_size=48", "student.init=random",
         "train.steps=40", "train.batch_size=8", "train.lr=1e-2", "train.warmup=4", "train.eval_every=10",
         "train.ckpt_every=10", f"output.dir={tmp_path / 'draft'}", f"data.cache_dir={tmp_path / 'cache'}",
-        "output.dtype=float32", "progress=false", "threads=1",
+        "output.dtype=float32", "output.quantize=null", "progress=false", "threads=1",  # exact weights to compare
     ]
     with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
         cfg = compose("train_distill", overrides=base + list(overrides))
@@ -192,8 +192,9 @@ def test_data_budget_s_stops_the_command_before_training_and_reruns_finish_the_r
     args = ["spec-zoo-train", "distill", "data.max_new_tokens=16", "data.heldout=0.25", "data.batch_size=8",
             "data.top_k=16", "student.layers=1", "student.vocab_size=48", "student.init=random", "train.steps=5",
             "train.batch_size=8", "train.lr=1e-2", "train.warmup=4", "train.eval_every=10", "train.ckpt_every=10",
-            f"output.dir={b / 'draft'}", f"data.cache_dir={b / 'cache'}", "output.dtype=float32", "progress=false",
-            "threads=1", f"data.token_ids={json.dumps(prompts).replace(' ', '')}", "data.budget_s=1e-9"]
+            f"output.dir={b / 'draft'}", f"data.cache_dir={b / 'cache'}", "output.dtype=float32",
+            "output.quantize=null", "progress=false", "threads=1",
+            f"data.token_ids={json.dumps(prompts).replace(' ', '')}", "data.budget_s=1e-9"]
     monkeypatch.setattr(sys, "argv", list(args))
     main()  # returns: exit status 0
     out = capsys.readouterr()

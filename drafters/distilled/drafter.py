@@ -58,7 +58,7 @@ class DistilledDrafter(SmallModelDrafter):
 
     def attach(self, target: Target) -> None:
         from spec_zoo.artefacts import check_target
-        from spec_zoo.drafters.distilled.student import student_from_target
+        from spec_zoo.drafters.distilled.student import check_embeddings, student_from_target
 
         if self._attached_to is target:
             return
@@ -83,6 +83,7 @@ class DistilledDrafter(SmallModelDrafter):
             draft.load_state_dict(state, strict=False)
         if self.record.get("input_embeddings") == "target":
             embed = target.model.get_input_embeddings()
+            check_embeddings(self.record, embed, "drafter.path", self.path)
             if embed.weight.dtype != draft.dtype or embed.weight.device != draft.device:
                 embed = torch.nn.Embedding.from_pretrained(embed.weight.detach().to(draft.device, draft.dtype))
             draft.model.embed_tokens = embed  # shared with the target: no second copy of the full table

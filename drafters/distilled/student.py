@@ -9,12 +9,16 @@ A student is a Llama-family causal LM sharing the target's tokenizer. Two input 
   for those ids, so q is exactly zero elsewhere and exact verification stays exact.
 * ``input_embeddings="own"``: an existing HF model used as is (full vocabulary).
 
-Artefact (a standard HF model directory, loadable with ``AutoModelForCausalLM``):
-``config.json`` + ``model.safetensors`` (a Llama whose ``vocab_size`` is the draft
-vocabulary size; ``embed_tokens`` holds the target's rows of those ids, ``lm_head`` the
-trained head) + ``distill.json``: the record of the target it was distilled from
-(name, sizes, an embedding fingerprint), the draft vocabulary (token ids in the target's
-vocabulary, row order of the head), the data, the loss, the steps and the measured alpha.
+Artefact: an HF model directory, ``config.json`` + ``model.safetensors`` (a Llama whose
+``vocab_size`` is the draft vocabulary size, ``lm_head`` the trained head) + ``distill.json``:
+the record of the target it was distilled from (name, sizes, an embedding fingerprint), the
+draft vocabulary (token ids in the target's vocabulary, row order of the head), how the weights
+are stored, the data, the loss, the steps and the measured alpha. Format version 2 (written
+now): the weights as `spec_zoo.artefacts.storage_tensors` writes them (matrices quantized,
+``quantize``), and a draft that reads the target's embeddings stores none: the record holds their
+digest (``from_target``), checked when the target's are plugged in; it loads with `load_artefact`,
+not ``AutoModelForCausalLM``. Version 1 (read too): float16 weights with ``embed_tokens``, the
+target's rows of the draft vocabulary, a plain HF model dir.
 """
 
 from __future__ import annotations
@@ -23,14 +27,27 @@ import copy
 from pathlib import Path
 
 import torch
+from safetensors.torch import load_file, save_file
 
-from spec_zoo.artefacts import check_artefact_values, check_target, storage_tensors, write_artefact
+from spec_zoo.artefacts import (
+    DEFAULT_QUANTIZE,
+    check_artefact_values,
+    check_from_target,
+    check_target,
+    restored_tensors,
+    storage_record,
+    storage_tensors,
+    target_digests,
+    write_artefact,
+)
 from spec_zoo.artefacts import read_record as read_json_record
 from spec_zoo.errors import ConfigError
 
 RECORD = "distill.json"
 FORMAT = "spec-zoo-distilled-draft"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+WEIGHTS = "model.safetensors"
+EMBED = "model.embed_tokens.weight"  # not stored when the draft reads the target's embeddings (version 2)
 
 
 class Student(torch.nn.Module):
@@ -127,6 +144,7 @@ def student_from_pretrained(path, target_model=None) -> tuple[Student, dict | No
                 raise ConfigError(f"{path} reads the target's embeddings; load the target first.")
             check_target(record, target_model, path)
             embed = target_model.get_input_embeddings()
+            check_embeddings(record, embed, "drafter.path", path)
         return Student(lm.float(), vocab_ids, embed), record
     from spec_zoo.models import load_causal_lm
 
@@ -134,26 +152,40 @@ def student_from_pretrained(path, target_model=None) -> tuple[Student, dict | No
     return Student(lm.float(), None, None), None
 
 
+def check_embeddings(record: dict, embed, key: str, path) -> None:
+    """Refuse target embeddings other than those the draft was distilled with (their digest, version 2)."""
+    check_from_target(record, {"input_embeddings": embed.weight}, key, path, "distilled draft",
+                      "`spec-zoo-train distill target.path=...`")
+
+
 def save_artefact(student: Student, out_dir, record: dict, dtype: str = "float16", tokenizer=None,
-                  overwrite: bool = False) -> Path:
-    """Write the HF model dir + ``distill.json`` with `write_artefact` (atomic; replaces only a previous artefact)."""
+                  overwrite: bool = False, quantize: str | None = DEFAULT_QUANTIZE) -> Path:
+    """Write the model dir + ``distill.json`` with `write_artefact` (atomic; replaces only a previous
+    artefact): the weights through `storage_tensors` (vectors in ``dtype``, matrices quantized as
+    ``quantize`` says), without the target's embeddings when the draft reads those."""
     from spec_zoo.models import DTYPES
 
     lm = student.lm
     if hasattr(lm, "merge_and_unload"):  # a LoRA student: fold the adapters in
         lm = copy.deepcopy(lm).merge_and_unload()
-    storage_tensors(lm.state_dict(), DTYPES[dtype])  # refuses weights beyond the stored dtype's range
-    lm = copy.deepcopy(lm).to(DTYPES[dtype])
+    state = {k: v for k, v in lm.state_dict().items() if not (student.embed[0] is not None and k == EMBED)}
+    tensors = storage_tensors(state, DTYPES[dtype], quantize)
+    taken = {} if student.embed[0] is None else {"input_embeddings": target_digests(student.embed[0].weight)}
+    config = copy.deepcopy(lm.config)
+    config.dtype = dtype
 
     def write_files(tmp: Path) -> None:
-        lm.save_pretrained(tmp, safe_serialization=True)
+        config.save_pretrained(tmp)
+        lm.generation_config.save_pretrained(tmp)
+        save_file(tensors, str(tmp / WEIGHTS), metadata={"format": "pt"})
         if tokenizer is not None:
             tokenizer.save_pretrained(tmp)
 
     full = {
-        "format": FORMAT, "format_version": FORMAT_VERSION, "dtype": dtype,
+        "format": FORMAT, "format_version": FORMAT_VERSION, **storage_record(DTYPES[dtype], quantize),
         "input_embeddings": student.input_embeddings,
         "draft_vocab": None if student.vocab_ids is None else student.vocab_ids.tolist(),
+        **({"from_target": taken} if taken else {}),
         **record,
     }
     return write_artefact(out_dir, RECORD, full, write_files, overwrite=overwrite)
@@ -173,12 +205,17 @@ def read_record(path) -> dict:
 
 def load_artefact(path, dtype: str = "float32", device: str = "cpu"):
     """(model, tokenizer or None, record) of a distilled draft dir; corrupt or inconsistent
-    files raise `ConfigError` naming the file."""
+    files raise `ConfigError` naming the file. A version-2 draft that reads the target's
+    embeddings has none of its own until they are plugged in (zeros until then)."""
     from spec_zoo.models import load_causal_lm
 
+    path = Path(path).expanduser()
     record = read_record(path)
     try:
-        model, tokenizer = load_causal_lm(path, dtype=dtype, device=device, key="drafter")
+        if int(record.get("format_version", 1)) >= 2:
+            model, tokenizer = _load_stored(path, record, dtype, device)
+        else:  # version 1: a plain HF model dir, float16, with the target's embedding rows
+            model, tokenizer = load_causal_lm(path, dtype=dtype, device=device, key="drafter")
     except ConfigError:
         raise
     except Exception as e:  # truncated/corrupt safetensors, bad config.json, ...
@@ -192,3 +229,34 @@ def load_artefact(path, dtype: str = "float32", device: str = "cpu"):
         raise ConfigError(f"drafter.path={str(path)!r}: the LM head has {rows} rows but {RECORD} lists "
                           f"{expected} draft tokens; the files do not belong together: retrain or re-copy the draft.")
     return model, tokenizer, record
+
+
+def _load_stored(path: Path, record: dict, dtype: str, device: str):
+    """(model, tokenizer or None) of a version-2 draft: its config, its weights restored
+    (`restored_tensors`) in ``dtype``."""
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+
+    from spec_zoo.models import DTYPES, resolve_device
+
+    config = AutoConfig.from_pretrained(path)
+    tensors = restored_tensors(load_file(str(path / WEIGHTS)), "drafter.path", path, "distilled draft")
+    model = AutoModelForCausalLM.from_config(config, dtype=DTYPES[dtype])
+    own = set(model.state_dict())
+    taken = {EMBED} if record.get("input_embeddings") == "target" else set()
+    missing, unexpected = sorted(own - set(tensors) - taken), sorted(set(tensors) - own)
+    if missing or unexpected:
+        raise ConfigError(f"drafter.path={str(path)!r}: {WEIGHTS} does not match its config.json (missing "
+                          f"{missing[:3]}, unexpected {unexpected[:3]}); retrain or re-copy the draft.")
+    try:
+        with torch.no_grad():
+            model.load_state_dict(tensors, strict=False)
+            if taken:  # the target's, plugged in by the drafter (`DistilledDrafter.attach`, `Student`)
+                model.get_input_embeddings().weight.zero_()
+    except RuntimeError as e:
+        raise ConfigError(f"drafter.path={str(path)!r}: the weights do not fit its config.json ({str(e)[:160]}); "
+                          "retrain or re-copy the draft.") from None
+    if (path / "generation_config.json").is_file():
+        model.generation_config = GenerationConfig.from_pretrained(path)
+    has_tokenizer = any((path / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model"))
+    tokenizer = AutoTokenizer.from_pretrained(path) if has_tokenizer else None
+    return model.to(resolve_device(device)).eval(), tokenizer

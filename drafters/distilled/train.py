@@ -11,6 +11,7 @@ from typing import ClassVar
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from spec_zoo.artefacts import DEFAULT_QUANTIZE
 from spec_zoo.drafters.distilled.student import (
     FORMAT,
     RECORD,
@@ -77,6 +78,7 @@ class DraftRecipe(TeacherMetrics):
                 "lora": OmegaConf.to_container(s.lora)}
         return save_artefact(student, Path(cfg.output.dir).expanduser(),
                              {"target": target_info, "init": init, **record}, dtype=str(cfg.output.dtype),
+                             quantize=cfg.output.get("quantize", DEFAULT_QUANTIZE),
                              overwrite=bool(cfg.output.get("overwrite", False)))
 
     def load(self, path: Path, model: torch.nn.Module) -> Student:

@@ -18,20 +18,28 @@ record.
 
 from __future__ import annotations
 
-import hashlib
 from pathlib import Path
 
 import torch
 from safetensors.torch import load_file, save_file
 
-from spec_zoo.artefacts import STORAGE_DTYPE, check_artefact_values, storage_tensors, write_artefact
+from spec_zoo.artefacts import (
+    DEFAULT_QUANTIZE,
+    STORAGE_DTYPE,
+    check_artefact_values,
+    restored_tensors,
+    sha256,
+    storage_record,
+    storage_tensors,
+    write_artefact,
+)
 from spec_zoo.artefacts import read_record as read_json_record
 from spec_zoo.errors import ConfigError
 
 RECORD = "parallel.json"
 WEIGHTS = "parallel.safetensors"
 FORMAT = "spec-zoo-parallel-draft"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: matrices may be quantized (``quantize``); 1 (read too): float16
 MASKS = "mask_embeddings"
 
 
@@ -54,26 +62,24 @@ class MaskedEmbedding(torch.nn.Module):
 
 def weights_digest(base: Path) -> str:
     """SHA-256 of a base draft's weight files (what its low-rank updates were trained against)."""
-    digest = hashlib.sha256()
-    for file in sorted(base.glob("*.safetensors")):
-        digest.update(file.read_bytes())
-    return digest.hexdigest()
+    return sha256(file.read_bytes() for file in sorted(base.glob("*.safetensors")))
 
 
 def save_parallel(out_dir, masks: torch.Tensor, updates: dict[str, tuple[torch.Tensor, torch.Tensor]],
                   record: dict, dtype: torch.dtype = STORAGE_DTYPE, overwrite: bool = False,
-                  dense: dict[str, torch.Tensor] | None = None) -> Path:
+                  dense: dict[str, torch.Tensor] | None = None, quantize: str | None = DEFAULT_QUANTIZE) -> Path:
     """Write the artefact: ``masks`` [k - 1, H], ``updates`` {weight name: (up, down)} and ``dense``
-    {weight name: delta} (in ``dtype``; loading casts them to the draft's), and the record (``base``,
+    {weight name: delta} (`storage_tensors`: in ``dtype``, matrices quantized as ``quantize`` says; loading
+    restores them in the draft's dtype), and the record (``base``,
     ``target``, training fields) with the format, dtype, k and rank (0: dense changes only) added."""
     parts = {MASKS: masks}
     for name, (up, down) in updates.items():
         parts[f"{name}.up"], parts[f"{name}.down"] = up, down
     for name, delta in (dense or {}).items():
         parts[f"{name}.delta"] = delta
-    tensors = storage_tensors(parts, dtype)
+    tensors = storage_tensors(parts, dtype, quantize)
     rank = max((int(d.shape[0]) for _, d in updates.values()), default=0)
-    full = {"format": FORMAT, "format_version": FORMAT_VERSION, "dtype": str(dtype).removeprefix("torch."),
+    full = {"format": FORMAT, "format_version": FORMAT_VERSION, **storage_record(dtype, quantize),
             "k": int(masks.shape[0]) + 1, "rank": rank, **record}
     return write_artefact(out_dir, RECORD, full, lambda tmp: save_file(tensors, str(tmp / WEIGHTS)),
                           overwrite=overwrite)
@@ -91,6 +97,7 @@ def read_parallel(path, key: str = "drafter.path") -> tuple[dict, dict[str, torc
     except Exception as e:  # missing, truncated or corrupt safetensors
         raise ConfigError(f"{key}={str(path)!r}: {WEIGHTS} cannot be read ({type(e).__name__}); the parallel "
                           "draft is corrupt or incomplete: retrain or re-copy it.") from None
+    tensors = restored_tensors(tensors, key, path, "parallel draft")
     check_artefact_values({}, tensors, key, path, "parallel draft")
     masks = tensors.get(MASKS)
     if masks is None or masks.dim() != 2 or masks.shape[0] + 1 != int(record.get("k", -1)):

@@ -26,6 +26,7 @@ from typing import ClassVar
 import torch
 from omegaconf import DictConfig
 
+from spec_zoo.artefacts import DEFAULT_QUANTIZE
 from spec_zoo.drafters.distilled.drafter import SHIPPED as SHIPPED_DISTILLED
 from spec_zoo.drafters.distilled.student import Student, student_from_pretrained
 from spec_zoo.drafters.parallel.model import (
@@ -245,6 +246,7 @@ class ParallelRecipe:
             return save_parallel(Path(cfg.output.dir).expanduser(), getattr(student.lm, MASKS),
                                  updates, {"target": target_info, "base": info, **record}, dense=dense,
                                  dtype=DTYPES[str(cfg.output.dtype)],
+                                 quantize=cfg.output.get("quantize", DEFAULT_QUANTIZE),
                                  overwrite=bool(cfg.output.get("overwrite", False)))
 
     def load(self, path: Path, model: torch.nn.Module) -> Student:

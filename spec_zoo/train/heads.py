@@ -13,6 +13,7 @@ from typing import Any, ClassVar
 import torch
 from omegaconf import DictConfig
 
+from spec_zoo.artefacts import DEFAULT_QUANTIZE
 from spec_zoo.draft_head import BlockHead, VocabHead, save_head
 from spec_zoo.errors import ConfigError
 from spec_zoo.layers import DecoderStack
@@ -156,6 +157,7 @@ class HeadRecipe(TeacherMetrics):
 
         assert isinstance(student, HeadStudent)
         return save_head(student.lm, cfg.output.dir, target_info, record, dtype=DTYPES[str(cfg.output.dtype)],
+                         quantize=cfg.output.get("quantize", DEFAULT_QUANTIZE),
                          overwrite=bool(cfg.output.get("overwrite", False)))
 
     def load(self, path: Path, model: torch.nn.Module) -> Student:

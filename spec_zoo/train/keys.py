@@ -46,6 +46,7 @@ TYPES: dict[str, tuple[tuple[type, ...], bool]] = {
     "data.sources": ((list, str), True),
     "data.token_ids": ((list,), True),
     "data.keep_states": ((list,), True),
+    "output.quantize": ((str,), True),
 }
 
 

@@ -30,6 +30,7 @@ from omegaconf import DictConfig, OmegaConf
 from safetensors import safe_open
 from safetensors.torch import save_file
 
+from spec_zoo.artefacts import QUANTIZE
 from spec_zoo.errors import ConfigError
 from spec_zoo.outputs import atomic_write, resolved
 from spec_zoo.target import Target
@@ -74,6 +75,8 @@ def check_config(cfg: DictConfig, recipe: Recipe) -> None:
         read_records(cfg.data.prompts)  # a missing, non-UTF-8 or malformed file fails here, before the target loads
     if cfg.output.dtype not in ("float32", "float16", "bfloat16"):
         raise ConfigError(f"output.dtype={cfg.output.dtype!r}; allowed values: float32, float16, bfloat16.")
+    if cfg.output.get("quantize") not in QUANTIZE:
+        raise ConfigError(f"output.quantize={cfg.output.quantize!r}; allowed values: int8, int4, null (floats).")
     from spec_zoo.models import DEVICES
 
     device = str(cfg.get("device", "cpu"))

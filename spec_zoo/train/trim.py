@@ -97,10 +97,11 @@ def trim_head(path, target_model, counts: torch.Tensor, size: int, out, always: 
     keep = _kept(head.vocab_ids, old, counts, size, always)
     trimmed = cls.from_record(target_model, head.record, keep)
     trimmed.load_state_dict(_sliced(head.state_dict(), trimmed.state_dict(), old, keep) | {"vocab_ids": keep})
-    described = {"format", "format_version", "dtype", "target", *trimmed.describe()}
+    described = {"format", "format_version", "dtype", "quantize", "group", "from_target", "requantized_from", "target",
+                 *trimmed.describe()}
     record = {k: v for k, v in head.record.items() if k not in described}
     record["trimmed_from"] = {"path": str(path), "draft_vocab_size": int(old.numel())}
-    return save_head(trimmed, out, head.record["target"], record)
+    return save_head(trimmed, out, head.record["target"], record, quantize=head.record.get("quantize"))
 
 
 def _trim_eagle3(path: Path, layout: str, target_model, counts: torch.Tensor, size: int, out: Path,
