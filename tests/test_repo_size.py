@@ -89,8 +89,8 @@ def test_outside_a_checkout_there_is_nothing_to_measure(tmp_path):
     assert tracked_sizes(tmp_path.resolve()) is None
 
 
-@pytest.mark.xfail(strict=True, reason="issue 60's goal, not met yet: the tree (64.9 MiB) and .whl/ (17.1 MiB) are "
-                   "82 MiB; the window travels once the tree is at most ~42 MiB (a pass here then fails: drop this mark)")
+@pytest.mark.xfail(strict=True, reason="issue 60's goal, not met yet: the tree (64.9 MiB) and .whl/ (17.1 MiB) "
+                   "are 82 MiB; the window travels once the tree is at most ~42 MiB (a pass then fails: drop the mark)")
 def test_the_gpu_window_travels():
     """The prepared GPU window (docs/devices/window.sh) fits one device call: tree + `.whl/` <= 60 MiB."""
     if tracked_sizes(ROOT) is None:
