@@ -137,10 +137,18 @@ def check_room(decoder: SpeculativeDecoder, prompts: Sequence[str | list[int]], 
     """Every prompt and its ``max_new_tokens`` fit the target's context (the compiled runtime's
     static cache: ``model.max_cache_len``), checked once the tokenizer is there and before any graph
     compiles: a generation the cache would cut short is refused, never returned short. A prompt of a
-    ``prompts_file`` is named by its line (`spec_zoo.batch_run.Prompts.where`)."""
+    ``prompts_file`` is named by its line (`spec_zoo.batch_run.Prompts.where`). Only the compiled
+    runtime's cache is checked here: an eager target refuses a too-long prompt as it starts, with no
+    compile to wait for; text for a target without a tokenizer is refused by `generate` itself."""
+    from spec_zoo.runtime import CompiledTarget
+
+    if not isinstance(decoder.target, CompiledTarget):
+        return
     limit, where = decoder.target.max_length, getattr(prompts, "where", None)
     for i, prompt in enumerate(prompts):
         name = where(i) if where else "prompt"
+        if isinstance(prompt, str) and decoder.target.tokenizer is None:
+            continue
         try:
             ids = decoder.encode(prompt if isinstance(prompt, str) else list(prompt), chat=gen.chat)
         except ConfigError as err:

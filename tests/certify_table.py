@@ -81,7 +81,7 @@ def parts() -> dict:
     record = {"target": describe_target(model, "tiny"), "init": {"kind": "target", "layers": 1, "copy_layers": None}}
     scratch = Path(tempfile.mkdtemp(prefix="spec-zoo-certify-"))
     atexit.register(shutil.rmtree, scratch, ignore_errors=True)  # the process's copy, gone when it exits
-    distilled = save_artefact(student, scratch / "distilled", record, dtype="float64")
+    distilled = save_artefact(student, scratch / "distilled", record, dtype="float64", quantize=None)  # exact float64
     return {"draft": noisy_copy(model, 1.0), "eagle": eagle_head(model), "exit": exit_adapter(model),
             "medusa": medusa_heads(model), "hydra": staged_heads(HydraHeads, model, 2),
             "mlp_speculator": staged_heads(MLPSpeculator, model, 2), "distilled": distilled,

@@ -153,7 +153,7 @@ def _bench_run(tmp_path):
     """A bench run: category conv (question 1, turns 1 and 2) and long (question 2)."""
     run = tmp_path / "bench"
     run.mkdir()
-    results = [{"method": "eagle_x", "question_id": q, "turn": t, "category": c}
+    results = [{"schema_version": 1, "method": "eagle_x", "question_id": q, "turn": t, "category": c}
                for q, t, c in [(1, 1, "conv"), (1, 2, "conv"), (2, 1, "long")]]
     steps = [("eagle_x", 1, 1, [0, 2, 1], [1, 3, 1]), ("eagle_x", 1, 2, [1, 1], [2, 1]),
              ("eagle_x", 2, 1, [1, 1, 1, 1], [1, 1, 1, 1]), ("other", 2, 1, [1], [2])]
