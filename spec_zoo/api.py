@@ -134,17 +134,16 @@ def build_decoder(
 
 
 def check_room(decoder: SpeculativeDecoder, prompts: Sequence[str | list[int]], gen) -> None:
-    """Every prompt and its ``max_new_tokens`` fit the target's context (the compiled runtime's
-    static cache: ``model.max_cache_len``), checked once the tokenizer is there and before any graph
-    compiles: a generation the cache would cut short is refused, never returned short. A prompt of a
-    ``prompts_file`` is named by its line (`spec_zoo.batch_run.Prompts.where`). Only the compiled
-    runtime's cache is checked here: an eager target refuses a too-long prompt as it starts, with no
-    compile to wait for; text for a target without a tokenizer is refused by `generate` itself."""
+    """Every prompt is one the target reads, and on the compiled runtime it and its ``max_new_tokens``
+    fit the static cache (``model.max_cache_len``): checked once the tokenizer is there and before any
+    graph compiles or lock is taken, so a generation the cache would cut short is refused, never
+    returned short. A prompt of a ``prompts_file`` is named by its line (`spec_zoo.batch_run.Prompts.where`).
+    An eager target refuses a too-long prompt as it starts (no compile to wait for); text for a target
+    without a tokenizer is left to `generate`, which refuses it (a decoder may be built for token ids)."""
     from spec_zoo.runtime import CompiledTarget
 
-    if not isinstance(decoder.target, CompiledTarget):
-        return
-    limit, where = decoder.target.max_length, getattr(prompts, "where", None)
+    compiled, where = isinstance(decoder.target, CompiledTarget), getattr(prompts, "where", None)
+    limit = decoder.target.max_length
     for i, prompt in enumerate(prompts):
         name = where(i) if where else "prompt"
         if isinstance(prompt, str) and decoder.target.tokenizer is None:
@@ -154,7 +153,7 @@ def check_room(decoder: SpeculativeDecoder, prompts: Sequence[str | list[int]], 
         except ConfigError as err:
             raise ConfigError(f"{name}: {err}" if where else str(err)) from None
         need = len(ids) + gen.max_new_tokens
-        if limit is not None and need > limit:
+        if compiled and limit is not None and need > limit:
             fix = (f"lower generation.max_new_tokens to {limit - len(ids)}, or shorten the prompt"
                    if len(ids) < limit else "shorten the prompt")
             raise ConfigError(f"{name}: {len(ids)} prompt tokens + generation.max_new_tokens={gen.max_new_tokens} "
