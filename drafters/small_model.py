@@ -106,7 +106,12 @@ class SmallModelDrafter(DraftModelSequences):
                               "(tree_width/tree_depth are shorthand for tree={policy:topk,...}).")
         self.sample_mode = sample
         self.tree = build_tree_policy(tree) or (TopK(tree_width, tree_depth) if tree_depth else None)
-        self.runner, self.source = draft_runner(path, dtype, device, draft_layers, runtime)
+        self.runner, self.source = self.draft_model(path, dtype, device, draft_layers, runtime)
+
+    def draft_model(self, path, dtype: str, device: str, draft_layers: int, runtime: str) -> tuple[Target, str]:
+        """The draft model as a `Target` and what to call it (`draft_runner`); a drafter whose draft
+        is made from the target overrides this and makes it in `attach`."""
+        return draft_runner(path, dtype, device, draft_layers, runtime)
 
     def attach(self, target: Target) -> None:
         mine, theirs = self.runner.vocab_size, target.vocab_size

@@ -127,7 +127,7 @@ class Target:
         self.model = model.eval()
         self.tokenizer = tokenizer
         self.config = model.config
-        self.vocab_size = model.get_output_embeddings().weight.shape[0]
+        self.vocab_size = model.get_output_embeddings().out_features
         self.max_length = getattr(model.config, "max_position_embeddings", None)
         self.forwards = 0
         self._stack: DecoderStack | None = None  # layer access, built (and checked) on first use

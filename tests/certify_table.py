@@ -54,9 +54,10 @@ SHAPES = {
 VERIFIERS = {"greedy": GreedyVerifier, "rejection": RejectionVerifier, "block": BlockVerifier,
              "typical": TypicalVerifier}
 DRAFTERS = ["ngram", "small_model", "distilled", "eagle", "medusa", "hydra", "mlp_speculator", "parallel", "early_exit",
-            "cascade", "merge", "cross_tokenizer"]
+            "cascade", "merge", "cross_tokenizer", "quantized"]
 # drafters with a tree policy
-TREE_DRAFTERS = {"small_model", "distilled", "eagle", "medusa", "hydra", "mlp_speculator", "parallel", "early_exit"}
+TREE_DRAFTERS = {"small_model", "distilled", "eagle", "medusa", "hydra", "mlp_speculator", "parallel", "early_exit",
+                 "quantized"}
 
 
 @functools.cache
@@ -106,6 +107,7 @@ def drafter_factory(drafter: str, shape: str):
     from spec_zoo.drafters.merge import MergeDrafter
     from spec_zoo.drafters.mlp_speculator.drafter import MLPSpeculatorDrafter
     from spec_zoo.drafters.ngram import NgramDrafter
+    from spec_zoo.drafters.quantized import QuantizedDrafter
     from spec_zoo.drafters.small_model import SmallModelDrafter
 
     if drafter == "cross_tokenizer":  # TLI when sampling, text drafting at T=0
@@ -136,6 +138,7 @@ def drafter_factory(drafter: str, shape: str):
         "medusa": lambda: MedusaDrafter(p["medusa"], **shape_kw()),
         "hydra": lambda: HydraDrafter(p["hydra"], **shape_kw()),
         "mlp_speculator": lambda: MLPSpeculatorDrafter(p["mlp_speculator"], **shape_kw()),
+        "quantized": lambda: QuantizedDrafter(adaptive=False, runtime="eager", **shape_kw()),
         "early_exit": lambda: EarlyExitDrafter(1, adaptive=False, adapter=p["exit"], reuse_kv=tree is None,
                                                **shape_kw()),
     }[drafter]

@@ -26,6 +26,7 @@ from spec_zoo.drafters.mlp_speculator.speculator import MLPSpeculator
 from spec_zoo.drafters.ngram import NgramDrafter
 from spec_zoo.drafters.none import NoDrafter
 from spec_zoo.drafters.parallel.drafter import ParallelDrafter
+from spec_zoo.drafters.quantized import QuantizedDrafter
 from spec_zoo.drafters.small_model import SmallModelDrafter
 from spec_zoo.testing import tiny_llama
 from spec_zoo.trees import Static
@@ -193,6 +194,10 @@ def drafter_lineup(target_model, sampled: bool = False) -> dict:
                                                                 adaptive=True, sample=sample),
         "mlp_speculator_tree": lambda: MLPSpeculatorDrafter(staged_heads(MLPSpeculator, target_model), sample=sample,
                                                             tree={"policy": "topk", "width": 2, "depth": 3}),
+        "quantized_k3": lambda: QuantizedDrafter(num_draft=3, adaptive=False, sample=sample, runtime="eager"),
+        "quantized_adaptive_8bit": lambda: QuantizedDrafter(bits=8, head_bits=4, num_draft=2, max_draft=6,
+                                                            sample=sample, runtime="eager"),
+        "quantized_tree": lambda: QuantizedDrafter(tree_width=2, tree_depth=2, sample=sample, runtime="eager"),
         "parallel_k3": lambda: parallel_drafter(target_model, num_draft=3, sample=sample),
         "parallel_tree": lambda: parallel_drafter(target_model, sample=sample,
                                                    tree={"policy": "static", "choices": MEDUSA_TREE[:6]}),

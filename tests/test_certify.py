@@ -132,6 +132,7 @@ CI_CELLS = [
     ("merge", "chain", "block", "T=1"),
     ("small_model", "chain", "greedy", "T=1"),
     ("cross_tokenizer", "chain", "rejection", "T=0.7 top-k 3 top-p 0.75"),
+    ("quantized", "dynamic", "rejection", "T=0.7 top-k 3 top-p 0.75"),
 ]
 
 
@@ -341,3 +342,18 @@ def test_spec_zoo_list_quotes_the_lossy_rules_certified_tv():
                  if verifier == "typical" and status == "lossy")
     line = next(row for row in format_options(options()).splitlines() if row.strip().startswith("typical"))
     assert f"exact TV {tvs[0]:.1e} to {tvs[-1]:.1e}" in line and "LOSSY" in line
+
+
+def test_the_quantized_draft_is_certified_and_a_broken_rule_with_it_is_caught(model):
+    """The target's own 4-bit copy (`drafter=quantized`) drafts what the target nearly always keeps,
+    which leaves a broken rule little room: the certificate still passes the exact rule and fails one
+    without the residual."""
+    from spec_zoo.drafters.quantized import QuantizedDrafter
+
+    def quantized(m):
+        return QuantizedDrafter(num_draft=2, adaptive=False, runtime="eager")
+
+    assert_lossless(quantized, RejectionVerifier(), T07, model)
+    with pytest.raises(AssertionError, match="exact total variation") as failed:
+        assert_lossless(quantized, SkipResidual(), T07, model)
+    assert float(re.search(r"variation ([0-9.e+-]+)", str(failed.value)).group(1)) >= CAUGHT

@@ -43,7 +43,7 @@ def imported(path: str) -> set[str]:
 CORE_LAYERS = [
     ("errors", "paths", "inputs", "outputs", "draft", "stats", "lockstep"),
     ("sampling", "layers", "partial", "artefacts", "costs", "cpp_kernels", "skinny_gemm", "amx_gemm",
-     "attention_kernel", "compile_cache"),
+     "quant_gemm", "attention_kernel", "compile_cache"),
     ("target", "interfaces", "draft_head"),
     ("draft_length", "runtime", "registry"),
     ("chain", "trees", "staged", "models", "schema", "compiled_head", "compiled_module", "batch_policy"),

@@ -1,0 +1,171 @@
+"""Linear layers at their own width: ``spec_zoo::quant_linear``, x @ W^T from 4- or 8-bit codes.
+
+The embedded targets are 4-bit models (SmolLM2 a Q4_1 GGUF, Gemma 3 a Q4_K_M) run as their float32
+dequantization, so every step reads seven times the bytes the model holds. `QuantLinear` keeps a
+linear layer as codes plus a float16-valued scale and low per 32 weights (w = d * q + m, GGUF's
+Q4_1; Q8_0 at 8 bits) and computes from them (`quant_gemm.cpp`: dequantized in registers, float32
+sums, rows bit-identical for any row count, the skinny GEMM's sums over the same weights).
+
+`quantize` reproduces llama.cpp's reference quantizer, then moves each group's scale to the float16
+neighbour that reproduces the group exactly where one does: weights that came from such a file get
+their own codes back (`exact` says so) and the model is the same one; any other weights are
+quantized, a different model, as llama.cpp would make it.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+
+import torch
+from torch import nn
+
+from spec_zoo.cpp_kernels import build
+from spec_zoo.errors import ConfigError
+
+GROUP = 32  # weights per scale and low
+BITS = (4, 8)
+# how a QuantLinear's inputs enter the sums: float32 (the dequantized weights' float32 sums, the same model), or
+# rounded to int8 per group of 32 and summed as integers (llama.cpp's Q8_1: a draft's arithmetic, several times
+# the weights per instruction)
+ACTIVATIONS = {"float32": "quant_linear", "int8": "quant_linear_q8"}
+
+
+@functools.cache
+def load() -> str:
+    """Build (once per machine, then cached) and load the kernel; the ISA it was built for."""
+    build("quant_gemm.cpp", "drafter=quantized", "install a C++ compiler or choose another drafter")
+
+    for op in ("spec_zoo::quant_linear", "spec_zoo::quant_linear_q8"):
+        @torch.library.register_fake(op)
+        def _(x, codes, scales, lows, bits):  # shapes for the compiler: x [..., K] -> [..., N]
+            return x.new_empty((*x.shape[:-1], codes.shape[0]))
+
+    return torch.ops.spec_zoo.quant_isa()
+
+
+def _f16(x: torch.Tensor) -> torch.Tensor:
+    return x.to(torch.float16).to(torch.float32)
+
+
+def _codes(groups: torch.Tensor, scale: torch.Tensor, low: torch.Tensor, bits: int) -> torch.Tensor:
+    """llama.cpp's rounding of each group's weights to codes for ``scale`` and ``low`` (float32 [.., G, 1])."""
+    inverse = torch.where(scale == 0, torch.zeros_like(scale), 1.0 / scale)
+    if bits == 4:
+        return ((groups - low) * inverse + 0.5).trunc().clamp(0, 15)
+    return (groups * inverse).round().clamp(-127, 127)
+
+
+def dequantize(codes: torch.Tensor, scales: torch.Tensor, lows: torch.Tensor, bits: int) -> torch.Tensor:
+    """The float32 weight [N, K] of `quantize`'s output (d * q + m, one rounding)."""
+    q = unpack(codes, bits).float().reshape(codes.shape[0], -1, GROUP)
+    return (q * scales[..., None] + lows[..., None]).reshape(codes.shape[0], -1)
+
+
+def unpack(codes: torch.Tensor, bits: int) -> torch.Tensor:
+    """Codes one per weight [N, K] (GGUF's nibble order at 4 bits: a group's byte b holds b and b + 16)."""
+    if bits == 8:
+        return codes
+    n = codes.shape[0]
+    grouped = codes.reshape(n, -1, GROUP // 2)
+    return torch.cat([grouped & 15, grouped >> 4], dim=-1).reshape(n, -1)
+
+
+def pack(q: torch.Tensor, bits: int) -> torch.Tensor:
+    """`unpack`'s inverse: uint8 nibbles at 4 bits, int8 at 8."""
+    if bits == 8:
+        return q.to(torch.int8)
+    grouped = q.to(torch.uint8).reshape(q.shape[0], -1, GROUP)
+    return (grouped[..., : GROUP // 2] | (grouped[..., GROUP // 2:] << 4)).reshape(q.shape[0], -1)
+
+
+def quantize(weight: torch.Tensor, bits: int = 4) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, bool]:
+    """(codes, scales, lows, exact) of a float weight [N, K] (K a multiple of 32): at 4 bits GGUF's Q4_1,
+    at 8 bits its Q8_0; ``exact`` when the dequantized weight is ``weight`` bit for bit."""
+    if bits not in BITS:
+        raise ConfigError(f"bits={bits}: quantized weights are 4 or 8 bits wide.")
+    n, k = weight.shape
+    if k % GROUP:
+        raise ConfigError(f"a linear layer of {k} inputs cannot be quantized in groups of {GROUP}.")
+    w = weight.detach().float().reshape(n, k // GROUP, GROUP)
+    lo, hi = w.amin(-1, keepdim=True), w.amax(-1, keepdim=True)
+    if bits == 4:
+        raw, low = (hi - lo) / 15, _f16(lo)
+    else:
+        raw, low = w.abs().amax(-1, keepdim=True) / 127, torch.zeros_like(lo)
+    best_scale, best_q = _f16(raw), _codes(w, raw, lo if bits == 4 else low, bits)
+    missed = (best_q * best_scale + low != w).any(-1, keepdim=True)
+    # a file's scale was rounded to float16 before its codes were taken from the float32 one: where the
+    # rounded scale misses, try its float16 neighbours with codes rounded against each
+    for step in (-1, 1, -2, 2):
+        if not missed.any():
+            break
+        half = best_scale.to(torch.float16)
+        bits16 = half.view(torch.int16) + step * torch.where(half < 0, -1, 1).to(torch.int16)
+        scale = bits16.view(torch.float16).float()
+        q = _codes(w, scale, low, bits)
+        fits = missed & ~(q * scale + low != w).any(-1, keepdim=True)
+        best_scale, best_q = torch.where(fits, scale, best_scale), torch.where(fits, q, best_q)
+        missed &= ~fits
+    return pack(best_q.reshape(n, k), bits), best_scale[..., 0], low[..., 0], not bool(missed.any())
+
+
+def check_activations(activations: str, setting: str) -> None:
+    if activations not in ACTIVATIONS:
+        raise ConfigError(f"{setting}={activations!r}; a quantized layer's activations are "
+                          f"{' or '.join(ACTIVATIONS)}.")
+
+
+class QuantLinear(nn.Module):
+    """A linear layer computed from ``bits``-bit codes (`quantize`) on the C++ kernel, its inputs at
+    ``activations`` width (`ACTIVATIONS`); its bias (if any) is the original's tensor, added after."""
+
+    def __init__(self, codes: torch.Tensor, scales: torch.Tensor, lows: torch.Tensor, bits: int,
+                 bias: torch.Tensor | None = None, activations: str = "float32"):
+        super().__init__()
+        check_activations(activations, "activations")
+        self.bits, self.bias, self.activations = bits, bias, activations
+        load()
+        self.op = getattr(torch.ops.spec_zoo, ACTIVATIONS[activations])
+        self.in_features, self.out_features = scales.shape[1] * GROUP, codes.shape[0]
+        self.register_buffer("codes", codes)
+        self.register_buffer("scales", scales)
+        self.register_buffer("lows", lows)
+
+    @classmethod
+    def of(cls, linear: nn.Linear, bits: int, activations: str = "float32") -> tuple[QuantLinear, bool]:
+        """The layer at ``bits`` bits and whether its weights are the same (exact)."""
+        codes, scales, lows, exact = quantize(linear.weight, bits)
+        return cls(codes, scales, lows, bits, linear.bias, activations), exact
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.op(x, self.codes, self.scales, self.lows, self.bits)
+        return y if self.bias is None else y + self.bias
+
+    def extra_repr(self) -> str:
+        return (f"in_features={self.in_features}, out_features={self.out_features}, bits={self.bits}, "
+                f"activations={self.activations}")
+
+
+def quantized_model(model: nn.Module, bits: int = 4, head_bits: int = 8,
+                    activations: str = "float32") -> tuple[nn.Module, int, int]:
+    """(a copy of ``model`` whose linear layers are `QuantLinear`s at ``bits`` bits, its output layer at
+    ``head_bits``, all with ``activations``; the layers quantized, how many of them have exactly the
+    original's weights). A float32 model's other tensors are
+    shared, not copied; a model in another dtype is copied to float32 (the kernel's). ``model`` is left as
+    it was."""
+    check_activations(activations, "activations")
+    load()  # built now, once per machine: a missing compiler fails before the work
+    if next(model.parameters()).dtype == torch.float32:
+        result = copy.deepcopy(model, {id(t): t for t in [*model.parameters(), *model.buffers()]})
+    else:
+        result = copy.deepcopy(model).float()
+    head = getattr(result, "get_output_embeddings", lambda: None)()  # a Hugging Face model's output layer
+    layers = exact = 0
+    for module in list(result.modules()):
+        for name, child in list(module.named_children()):
+            if isinstance(child, nn.Linear) and child.in_features % GROUP == 0:
+                quantized, same = QuantLinear.of(child, head_bits if child is head else bits, activations)
+                setattr(module, name, quantized)
+                layers, exact = layers + 1, exact + same
+    return result, layers, exact
