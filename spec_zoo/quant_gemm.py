@@ -133,10 +133,14 @@ class QuantLinear(nn.Module):
         self.register_buffer("lows", lows)
 
     @classmethod
-    def of(cls, linear: nn.Linear, bits: int, activations: str = "float32") -> tuple[QuantLinear, bool]:
-        """The layer at ``bits`` bits and whether its weights are the same (exact)."""
-        codes, scales, lows, exact = quantize(linear.weight, bits)
-        return cls(codes, scales, lows, bits, linear.bias, activations), exact
+    def of(cls, linear: nn.Linear, bits: int | str, activations: str = "float32") -> tuple[QuantLinear, bool]:
+        """The layer at ``bits`` bits and whether its weights are the same (exact); ``bits="auto"``: 4
+        where that holds the weights exactly (a Q4_1 file's layer), else 8."""
+        for width in (4, 8) if bits == "auto" else (int(bits),):
+            codes, scales, lows, exact = quantize(linear.weight, width)
+            if exact:
+                break
+        return cls(codes, scales, lows, width, linear.bias, activations), exact
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = self.op(x, self.codes, self.scales, self.lows, self.bits)
@@ -147,13 +151,20 @@ class QuantLinear(nn.Module):
                 f"activations={self.activations}")
 
 
-def quantized_model(model: nn.Module, bits: int = 4, head_bits: int = 8,
+def check_bits(bits, setting: str) -> None:
+    if bits not in (*BITS, "auto"):
+        raise ConfigError(f"{setting}={bits!r}; quantized weights are 4 or 8 bits wide, or auto (4 where "
+                          "that holds a layer exactly, else 8).")
+
+
+def quantized_model(model: nn.Module, bits: int | str = "auto", head_bits: int | str = "auto",
                     activations: str = "float32") -> tuple[nn.Module, int, int]:
     """(a copy of ``model`` whose linear layers are `QuantLinear`s at ``bits`` bits, its output layer at
-    ``head_bits``, all with ``activations``; the layers quantized, how many of them have exactly the
-    original's weights). A float32 model's other tensors are
-    shared, not copied; a model in another dtype is copied to float32 (the kernel's). ``model`` is left as
-    it was."""
+    ``head_bits`` (each `QuantLinear.of`), all with ``activations``; the layers quantized, how many of them
+    hold exactly the original's weights). A float32 model's other tensors are shared, not copied; a model
+    in another dtype is copied to float32 (the kernel's). ``model`` is left as it was."""
+    check_bits(bits, "bits")
+    check_bits(head_bits, "head_bits")
     check_activations(activations, "activations")
     load()  # built now, once per machine: a missing compiler fails before the work
     if next(model.parameters()).dtype == torch.float32:

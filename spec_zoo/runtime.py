@@ -30,9 +30,9 @@ gpt-fast's recipe (static cache + ``torch.compile``) on the model's own modules.
   named layers when it attached (`hand_out`: an EAGLE-3 head), the states entering them side by
   side; each set is its own graph (`_graph`), compiled at its first use, with the same logits.
 - Committed tokens before the last one: a few (up to ``CATCH_UP``: a draft model catching up
-  on the tokens accepted since its last draft) go through the same graph as a chain, so a
-  draft model pays a compiled call, not an eager forward, each time its whole draft was
-  accepted; more (the prompt) are prefilled eagerly into the same cache, one long forward
+  on the tokens accepted since its last draft) ride in the same graph call as a chain ahead of
+  the last token and the draft, so a draft model pays one compiled call per draft, not an eager
+  forward, nor two calls, each time its whole draft was accepted; more (the prompt) are prefilled eagerly into the same cache, one long forward
   that runs once per prompt. Plain and speculative decoding read a prompt alike, so they
   still match bit for bit.
 
@@ -257,22 +257,37 @@ class CompiledTarget(Target):
     def _forward(self, new: list[int], draft: Draft, past: int, hidden: bool | tuple[int, ...]):
         self._check_room(past + len(new) + len(draft))
         layers = self._layers(hidden)
-        states, past = self._catch_up(new, past, layers)
-        [(logits, tail)] = self._compiled_rows([(self.cache, new[-1:] + draft.tokens.tolist(), draft, past)], layers)
+        states, past, (tokens, rows, skip) = self._catch_up(new, past, layers), past + self._fed(new), \
+            self._rows_after(new, draft)
+        [(logits, tail)] = self._compiled_rows([(self.cache, tokens, rows, past)], layers)
         states.append(tail)
-        return logits, torch.cat(states) if hidden else None
+        return logits[skip:], torch.cat(states) if hidden else None
 
-    def _catch_up(self, new: list[int], past: int, layers: tuple[int, ...] | None) -> tuple[list[torch.Tensor], int]:
-        """Cache the committed tokens before the last one (their states, and the new ``past``): a
-        few (a draft model catching up) through the graph as a chain, the prompt in one eager forward
-        into the static cache (eager GEMMs suit many rows)."""
-        if len(new) < 2:
-            return [], past
-        if len(new) - 1 <= CATCH_UP:
-            state = self._compiled_rows([(self.cache, new[:-1], Draft.chain(new[1:-1]), past)], layers)[0][1]
-        else:
-            state = self._prefill(new[:-1], past, layers)
-        return [state], past + len(new) - 1
+    def _fed(self, new: list[int]) -> int:
+        """How many of the ``new`` committed tokens `_catch_up` caches before the graph call (the
+        call's rows take the rest)."""
+        return len(new) - 1 if len(new) - 1 > CATCH_UP else 0
+
+    def _catch_up(self, new: list[int], past: int, layers: tuple[int, ...] | None) -> list[torch.Tensor]:
+        """Cache many committed tokens before the last one (the prompt) in one eager forward into
+        the static cache (eager GEMMs suit many rows): their states; a few (a draft model catching
+        up) go through the graph call itself (`_rows_after`)."""
+        if not self._fed(new):
+            return []
+        return [self._prefill(new[:-1], past, layers)]
+
+    def _rows_after(self, new: list[int], draft: Draft) -> tuple[list[int], Draft, int]:
+        """(the graph call's tokens, its draft, how many of its rows are committed tokens before the last
+        one): the few committed tokens not cached yet ride in the call as a chain ahead of the draft,
+        which hangs from the last of them, so a draft model catching up costs one call, not two."""
+        ahead = new[self._fed(new):-1]
+        if not ahead:
+            return new[-1:] + draft.tokens.tolist(), draft, 0
+        parents = list(range(-1, len(ahead) - 1)) + [p + len(ahead) if p >= 0 else len(ahead) - 1
+                                                      for p in draft.parents]
+        tokens = ahead[1:] + new[-1:] + draft.tokens.tolist()
+        return ahead + new[-1:] + draft.tokens.tolist(), Draft(torch.tensor(tokens, dtype=torch.long), parents), \
+            len(ahead)
 
     @torch.no_grad()
     def score_batch(self, batch, hidden: bool | tuple[int, ...] = False) -> list[Scores]:
@@ -289,17 +304,18 @@ class CompiledTarget(Target):
             new = committed[self.rewind(committed):]
             past = len(self.cached_tokens)
             self._check_room(past + len(new) + len(draft))
-            states, past = self._catch_up(new, past, layers)
-            groups.append((self.cache, new[-1:] + draft.tokens.tolist(), draft, past))
+            states, past, (tokens, rows, skip) = self._catch_up(new, past, layers), past + self._fed(new), \
+                self._rows_after(new, draft)
+            groups.append((self.cache, tokens, rows, past))
             before.append(states)
-            fed.append(len(new))
+            fed.append((len(new), skip))
             self._scored(committed, draft)
             self.forwards += 1
             if state is not None:
                 state.update(self.sequence())
         results = []
-        for (logits, tail), states, m in zip(self._compiled_rows(groups, layers), before, fed):
-            results.append(Scores(logits, torch.cat(states + [tail]) if hidden else None, m))
+        for (logits, tail), states, (m, skip) in zip(self._compiled_rows(groups, layers), before, fed):
+            results.append(Scores(logits[skip:], torch.cat(states + [tail]) if hidden else None, m))
         return results
 
     def layer_mask(self, past: int, q: int) -> torch.Tensor:

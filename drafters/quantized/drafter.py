@@ -18,15 +18,15 @@ from __future__ import annotations
 import torch
 
 from spec_zoo.drafters.small_model import SmallModelDrafter
-from spec_zoo.errors import ConfigError
 from spec_zoo.models import check_runtime, on_runtime
-from spec_zoo.quant_gemm import BITS, check_activations, quantized_model
+from spec_zoo.quant_gemm import check_activations, check_bits, quantized_model
 from spec_zoo.target import Target
 
 
 class QuantizedDrafter(SmallModelDrafter):
     """Chain or tree drafting by the target's own layers at ``bits`` bits (the output layer at
-    ``head_bits``), made when it attaches to the target (float32, whatever the target's dtype).
+    ``head_bits``; ``auto``: 4 where that holds a layer exactly, else 8), made when it attaches to the
+    target (float32, whatever the target's dtype).
 
     activations: ``int8`` (default: each group of 32 inputs rounded to int8 and summed as integers,
                  llama.cpp's arithmetic, the fast one) or ``float32`` (the dequantized weights'
@@ -38,15 +38,12 @@ class QuantizedDrafter(SmallModelDrafter):
 
     name = "quantized"
 
-    def __init__(self, bits: int = 4, head_bits: int = 8, activations: str = "int8", num_draft: int = 6,
-                 adaptive: bool = True,
-                 max_draft: int = 16, sample: str | bool = "auto", tree: str | dict | None = None,
-                 tree_width: int = 1, tree_depth: int = 0, token_cost: float = 0.25, learn_cost: bool = True,
-                 runtime: str = "compiled"):
-        for key, value in (("bits", bits), ("head_bits", head_bits)):
-            if value not in BITS:
-                raise ConfigError(f"drafter.{key}={value}; quantized weights are {' or '.join(map(str, BITS))} "
-                                  "bits wide.")
+    def __init__(self, bits: int | str = "auto", head_bits: int | str = "auto", activations: str = "int8",
+                 num_draft: int = 6, adaptive: bool = True, max_draft: int = 16, sample: str | bool = "auto",
+                 tree: str | dict | None = None, tree_width: int = 1, tree_depth: int = 0, token_cost: float = 0.25,
+                 learn_cost: bool = True, runtime: str = "compiled"):
+        check_bits(bits, "drafter.bits")
+        check_bits(head_bits, "drafter.head_bits")
         check_activations(activations, "drafter.activations")
         self.bits, self.head_bits, self.activations = bits, head_bits, activations
         self.layers = self.exact = 0
