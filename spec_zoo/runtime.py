@@ -32,9 +32,9 @@ gpt-fast's recipe (static cache + ``torch.compile``) on the model's own modules.
 - Committed tokens before the last one: a few (up to ``CATCH_UP``: a draft model catching up
   on the tokens accepted since its last draft) ride in the same graph call as a chain ahead of
   the last token and the draft, so a draft model pays one compiled call per draft, not an eager
-  forward, nor two calls, each time its whole draft was accepted; more (the prompt) are prefilled eagerly into the same cache, one long forward
-  that runs once per prompt. Plain and speculative decoding read a prompt alike, so they
-  still match bit for bit.
+  forward, nor two calls, each time its whole draft was accepted; more (the prompt) are
+  prefilled eagerly into the same cache, one long forward that runs once per prompt. Plain and
+  speculative decoding read a prompt alike, so they still match bit for bit.
 
 Families: any model `spec_zoo.layers.DecoderStack` serves (refused otherwise, before any
 work). Attention soft-capping (Gemma 2) is applied as the model's own attention does; the

@@ -402,18 +402,17 @@ def _compiled_drafter(name: str, model):
             "parallel_tree": lambda: ParallelDrafter(parallel_draft(model, k=3, dtype=dtype), runtime="compiled",
                                                      dtype=dtype, tree={"policy": "topk", "width": 2, "depth": 3}),
             "quantized": lambda: QuantizedDrafter(num_draft=3, adaptive=False),
-            "quantized_tree": lambda: QuantizedDrafter(tree={"policy": "topk", "width": 2, "depth": 2}),
             }[name]()
 
 
 # fixed lengths and trees (the others steer by the clock, or draft from a cache of every request's output)
 COMPILED_STEADY = ("medusa_tree", "hydra", "eagle", "eagle_tree", "early_exit", "small_model", "small_model_tree",
-                   "parallel", "parallel_tree", "quantized", "quantized_tree")
+                   "parallel", "parallel_tree", "quantized")
 
 
 @pytest.mark.parametrize("drafter", ["none", "ngram", "ngram_tree", "suffix", "medusa_tree", "hydra", "eagle",
                                      "eagle_tree", "early_exit", "small_model", "small_model_tree", "cascade",
-                                     "parallel", "parallel_tree", "quantized", "quantized_tree"])
+                                     "parallel", "parallel_tree", "quantized"])
 def test_compiled_batches_score_every_sequence_in_one_forward(compiled_case, drafter, monkeypatch):
     """Each request equals its batch-1 output at every batch size, and a step of a batch of n runs
     one graph call for all n sequences (not n calls); the heads' drafters read each sequence's own
@@ -447,9 +446,9 @@ def test_compiled_batches_score_every_sequence_in_one_forward(compiled_case, dra
         if drafter in ("eagle", "eagle_tree"):  # the sequences of a draft level share one head call
             assert decoder.drafter.drafts_together
             assert (max(head_calls) > 1) == (size > 1) and max(head_calls) <= size
-        if drafter in ("small_model", "small_model_tree", "parallel", "parallel_tree", "quantized",
-                       "quantized_tree"):  # the sequences' next
-            # draft tokens (tree levels; a parallel draft's whole draft) share one draft-model forward
+        if drafter in ("small_model", "small_model_tree", "parallel", "parallel_tree", "quantized"):
+            # the sequences' next draft tokens (tree levels; a parallel draft's whole draft) share one draft-model
+            # forward
             assert decoder.drafter.drafts_together
             assert (max(model_calls) > 1) == (size > 1) and max(model_calls) <= size
         if drafter == "cascade":  # its EAGLE member's calls go out of the cascade to be shared
