@@ -118,54 +118,83 @@ inline void prefetch(const void* p, const void* end, int64_t bytes) {
   for (; from < to; from += 64) __builtin_prefetch(from, 0, 2);
 }
 
-void check(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scales, const at::Tensor& lows,
-           int64_t bits) {
-  TORCH_CHECK(bits == 4 || bits == 8, "quant_linear: bits must be 4 or 8, not ", bits);
-  TORCH_CHECK(x.scalar_type() == at::kFloat && scales.scalar_type() == at::kFloat && lows.scalar_type() == at::kFloat,
-              "quant_linear computes in float32 (x, scales and lows)");
-  TORCH_CHECK(codes.scalar_type() == (bits == 4 ? at::kByte : at::kChar),
-              "quant_linear: codes are uint8 (bits 4) or int8 (bits 8)");
-  const int64_t K = x.size(-1), N = codes.size(0), G = K / GROUP;
-  TORCH_CHECK(K % GROUP == 0 && codes.dim() == 2 && codes.size(1) == K * bits / 8, "quant_linear: codes must be [N, ",
-              K * bits / 8, "] for K = ", K, " (a multiple of 32)");
-  TORCH_CHECK(scales.sizes() == lows.sizes() && scales.dim() == 2 && scales.size(0) == N && scales.size(1) == G,
-              "quant_linear: scales and lows must be [N, K / 32]");
-}
+// Both kernels' operands, checked, as [M, K] rows and contiguous weights; y the [M, N] output.
+struct Operands {
+  int64_t K, N, G, M, ldc;
+  at::Tensor xs, cs, ds, ms, y;
+  std::vector<int64_t> sizes;  // y's shape as x's batch dims
 
-at::Tensor quant_linear(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scales,
-                        const at::Tensor& lows, int64_t bits) {
-  check(x, codes, scales, lows, bits);
-  const int64_t K = x.size(-1), N = codes.size(0), G = K / GROUP;
-  auto xs = x.reshape({-1, K}).contiguous();
-  auto cs = codes.contiguous();
-  auto ds = scales.contiguous(), ms = lows.contiguous();
-  const int64_t M = xs.size(0), ldc = K * bits / 8;
-  auto sizes = x.sizes().vec();
-  sizes.back() = N;
-  auto y = at::empty({M, N}, x.options());
-  const float* xp = xs.data_ptr<float>();
-  const uint8_t* cp = static_cast<const uint8_t*>(cs.data_ptr());
-  const float* dp = ds.data_ptr<float>();
-  const float* mp = ms.data_ptr<float>();
-  float* yp = y.data_ptr<float>();
-  const auto& tiles = bits == 4 ? kTiles4 : kTiles8;
-  const int64_t groups = (M + MR - 1) / MR, blocks = (N + NQ - 1) / NQ;
-  // threads split the weight rows (a thread owns whole outputs: no sum changes); a block of NQ rows is read
-  // from memory once, then from L1 for every further group of rows
+  Operands(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scales, const at::Tensor& lows,
+           int64_t bits)
+      : K(x.size(-1)), N(codes.size(0)), G(K / GROUP) {
+    TORCH_CHECK(bits == 4 || bits == 8, "quant_linear: bits must be 4 or 8, not ", bits);
+    TORCH_CHECK(x.scalar_type() == at::kFloat && scales.scalar_type() == at::kFloat &&
+                    lows.scalar_type() == at::kFloat,
+                "quant_linear computes in float32 (x, scales and lows)");
+    TORCH_CHECK(codes.scalar_type() == (bits == 4 ? at::kByte : at::kChar),
+                "quant_linear: codes are uint8 (bits 4) or int8 (bits 8)");
+    TORCH_CHECK(K % GROUP == 0 && codes.dim() == 2 && codes.size(1) == K * bits / 8,
+                "quant_linear: codes must be [N, ", K * bits / 8, "] for K = ", K, " (a multiple of 32)");
+    TORCH_CHECK(scales.sizes() == lows.sizes() && scales.dim() == 2 && scales.size(0) == N && scales.size(1) == G,
+                "quant_linear: scales and lows must be [N, K / 32]");
+    xs = x.reshape({-1, K}).contiguous();
+    cs = codes.contiguous();
+    ds = scales.contiguous();
+    ms = lows.contiguous();
+    M = xs.size(0);
+    ldc = K * bits / 8;
+    y = at::empty({M, N}, x.options());
+    sizes = x.sizes().vec();
+    sizes.back() = N;
+    xp = xs.data_ptr<float>();
+    cp = static_cast<const uint8_t*>(cs.data_ptr());
+    dp = ds.data_ptr<float>();
+    mp = ms.data_ptr<float>();
+    yp = y.data_ptr<float>();
+  }
+  const float* x() const { return xp; }
+  const uint8_t* codes(int64_t n) const { return cp + n * ldc; }
+  const float* scales(int64_t n) const { return dp + n * G; }
+  const float* lows(int64_t n) const { return mp + n * G; }
+  float* out(int64_t m, int64_t n) const { return yp + m * N + n; }
+
+ private:  // raw pointers taken once: data_ptr checks its type on every call, and tiles are many and small
+  const float* xp;
+  const uint8_t* cp;
+  const float *dp, *mp;
+  float* yp;
+};
+
+// tile(m0, mr, n0, nr) over all of y: row groups of at most `rows` rows (as even as they split) by blocks of
+// `block` weight rows. Threads split the blocks (a thread owns whole outputs: no sum changes); a block is
+// asked for AHEAD blocks before its use, read from memory once, then from L1 for every further row group.
+template <class Tile>
+at::Tensor for_each_tile(const Operands& o, int rows, int block, const Tile& tile) {
+  const int64_t groups = (o.M + rows - 1) / rows, blocks = (o.N + block - 1) / block;
   at::parallel_for(0, blocks, 16, [&](int64_t begin, int64_t end) {
     for (int64_t b = begin; b < end; ++b) {
-      const int64_t n0 = b * NQ, nr = std::min<int64_t>(NQ, N - n0);
-      prefetch(cp + (n0 + AHEAD * NQ) * ldc, cp + N * ldc, NQ * ldc);
-      prefetch(dp + (n0 + AHEAD * NQ) * G, dp + N * G, NQ * G * 4);
-      prefetch(mp + (n0 + AHEAD * NQ) * G, mp + N * G, NQ * G * 4);
+      const int64_t n0 = b * block, nr = std::min<int64_t>(block, o.N - n0), next = n0 + AHEAD * block;
+      prefetch(o.codes(next), o.codes(o.N), block * o.ldc);
+      prefetch(o.scales(next), o.scales(o.N), block * o.G * 4);
+      prefetch(o.lows(next), o.lows(o.N), block * o.G * 4);
       for (int64_t g = 0, m0 = 0; g < groups; ++g) {
-        const int64_t mr = M / groups + (g < M % groups ? 1 : 0);
-        tiles[mr - 1][nr - 1](xp + m0 * K, K, cp + n0 * ldc, ldc, dp + n0 * G, mp + n0 * G, G, K, yp + m0 * N + n0, N);
+        const int64_t mr = o.M / groups + (g < o.M % groups ? 1 : 0);
+        tile(m0, mr, n0, nr);
         m0 += mr;
       }
     }
   });
-  return y.view(sizes);
+  return o.y.view(o.sizes);
+}
+
+at::Tensor quant_linear(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scales,
+                        const at::Tensor& lows, int64_t bits) {
+  const Operands o(x, codes, scales, lows, bits);
+  const auto& tiles = bits == 4 ? kTiles4 : kTiles8;
+  return for_each_tile(o, MR, NQ, [&](int64_t m0, int64_t mr, int64_t n0, int64_t nr) {
+    tiles[mr - 1][nr - 1](o.x() + m0 * o.K, o.K, o.codes(n0), o.ldc, o.scales(n0), o.lows(n0), o.G, o.K,
+                          o.out(m0, n0), o.N);
+  });
 }
 
 // ---- int8 activations (a draft's arithmetic, not the target's) ---------------------------------------------
@@ -327,36 +356,12 @@ constexpr auto kTilesQ8_8 = tile_q8_table<8>(std::make_index_sequence<QMR>());
 
 at::Tensor quant_linear_q8(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scales,
                            const at::Tensor& lows, int64_t bits) {
-  check(x, codes, scales, lows, bits);
-  const int64_t K = x.size(-1), N = codes.size(0), G = K / GROUP;
-  auto xs = x.reshape({-1, K}).contiguous();
-  auto cs = codes.contiguous();
-  auto ds = scales.contiguous(), ms = lows.contiguous();
-  const int64_t M = xs.size(0), ldc = K * bits / 8;
-  auto sizes = x.sizes().vec();
-  sizes.back() = N;
-  auto y = at::empty({M, N}, x.options());
-  const Q8Rows xq(xs.data_ptr<float>(), M, K, int(bits));
-  const uint8_t* cp = static_cast<const uint8_t*>(cs.data_ptr());
-  const float* dp = ds.data_ptr<float>();
-  const float* mp = ms.data_ptr<float>();
-  float* yp = y.data_ptr<float>();
+  const Operands o(x, codes, scales, lows, bits);
+  const Q8Rows xq(o.x(), o.M, o.K, int(bits));
   const auto& tiles = bits == 4 ? kTilesQ8_4 : kTilesQ8_8;
-  const int64_t groups = (M + QMR - 1) / QMR, blocks = (N + QNR - 1) / QNR;
-  at::parallel_for(0, blocks, 16, [&](int64_t begin, int64_t end) {
-    for (int64_t b = begin; b < end; ++b) {
-      const int64_t n0 = b * QNR, nr = std::min<int64_t>(QNR, N - n0);
-      prefetch(cp + (n0 + AHEAD * QNR) * ldc, cp + N * ldc, QNR * ldc);  // the codes and scales a few blocks on
-      prefetch(dp + (n0 + AHEAD * QNR) * G, dp + N * G, QNR * G * 4);
-      prefetch(mp + (n0 + AHEAD * QNR) * G, mp + N * G, QNR * G * 4);
-      for (int64_t g = 0, m0 = 0; g < groups; ++g) {
-        const int64_t mr = M / groups + (g < M % groups ? 1 : 0);
-        tiles[mr - 1][nr - 1](xq, m0, cp + n0 * ldc, ldc, dp + n0 * G, mp + n0 * G, G, yp + m0 * N + n0, N);
-        m0 += mr;
-      }
-    }
+  return for_each_tile(o, QMR, QNR, [&](int64_t m0, int64_t mr, int64_t n0, int64_t nr) {
+    tiles[mr - 1][nr - 1](xq, m0, o.codes(n0), o.ldc, o.scales(n0), o.lows(n0), o.G, o.out(m0, n0), o.N);
   });
-  return y.view(sizes);
 }
 
 std::string quant_isa() { return kIsa; }
