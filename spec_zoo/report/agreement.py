@@ -37,7 +37,6 @@ def agreement(model_override: list[str], per_category: int, tokens: int) -> str:
         target = load_checked_target(compose_config(model_override).model)
     model, tokenizer = target.model, target.tokenizer
     made = {v: quantized_model(model, *v) for v in VARIANTS}
-    copies = {v: copy for v, (copy, _, _) in made.items()}
     counts: dict[tuple, dict[str, list[int]]] = {v: {} for v in VARIANTS}
     questions = load_questions(per_category=per_category)
     start = time.monotonic()
@@ -53,7 +52,7 @@ def agreement(model_override: list[str], per_category: int, tokens: int) -> str:
         keep = text.shape[1] - prompt.shape[1] + 1  # the positions whose next token the target wrote, and the last
 
         truth = top(model, text, keep)
-        for variant, copy in copies.items():
+        for variant, (copy, _, _) in made.items():
             same = int((top(copy, text, keep) == truth).sum())
             hits = counts[variant].setdefault(question.category, [0, 0])
             hits[0], hits[1] = hits[0] + same, hits[1] + len(truth)
