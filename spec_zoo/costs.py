@@ -171,6 +171,7 @@ def what_costs(target) -> tuple[str, str, str]:
     shape = f"{c.model_type}-{c.num_hidden_layers}x{c.hidden_size}-v{target.vocab_size}"
     gemm = getattr(target, "gemm", None)
     runtime = target.runtime + (f"-{gemm}" if gemm not in (None, "inductor") else "")  # another GEMM, another curve
+    runtime += f"-{target.weights}" if getattr(target, "weights", "dense") != "dense" else ""  # another width too
     return shape, runtime, str(target.dtype).removeprefix("torch.")
 
 

@@ -63,6 +63,13 @@ def check_model_config(cfg, key: str = "model") -> None:
     elif device == "cuda" and not torch.cuda.is_available():
         raise ConfigError(f"{key}.device=cuda but CUDA is not available here; use {key}.device=cpu or auto.")
     check_runtime(cfg.get("runtime", "eager"), dtype, device, key)
+    if cfg.get("weights", "dense") != "dense":
+        from spec_zoo.quant_gemm import check_weights
+
+        check_weights(cfg.get("weights"), dtype, key)
+        if resolve_device(device) != "cpu":
+            raise ConfigError(f"{key}.weights={cfg.get('weights')} runs on spec-zoo's CPU kernel; set "
+                              f"{key}.device=cpu, or {key}.weights=dense.")
     if path is not None:
         if not Path(path).expanduser().is_dir():
             raise ConfigError(
@@ -316,17 +323,19 @@ def load_target(
     runtime: str = "eager",
     device_map=None,
     key: str = "model",
+    weights: str = "dense",
     **compiled,
 ) -> Target:
     """The target model: ``path`` when given, else the embedded model ``name``, on
     ``runtime`` (``compiled`` takes the `CompiledTarget` settings: max_cache_len, buckets, ...);
-    ``device_map`` (eager only) is transformers' placement of the weights, replacing ``device``.
+    ``device_map`` (eager only) is transformers' placement of the weights, replacing ``device``;
+    ``weights``: its linear layers' width (`spec_zoo.quant_gemm.WEIGHTS`; docs/native.md).
     ``key``: the config section errors name (``target`` in training)."""
     check_model_config({"name": name, "path": path, "dtype": dtype, "device": device, "runtime": runtime,
-                        "device_map": device_map}, key)
+                        "device_map": device_map, "weights": weights}, key)
     model_dir = path if path is not None else embedded_model_dir(name)
-    loaded = load_causal_lm(model_dir, dtype, device, trust_remote_code, key=key, device_map=device_map)
-    return on_runtime(runtime, *loaded, **compiled)
+    model, tokenizer = load_causal_lm(model_dir, dtype, device, trust_remote_code, key=key, device_map=device_map)
+    return on_runtime(runtime, model, tokenizer, weights=weights, key=key, **compiled)
 
 
 def _plain(value):
@@ -336,13 +345,22 @@ def _plain(value):
     return OmegaConf.to_container(value) if isinstance(value, DictConfig) else value
 
 
-def on_runtime(runtime: str, model, tokenizer=None, **compiled) -> Target:
-    """``model`` wrapped for ``runtime``: the eager reference, or the compiled static-cache runtime."""
+def on_runtime(runtime: str, model, tokenizer=None, weights: str = "dense", key: str = "model",
+               **compiled) -> Target:
+    """``model`` wrapped for ``runtime``: the eager reference, or the compiled static-cache runtime;
+    its linear layers at ``weights`` width (`spec_zoo.quant_gemm.at_width`; ``model`` is left as it was)."""
+    if weights != "dense":
+        from spec_zoo.quant_gemm import at_width
+
+        model = at_width(model, weights, key)
     if runtime == "compiled":
         from spec_zoo.runtime import CompiledTarget
 
-        return CompiledTarget(model, tokenizer, **compiled)
-    return Target(model, tokenizer)
+        target: Target = CompiledTarget(model, tokenizer, **compiled)
+    else:
+        target = Target(model, tokenizer)
+    target.weights = weights
+    return target
 
 
 def make_truncated_draft(target_model, num_layers: int, out_dir, tokenizer=None, overwrite: bool = False) -> Path:

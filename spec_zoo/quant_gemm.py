@@ -180,3 +180,36 @@ def quantized_model(model: nn.Module, bits: int | str = "auto", head_bits: int |
                 setattr(module, name, quantized)
                 layers, exact = layers + 1, exact + same
     return result, layers, exact
+
+
+# model.weights: how a target's linear layers are stored and computed (activations float32 in every case):
+# dense (float tensors, as loaded), native (the model's own codes: each layer at 4 bits where that holds it
+# exactly, else 8; refused where neither does), int4 / int8 (quantized on load: a different model)
+WEIGHTS: dict[str, tuple[int | str, int | str] | None] = {
+    "dense": None, "native": ("auto", "auto"), "int4": (4, 4), "int8": (8, 8)}
+
+
+def check_weights(weights, dtype: str, key: str = "model") -> None:
+    """A width `at_width` takes, with a dtype its kernel computes in, or a clear error."""
+    if weights not in WEIGHTS:
+        raise ConfigError(f"{key}.weights={weights!r}; use one of: {', '.join(WEIGHTS)} (docs/native.md).")
+    if weights != "dense" and dtype != "float32":
+        raise ConfigError(f"{key}.weights={weights} computes in float32 (codes dequantized in registers, float32 "
+                          f"sums); set {key}.dtype=float32, or {key}.weights=dense.")
+
+
+def at_width(model: nn.Module, weights: str, key: str = "model") -> nn.Module:
+    """``model`` with its linear layers at ``weights`` width (`WEIGHTS`): every one a `QuantLinear`
+    with float32 activations, its other tensors shared. ``native`` refuses a model any of whose layers
+    no width holds exactly: it would be another model."""
+    check_weights(weights, str(next(model.parameters()).dtype).removeprefix("torch."), key)
+    widths = WEIGHTS[weights]
+    if widths is None:
+        return model
+    result, layers, exact = quantized_model(model, *widths, activations="float32")
+    if weights == "native" and exact < layers:
+        raise ConfigError(f"{key}.weights=native keeps a model's own 4- or 8-bit codes, but {layers - exact} of its "
+                          f"{layers} linear layers are not stored that way (a float model, or a GGUF format other "
+                          f"than Q4_1 / Q8_0); set {key}.weights=int8 or int4 (quantized on load: a different "
+                          f"model) or {key}.weights=dense.")
+    return result

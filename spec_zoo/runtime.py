@@ -13,9 +13,11 @@ gpt-fast's recipe (static cache + ``torch.compile``) on the model's own modules.
   its length; committing a tree path gathers the accepted rows into place (`Target.commit`).
 - The last committed token and the draft nodes (M rows) go through one compiled graph whose
   row count and attention span are dynamic dimensions: one compile serves every M, with the
-  same kernels (a graph per M let inductor pick another GEMM for one row). A single row runs
-  padded to 2 (``buckets``); padding rows attend to the cache only and their KV lands past
-  the sequence, where the mask hides it until it is overwritten.
+  same kernels (a graph per M let inductor pick another GEMM for one row). With float weights a
+  single row runs padded to 2 (``buckets``); padding rows attend to the cache only and their KV
+  lands past the sequence, where the mask hides it until it is overwritten. With quantized
+  weights (`spec_zoo.quant_gemm`), whose kernel pays for every row, the row count is an unbacked
+  dimension that may be 1 and nothing is padded (``buckets="auto"``).
 - Attention (`rowwise_attention`) reads the committed prefix's slots, rounded up to
   ``key_block``, in slot order, and each row's draft path root first, so a row's arithmetic
   depends neither on M nor on the tree around it. In float32 and bfloat16 it runs as one C++ kernel
@@ -70,13 +72,16 @@ from spec_zoo.compile_cache import cached_compile, fingerprint
 from spec_zoo.draft import Draft
 from spec_zoo.errors import ConfigError
 from spec_zoo.layers import DecoderStack, causal_mask, final_logits
+from spec_zoo.quant_gemm import QuantLinear
 from spec_zoo.skinny_gemm import SkinnyLinears
 from spec_zoo.target import Scores, Target
 
 KEY_BLOCK = 64  # attention spans a multiple of this many cache slots (a multiple of every SIMD width)
 DRAFT_BLOCK = 16  # draft paths are gathered in blocks of this many slots (float32 lanes of AVX-512, 2x AVX2's)
 CATCH_UP = 16  # committed tokens scored by the compiled graph, as a chain, before the last one; more: eagerly
-DEFAULT_BUCKETS = (2,)  # a single row runs as 2: the row count is a dynamic dimension, which cannot be 1
+# a single row runs as 2: a row count the compiler may see as 1 must be an unbacked dimension (bucket 1), whose
+# graph compiles slower and whose float GEMM ran slower here; rows on the quantized kernel cost each (`auto`: 1)
+DEFAULT_BUCKETS = (2,)
 # model.gemm: inductor's own GEMM (per model.gemm_backends), spec-zoo's float32 skinny GEMM, or its bf16 AMX GEMM.
 # inductor's is the default: faster at one row on AVX2 and on AVX-512; the skinny GEMM's flatter curve past 4 rows
 # on AVX-512 did not make speculation faster in a Spec-Bench run (docs/runtime.md)
@@ -152,7 +157,7 @@ class CompiledTarget(Target):
         model,
         tokenizer=None,
         max_cache_len: int | None = None,
-        buckets=DEFAULT_BUCKETS,
+        buckets="auto",
         freezing: bool = True,
         gemm_backends: str = "CPP",
         fallback: bool = True,
@@ -171,10 +176,12 @@ class CompiledTarget(Target):
             raise ConfigError(f"model.attention={attention!r} is not an attention of the compiled runtime; use one "
                               f"of: {', '.join(ATTENTIONS)}.")
         stack = DecoderStack(model)  # refuses a model that is not laid out as the runtime needs
+        if buckets == "auto":  # rows cost the quantized kernel each (no padding row); a float GEMM ~nothing
+            buckets = (1,) if any(isinstance(m, QuantLinear) for m in model.modules()) else DEFAULT_BUCKETS
+        if isinstance(buckets, str) or not buckets or min(int(b) for b in buckets) < 1:
+            raise ConfigError(f"model.buckets={buckets!r}; give row counts of at least 1, e.g. [2] or [1, 4], or "
+                              "auto.")
         buckets = sorted({int(b) for b in buckets})
-        if not buckets or buckets[0] < 2:
-            raise ConfigError(f"model.buckets={list(buckets)}; give row counts of at least 2 (a dynamic graph "
-                              "dimension cannot be 1), e.g. [2] or [2, 4].")
         limit = getattr(model.config, "max_position_embeddings", None) or max_cache_len or 2048
         max_cache_len = min(2048, limit) if max_cache_len is None else max_cache_len  # default: up to 2048
         if not 1 < max_cache_len <= limit:
@@ -358,10 +365,14 @@ class CompiledTarget(Target):
         rows_top = self.entries * self.cache_slots - 1  # a batch's rows: up to every entry's worth
         ids, positions, mask = ids[None].to(to), positions[None].to(to), mask.to(to)
         slots, draft_mask, row_cache, write_at = slots.to(to), draft_mask.to(to), row_cache.to(to), write_at.to(to)
-        for tensor, dim, most in ((ids, 1, rows_top), (positions, 1, rows_top), (mask, 2, rows_top), (mask, 3, top),
-                                  (slots, 0, rows_top), (slots, 1, top), (draft_mask, 0, rows_top),
-                                  (draft_mask, 1, top), (row_cache, 0, rows_top), (write_at, 0, rows_top)):
-            torch._dynamo.mark_dynamic(tensor, dim, min=2, max=most)
+        for tensor, dim in ((ids, 1), (positions, 1), (mask, 2), (slots, 0), (draft_mask, 0), (row_cache, 0),
+                            (write_at, 0)):
+            if self.buckets[0] == 1:  # a row count that may be 1: unbacked
+                torch._dynamo.decorators.mark_unbacked(tensor, dim, min=1, max=rows_top)
+            else:
+                torch._dynamo.mark_dynamic(tensor, dim, min=2, max=rows_top)
+        for tensor, dim in ((mask, 3), (slots, 1), (draft_mask, 1)):
+            torch._dynamo.mark_dynamic(tensor, dim, min=2, max=top)
         return ids, positions, mask, slots, draft_mask, row_cache, write_at
 
     def _rows(self, ids, positions, mask, draft_slots, draft_mask, row_cache, write_at, layers=None):

@@ -83,7 +83,7 @@ TYPES: dict[str, tuple[tuple[type, ...], bool]] = {
     "out": ((str,), True),
     "seed": ((int,), False),
     "model.path": ((str,), True),
-    "model.buckets": ((list,), False),
+    "model.buckets": ((list, str), False),
     "generation.stop_strings": ((list, str), True),
     "dataset.path": ((str,), True),
     "dataset.per_category": ((int,), True),
@@ -117,8 +117,10 @@ def core_keys() -> Keys:
     """The keys of spec-zoo's and spec-zoo-bench's configs; the words of model keys come from
     the module that defines them."""
     from spec_zoo.models import DEVICES, DTYPES, RUNTIMES
+    from spec_zoo.quant_gemm import WEIGHTS
 
-    words = {"model.dtype": tuple(DTYPES), "model.device": tuple(DEVICES), "model.runtime": tuple(RUNTIMES)}
+    words = {"model.dtype": tuple(DTYPES), "model.device": tuple(DEVICES), "model.runtime": tuple(RUNTIMES),
+             "model.weights": tuple(WEIGHTS)}
     return Keys(LIMITS, TYPES, words)
 
 

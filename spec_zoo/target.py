@@ -122,6 +122,7 @@ class Target:
     #: not decodes a batch's requests one after another
     holds_many = True
     context_limit = "the model's max_position_embeddings"  # what bounds ``max_length``, for errors
+    weights = "dense"  # its linear layers' width (model.weights: `spec_zoo.quant_gemm.WEIGHTS`)
 
     def __init__(self, model, tokenizer=None):
         self.model = model.eval()

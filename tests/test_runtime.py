@@ -464,7 +464,9 @@ def test_bfloat16_needs_a_cpu_that_computes_it(monkeypatch):
 
 def test_bad_buckets_and_cache_length_are_refused(model):
     with pytest.raises(ConfigError, match="model.buckets"):
-        CompiledTarget(model, buckets=(1, 4))
+        CompiledTarget(model, buckets=(0, 4))
+    with pytest.raises(ConfigError, match="model.buckets='fast'"):
+        CompiledTarget(model, buckets="fast")
     with pytest.raises(ConfigError, match="model.max_cache_len=100000"):
         CompiledTarget(model, max_cache_len=100000)
     with pytest.raises(ConfigError, match="model.gemm='mkl'"):

@@ -101,6 +101,7 @@ def bench(cfg: DictConfig) -> Summary | None:
         return summary
 
     from spec_zoo.models import DTYPES, check_model_config, check_runtime
+    from spec_zoo.quant_gemm import check_weights
     from spec_zoo.runtime import GEMMS
 
     if cfg.seed + cfg.repeats - 1 > 2**64 - 1:  # repeat r runs with seed + r
@@ -127,6 +128,12 @@ def bench(cfg: DictConfig) -> Summary | None:
     for spec in specs:
         dtype, gemm = spec.model.get("dtype", cfg.model.dtype), spec.model.get("gemm", cfg.model.get("gemm"))
         check_runtime(spec.runtime or cfg.model.runtime, dtype, cfg.model.device, f"methods.{spec.name}")
+        weights = spec.model.get("weights", cfg.model.get("weights", "dense"))
+        check_weights(weights, dtype, f"methods.{spec.name}")
+        if weights != cfg.model.get("weights", "dense") and cfg.model.get("weights", "dense") != "dense":
+            raise ConfigError(f"methods.{spec.name}: weights={weights}, but the run loads model.weights="
+                              f"{cfg.model.weights} (the float weights are not kept); run with model.weights=dense "
+                              "and give each method its width (model: {weights: native}).")
         if dtype not in DTYPES:
             raise ConfigError(f"methods.{spec.name}.model.dtype={dtype!r} is not supported; use one of: "
                               f"{', '.join(DTYPES)}.")
@@ -171,12 +178,16 @@ def _run(cfg: DictConfig, specs, questions, sampling: SamplingParams, policy: Ba
     """The plan (``dry_run``) or the measured run of `bench`, once ``out`` is this run's."""
     from spec_zoo.decoder import SpeculativeDecoder
     from spec_zoo.models import load_target
+    from spec_zoo.runtime import DEFAULT_BUCKETS
 
     data, gen = cfg.dataset, cfg.generation
     existing = check_results(out)  # before any model loads
     model = cast(dict, OmegaConf.to_container(cfg.model))
-    if model.get("device_map") is None:  # unset: the records of runs made before the key existed still resume
-        model.pop("device_map", None)
+    for key, unset in (("device_map", None), ("weights", "dense")):  # unset: the records of runs made before the
+        if model.get(key, unset) == unset:                           # key existed still resume
+            model.pop(key, None)
+    if model.get("buckets") == "auto" and "weights" not in model:  # as it was before auto: the same records
+        model["buckets"] = list(DEFAULT_BUCKETS)
     run_settings = {"model": model, "generation": OmegaConf.to_container(gen),
                     "dataset": {"name": data.name, "path": data.path}, "seed": cfg.seed}
     if cfg.batch_size != 1:  # another configuration; unset, the records of runs made before the key still resume
@@ -237,16 +248,17 @@ def runtime_targets(target, specs, model_cfg) -> dict:
     from spec_zoo.models import on_runtime
 
     run = cast(dict, OmegaConf.to_container(model_cfg))
-    weights = {run["dtype"]: target.model}
+    models = {run["dtype"]: target.model}
     targets = {model_cfg.runtime: target}
     for spec in specs:
         name = target_name(spec, model_cfg)
         if spec.engine != "spec_zoo" or name in targets:
             continue
         settings = {**run, "runtime": spec.runtime or model_cfg.runtime, **spec.model}
-        if settings["dtype"] not in weights:  # the same weights in the method's dtype
-            weights[settings["dtype"]] = copy.deepcopy(target.model).to(getattr(torch, settings["dtype"]))
-        targets[name] = on_runtime(settings["runtime"], weights[settings["dtype"]], target.tokenizer,
+        if settings["dtype"] not in models:  # the same weights in the method's dtype
+            models[settings["dtype"]] = copy.deepcopy(target.model).to(getattr(torch, settings["dtype"]))
+        targets[name] = on_runtime(settings["runtime"], models[settings["dtype"]], target.tokenizer,
+                                   weights=settings.get("weights", "dense"),
                                    **{k: v for k, v in settings.items() if k in COMPILED_SETTINGS})
     for each in targets.values():
         if hasattr(each, "warm_up"):

@@ -40,7 +40,7 @@ from spec_zoo.registry import compose_option, option_names
 
 ENGINES = ("spec_zoo", "transformers", *PEERS)
 _SPEC_KEYS = {"engine", "runtime", "model", "drafter", "verifier", "assistant", "params"}
-MODEL_KEYS = ("dtype", "gemm", "attention")  # the target settings a method may set for itself (its numerics)
+MODEL_KEYS = ("dtype", "gemm", "attention", "weights")  # the target settings a method may set for itself (its numerics)
 # generate() kwarg -> drafter label of a transformers method without an assistant model
 _HF_DRAFTERS = {"prompt_lookup_num_tokens": "prompt_lookup", "assistant_early_exit": "early_exit"}
 

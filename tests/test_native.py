@@ -1,0 +1,101 @@
+"""The target at its own width (``model.weights``, `spec_zoo.quant_gemm.at_width`): a GGUF-born model
+kept as its own codes is the same model, batch-invariant and lossless under speculation on the compiled
+runtime; a float model is refused ``native`` by name and quantized (another model) at int8 / int4; bad
+settings are refused before any load. One compiled tiny target serves the module."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from spec_zoo import SpeculativeDecoder
+from spec_zoo.costs import what_costs
+from spec_zoo.draft import Draft
+from spec_zoo.drafters.ngram import NgramDrafter
+from spec_zoo.errors import ConfigError
+from spec_zoo.models import check_model_config, on_runtime
+from spec_zoo.quant_gemm import GROUP, QuantLinear, at_width, dequantize, quantize
+from spec_zoo.testing import PROMPT, hf_greedy, sampling_model
+from tests.tiny import one_thread  # noqa: F401 (autouse fixture)
+
+
+def gguf_born(model: nn.Module) -> nn.Module:
+    """``model`` with every linear weight replaced by what a Q4_1 file (the output layer: Q8_0)
+    dequantizes to, as the embedded targets' are."""
+    head = model.get_output_embeddings()
+    for module in model.modules():
+        if isinstance(module, nn.Linear) and module.in_features % GROUP == 0:
+            bits = 8 if module is head else 4
+            codes, scales, lows, _ = quantize(module.weight, bits)
+            module.weight.data = dequantize(codes, scales, lows, bits)
+    return model
+
+
+@pytest.fixture(scope="module")
+def born():
+    return gguf_born(sampling_model().float())
+
+
+@pytest.fixture(scope="module")
+def native(born):
+    target = on_runtime("compiled", born, weights="native", max_cache_len=96, key_block=16)
+    target.warm_up()
+    return target
+
+
+def test_native_weights_are_the_models_own_bit_for_bit(born):
+    """Every linear layer becomes codes whose dequantization is the loaded weight exactly; the
+    model passed in keeps its float layers."""
+    model = at_width(born, "native")
+    originals = {name: m for name, m in born.named_modules() if isinstance(m, nn.Linear)}
+    quantized = {name: m for name, m in model.named_modules() if isinstance(m, QuantLinear)}
+    assert quantized and quantized.keys() == originals.keys()
+    for name, layer in quantized.items():
+        assert torch.equal(dequantize(layer.codes, layer.scales, layer.lows, layer.bits), originals[name].weight)
+    assert quantized["lm_head"].bits == 8 and {m.bits for n, m in quantized.items() if n != "lm_head"} == {4}
+
+
+def test_a_float_model_is_refused_native_and_quantized_as_another_at_int8_or_int4():
+    model = sampling_model().float()
+    with pytest.raises(ConfigError, match=r"weights=native keeps.*set model.weights=int8 or int4"):
+        at_width(model, "native")
+    for weights, bits in (("int8", 8), ("int4", 4)):
+        layers = [m for m in at_width(model, weights).modules() if isinstance(m, QuantLinear)]
+        assert layers and {m.bits for m in layers} == {bits}
+    assert at_width(model, "dense") is model
+
+
+def test_rows_are_batch_invariant_on_native_weights(native):
+    """``buckets=auto`` runs one row as one (an unbacked row count), and its logits are those of
+    every longer scoring's first row."""
+    assert native.buckets == [1] and native.bucket(1) == 1
+    native.reset()
+    alone = native.score(PROMPT, Draft.empty()).logits[0]
+    for m in range(1, 12):
+        native.reset()
+        assert torch.equal(native.score(PROMPT, Draft.chain([(3 * j + 1) % 8 for j in range(m)])).logits[0], alone)
+
+
+def test_native_plain_decoding_is_the_models_greedy_and_speculation_equals_it(native, born):
+    """Plain decoding on native weights gives the model's own greedy tokens; ngram chains and
+    trees give plain decoding's tokens exactly (the lossless contract on this width)."""
+    plain = SpeculativeDecoder(native).generate(PROMPT, max_new_tokens=24, eos_token_ids=[])
+    assert plain.ids == hf_greedy(born, PROMPT, 24)
+    for drafter in (NgramDrafter(num_draft=4), NgramDrafter(num_draft=3, branches=2, adaptive=False)):
+        out = SpeculativeDecoder(native, drafter).generate(PROMPT, max_new_tokens=24, eos_token_ids=[])
+        assert out.ids == plain.ids and out.stats.alpha > 0
+
+
+def test_the_width_is_named_where_costs_are_kept(native):
+    assert native.weights == "native" and what_costs(native)[1] == "compiled-native"
+
+
+@pytest.mark.parametrize("cfg,message", [
+    ({"weights": "fp4"}, r"model.weights='fp4'; use one of: dense, native, int4, int8"),
+    ({"weights": "native", "dtype": "bfloat16"}, r"model.weights=native computes in float32"),
+    ({"weights": "int8", "device": "cuda"}, r"CUDA is not available|model.weights=int8 runs on spec-zoo's CPU"),
+])
+def test_bad_settings_are_refused_before_a_load(cfg, message):
+    with pytest.raises(ConfigError, match=message):
+        check_model_config({"name": "smollm2-135m", "path": None, **cfg})
