@@ -4,15 +4,16 @@
 // registers and never written out: a step reads a seventh of the float32 bytes.
 //
 // codes: bits 4, uint8 [N, K / 2], a group's 16 bytes holding weight b in the low nibble of byte b and weight
-// b + 16 in its high nibble (GGUF's order); bits 8, int8 [N, K]. scales, lows: float32 [N, K / 32], each d a
+// b + 16 in its high nibble (GGUF's order; quant_linear on AVX-512 takes them in `lanes` order, see run4);
+// bits 8, int8 [N, K]. scales, lows: float32 [N, K / 32], each d a
 // float16 value, so d * q is exact in float32 and d * q + m rounds once: the weight's bits are those of the
 // float32 dequantization (`spec_zoo.quant_gemm.dequantize`) whichever instruction computes it.
 //
 // Batch-invariant by construction, and the same sums as the skinny GEMM (skinny_gemm.cpp) over the
 // dequantized weights: LANES partial sums (lane l takes k = l, l + LANES, ... in increasing order, one fused
 // multiply-add each), added in `hsum`'s fixed tree. Which rows share a register tile changes no sum.
-// AVX-512 looks each group's 16 possible weights up in one register (a permute per 16 weights); AVX2 and the
-// portable path convert the codes and multiply-add.
+// At 4 bits AVX-512 looks each group's 16 possible weights up in one register (a permute per 16 weights, the
+// codes in `lanes` order: see run4); AVX2, the portable path and 8 bits convert the codes and multiply-add.
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
@@ -43,18 +44,11 @@ constexpr int NQ = 2;
 template <int bits>
 inline void dequant(const uint8_t* c, float d, float m, Vec* w) {
 #if defined(__AVX512F__)
+  static_assert(bits == 8, "4-bit codes on AVX-512 go through run4");
   const __m512 dv = _mm512_set1_ps(d), mv = _mm512_set1_ps(m);
-  if constexpr (bits == 4) {
-    const __m512i all = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)c));
-    const __m512 table = _mm512_fmadd_ps(
-        _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15), dv, mv);
-    w[0] = _mm512_permutexvar_ps(_mm512_and_si512(all, _mm512_set1_epi32(15)), table);
-    w[1] = _mm512_permutexvar_ps(_mm512_srli_epi32(all, 4), table);
-  } else {
-    for (int v = 0; v < PER; ++v)
-      w[v] = _mm512_fmadd_ps(
-          _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)(c + v * LANES)))), dv, mv);
-  }
+  for (int v = 0; v < PER; ++v)
+    w[v] = _mm512_fmadd_ps(
+        _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)(c + v * LANES)))), dv, mv);
 #elif defined(__AVX2__) && defined(__FMA__)
   const __m256 dv = _mm256_set1_ps(d), mv = _mm256_set1_ps(m);
   if constexpr (bits == 4) {
@@ -75,6 +69,34 @@ inline void dequant(const uint8_t* c, float d, float m, Vec* w) {
 #endif
 }
 
+#if defined(__AVX512F__)
+// 4-bit codes on AVX-512 come in `lanes` order (spec_zoo.quant_gemm.kernel_codes): a run of four groups is 64
+// bytes whose dword l holds, in nibble 2j and 2j + 1, group j's weights l and 16 + l; so one load, then one shift
+// per 16 weights, gives a permute its indices (vpermps reads an index's low 4 bits). A run of two groups holds
+// them in 16-bit lanes, a single group in byte lanes (GGUF's order). Each lane still sums k = l, l + 16, ... in
+// increasing order: the same sums as the group-by-group path.
+template <int run, int mr, int nr>
+inline void run4(const float* x, int64_t ldx, const uint8_t* c, int64_t ldc, const float* d, const float* m,
+                 int64_t ldg, int64_t g, Vec (&acc)[mr][nr]) {
+  const __m512 iota = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  for (int j = 0; j < nr; ++j) {
+    const uint8_t* cj = c + j * ldc + g * GROUP / 2;
+    __m512i raw;
+    if constexpr (run == 4) raw = _mm512_loadu_si512(cj);
+    else if constexpr (run == 2) raw = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)cj));
+    else raw = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)cj));
+    __m512 table = iota;
+    for (int s = 0; s < 2 * run; ++s) {  // group g + s / 2, its half s % 2
+      const int64_t at = j * ldg + g + s / 2;
+      if (s % 2 == 0) table = _mm512_fmadd_ps(iota, _mm512_set1_ps(d[at]), _mm512_set1_ps(m[at]));
+      const __m512 w = _mm512_permutexvar_ps(s ? _mm512_srli_epi32(raw, 4 * s) : raw, table);
+      for (int i = 0; i < mr; ++i)
+        acc[i][j] = _mm512_fmadd_ps(_mm512_loadu_ps(x + i * ldx + (g + s / 2) * GROUP + s % 2 * 16), w, acc[i][j]);
+    }
+  }
+}
+#endif
+
 // One register tile: rows x[0..mr) against weight rows j = 0..nr (codes row j at c + j * ldc, its
 // scales and lows at d + j * ldg, m + j * ldg): y[i][j] = <x_i, w_j>.
 template <int bits, int mr, int nr>
@@ -83,12 +105,23 @@ void tile(const float* x, int64_t ldx, const uint8_t* c, int64_t ldc, const floa
   Vec acc[mr][nr];
   for (int i = 0; i < mr; ++i)
     for (int j = 0; j < nr; ++j) acc[i][j] = vzero();
-  for (int64_t g = 0; g < K / GROUP; ++g) {
-    for (int j = 0; j < nr; ++j) {
-      Vec w[PER];
-      dequant<bits>(c + j * ldc + g * GROUP * bits / 8, d[j * ldg + g], m[j * ldg + g], w);
-      for (int i = 0; i < mr; ++i)
-        for (int v = 0; v < PER; ++v) acc[i][j] = vfma(vload(x + i * ldx + g * GROUP + v * LANES), w[v], acc[i][j]);
+#if defined(__AVX512F__)
+  if constexpr (bits == 4) {
+    const int64_t G = K / GROUP;
+    int64_t g = 0;
+    for (; g + 4 <= G; g += 4) run4<4>(x, ldx, c, ldc, d, m, ldg, g, acc);
+    if (g + 2 <= G) run4<2>(x, ldx, c, ldc, d, m, ldg, g, acc), g += 2;
+    if (g < G) run4<1>(x, ldx, c, ldc, d, m, ldg, g, acc);
+  } else
+#endif
+  {
+    for (int64_t g = 0; g < K / GROUP; ++g) {
+      for (int j = 0; j < nr; ++j) {
+        Vec w[PER];
+        dequant<bits>(c + j * ldc + g * GROUP * bits / 8, d[j * ldg + g], m[j * ldg + g], w);
+        for (int i = 0; i < mr; ++i)
+          for (int v = 0; v < PER; ++v) acc[i][j] = vfma(vload(x + i * ldx + g * GROUP + v * LANES), w[v], acc[i][j]);
+      }
     }
   }
   for (int i = 0; i < mr; ++i)

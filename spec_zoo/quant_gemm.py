@@ -79,6 +79,32 @@ def pack(q: torch.Tensor, bits: int) -> torch.Tensor:
     return (grouped[..., : GROUP // 2] | (grouped[..., GROUP // 2:] << 4)).reshape(q.shape[0], -1)
 
 
+def kernel_codes(codes: torch.Tensor, bits: int, inverse: bool = False) -> torch.Tensor:
+    """GGUF-ordered codes in the order ``quant_linear`` reads them on this machine (``inverse``: back):
+    at 4 bits on AVX-512, each run of four groups' 64 bytes transposed as 4 x 16 -> 16 x 4 (byte 4l + j
+    is group j's byte l: one load then holds every group's weights l and 16 + l in dword l), a run of
+    two groups' 32 bytes as 2 x 16 -> 16 x 2, a last single group as it is (`quant_gemm.cpp`, run4)."""
+    if bits != 4 or load() != "avx512":
+        return codes
+    n, groups = codes.shape[0], codes.shape[1] // (GROUP // 2)
+    parts, g = [], 0
+    for run in (4, 2, 1):
+        while groups - g >= run:
+            block = codes[:, g * 16: (g + run) * 16].reshape(n, run, 16) if not inverse else \
+                codes[:, g * 16: (g + run) * 16].reshape(n, 16, run)
+            parts.append(block.transpose(1, 2).reshape(n, -1))
+            g += run
+            if run < 4:
+                break
+    return torch.cat(parts, 1).contiguous()
+
+
+def quant_linear(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, lows: torch.Tensor,
+                 bits: int) -> torch.Tensor:
+    """x @ W^T with float32 sums from GGUF-ordered codes (`QuantLinear` keeps them in the kernel's order once)."""
+    return torch.ops.spec_zoo.quant_linear(x, kernel_codes(codes, bits), scales, lows, bits)
+
+
 def quantize(weight: torch.Tensor, bits: int = 4) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, bool]:
     """(codes, scales, lows, exact) of a float weight [N, K] (K a multiple of 32): at 4 bits GGUF's Q4_1,
     at 8 bits its Q8_0; ``exact`` when the dequantized weight is ``weight`` bit for bit."""
@@ -128,7 +154,8 @@ class QuantLinear(nn.Module):
         load()
         self.op = getattr(torch.ops.spec_zoo, ACTIVATIONS[activations])
         self.in_features, self.out_features = scales.shape[1] * GROUP, codes.shape[0]
-        self.register_buffer("codes", codes)
+        # the float32 kernel's codes in the order it reads them (`kernel_codes`); the int8 one's in GGUF's
+        self.register_buffer("codes", kernel_codes(codes, bits) if activations == "float32" else codes)
         self.register_buffer("scales", scales)
         self.register_buffer("lows", lows)
 
@@ -141,6 +168,11 @@ class QuantLinear(nn.Module):
             if exact:
                 break
         return cls(codes, scales, lows, width, linear.bias, activations), exact
+
+    def dequantized(self) -> torch.Tensor:
+        """The float32 weight [N, K] the layer computes with."""
+        codes = kernel_codes(self.codes, self.bits, inverse=True) if self.activations == "float32" else self.codes
+        return dequantize(codes, self.scales, self.lows, self.bits)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = self.op(x, self.codes, self.scales, self.lows, self.bits)

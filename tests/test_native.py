@@ -52,7 +52,7 @@ def test_native_weights_are_the_models_own_bit_for_bit(born):
     quantized = {name: m for name, m in model.named_modules() if isinstance(m, QuantLinear)}
     assert quantized and quantized.keys() == originals.keys()
     for name, layer in quantized.items():
-        assert torch.equal(dequantize(layer.codes, layer.scales, layer.lows, layer.bits), originals[name].weight)
+        assert torch.equal(layer.dequantized(), originals[name].weight)
     assert quantized["lm_head"].bits == 8 and {m.bits for n, m in quantized.items() if n != "lm_head"} == {4}
 
 

@@ -26,7 +26,8 @@ def built():
     quant_gemm.load()
 
 
-OPS = {"float32": lambda: torch.ops.spec_zoo.quant_linear, "int8": lambda: torch.ops.spec_zoo.quant_linear_q8}
+# each op on GGUF-ordered codes (the float32 one reorders them for this machine's kernel first)
+OPS = {"float32": lambda: quant_gemm.quant_linear, "int8": lambda: torch.ops.spec_zoo.quant_linear_q8}
 
 
 def gguf_born(n: int, k: int, bits: int, seed: int = 0) -> torch.Tensor:
@@ -82,8 +83,9 @@ def test_the_float32_kernel_is_the_skinny_gemm_over_the_dequantized_weights(k, n
     torch.manual_seed(k + n)
     codes, scales, lows, _ = quantize(torch.randn(n, k), bits)
     x = torch.randn(max(ROWS), k)
-    y = torch.ops.spec_zoo.quant_linear(x, codes, scales, lows, bits)
+    y = quant_gemm.quant_linear(x, codes, scales, lows, bits)
     assert torch.equal(y, skinny_linear(x, dequantize(codes, scales, lows, bits)))
+    assert torch.equal(quant_gemm.kernel_codes(quant_gemm.kernel_codes(codes, bits), bits, inverse=True), codes)
 
 
 @pytest.mark.parametrize("bits", [4, 8])
@@ -130,7 +132,8 @@ def test_threads_split_outputs_not_sums(activations):
 def test_the_ops_have_fake_implementations_and_batch_dims(activations):
     codes, scales, lows, _ = quantize(torch.randn(29, 64), 4)
     x = torch.randn(1, 3, 64)
-    torch.library.opcheck(OPS[activations]().default, (x, codes, scales, lows, 4))
+    op = getattr(torch.ops.spec_zoo, quant_gemm.ACTIVATIONS[activations])
+    torch.library.opcheck(op.default, (x, codes, scales, lows, 4))
     layer = QuantLinear(codes, scales, lows, 4, activations=activations)
     assert layer(x).shape == (1, 3, 29)
     compiled = torch.compile(layer, fullgraph=True, dynamic=True)
