@@ -171,8 +171,9 @@ class QuantLinear(nn.Module):
 
     def dequantized(self) -> torch.Tensor:
         """The float32 weight [N, K] the layer computes with."""
-        codes = kernel_codes(self.codes, self.bits, inverse=True) if self.activations == "float32" else self.codes
-        return dequantize(codes, self.scales, self.lows, self.bits)
+        codes, scales, lows = (self.get_buffer(name) for name in ("codes", "scales", "lows"))
+        codes = kernel_codes(codes, self.bits, inverse=True) if self.activations == "float32" else codes
+        return dequantize(codes, scales, lows, self.bits)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = self.op(x, self.codes, self.scales, self.lows, self.bits)
