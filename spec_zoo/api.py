@@ -205,7 +205,8 @@ def compile_ahead(decoder: SpeculativeDecoder) -> str | None:
 def label(cfg: DictConfig, decoder: SpeculativeDecoder, drafter_choice: str | None) -> str:
     """``drafter=<option> verifier=<name>`` as the user chose them: the option name
     (``small_model_tree``, not the class's ``small_model``) unless ``drafter._target_``
-    points elsewhere, then the class's ``name``; an automatic verifier says so."""
+    points elsewhere, then the class's ``name``; an automatic verifier says so, and weights other than
+    dense (``model.weights``) are named."""
     drafter = decoder.drafter.name
     if drafter_choice and option_target(drafter_choice) == cfg.drafter.get("_target_"):
         drafter = drafter_choice
@@ -214,7 +215,8 @@ def label(cfg: DictConfig, decoder: SpeculativeDecoder, drafter_choice: str | No
         verifier += f" (auto: temperature {decoder.sampling.temperature:g})"
     if not decoder.verifier.lossless:
         verifier += " (LOSSY: not an exact sample of the target)"
-    return f"drafter={drafter} verifier={verifier}"
+    weights = getattr(decoder.target, "weights", "dense")  # another width is said: int8 / int4 are another model
+    return f"drafter={drafter} verifier={verifier}" + (f" weights={weights}" if weights != "dense" else "")
 
 
 @functools.cache
