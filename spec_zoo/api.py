@@ -215,7 +215,7 @@ def label(cfg: DictConfig, decoder: SpeculativeDecoder, drafter_choice: str | No
         verifier += f" (auto: temperature {decoder.sampling.temperature:g})"
     if not decoder.verifier.lossless:
         verifier += " (LOSSY: not an exact sample of the target)"
-    weights = getattr(decoder.target, "weights", "dense")  # another width is said: int8 / int4 are another model
+    weights = getattr(getattr(decoder, "target", None), "weights", "dense")  # int8 / int4 are another model
     return f"drafter={drafter} verifier={verifier}" + (f" weights={weights}" if weights != "dense" else "")
 
 
