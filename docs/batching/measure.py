@@ -4,8 +4,8 @@ methods that decode side by side. Spec-Bench's first turns (``--per-category`` o
 Run on an idle host, one thread, pinned:
 
     OMP_NUM_THREADS=1 taskset -c 0 python docs/batching/measure.py OUT [--dtype bfloat16] [--gemm amx]
-        [--sizes 1,2,4,8,16] [--methods none ngram LABEL:OVERRIDE,...] [--per-category 3] [--tokens 128]
-        [--repeats 2]
+        [--weights native] [--sizes 1,2,4,8,16] [--methods none ngram LABEL:OVERRIDE,...] [--per-category 3]
+        [--tokens 128] [--repeats 2]
 
 A method is a drafter's name, or a label and the config overrides it stands for, e.g.
 ``ngram8_fixed:drafter=ngram,drafter.num_draft=8,drafter.adaptive=false,batch_policy=drafter``
@@ -39,6 +39,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("out", type=Path)
     parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--weights", default="dense", help="model.weights (docs/native.md)")
     parser.add_argument("--gemm", default=None, help="model.gemm (default: amx in bfloat16, inductor in float32)")
     parser.add_argument("--sizes", default="1,2,4,8,16")
     parser.add_argument("--methods", nargs="+", default=["none", "ngram"])
@@ -51,7 +52,8 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / "records.jsonl"
     done = [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
-    settings = ["model.runtime=compiled", f"model.dtype={args.dtype}", f"model.gemm={args.gemm}"]
+    settings = ["model.runtime=compiled", f"model.dtype={args.dtype}", f"model.gemm={args.gemm}",
+                f"model.weights={args.weights}"]
     target = load_checked_target(compose_config(settings).model)
     sizes = [int(s) for s in args.sizes.split(",")]
     target.hold(max(sizes))  # one cache entry per request of the largest batch: one graph serves every size
