@@ -87,22 +87,13 @@ def kernel_codes(codes: torch.Tensor, bits: int, inverse: bool = False) -> torch
     if bits != 4 or load() != "avx512":
         return codes
     n, groups = codes.shape[0], codes.shape[1] // (GROUP // 2)
+    runs = [4] * (groups // 4) + [2] * (groups % 4 // 2) + [1] * (groups % 2)  # as the kernel walks them
     parts, g = [], 0
-    for run in (4, 2, 1):
-        while groups - g >= run:
-            block = codes[:, g * 16: (g + run) * 16].reshape(n, run, 16) if not inverse else \
-                codes[:, g * 16: (g + run) * 16].reshape(n, 16, run)
-            parts.append(block.transpose(1, 2).reshape(n, -1))
-            g += run
-            if run < 4:
-                break
+    for run in runs:
+        block = codes[:, g * 16: (g + run) * 16].reshape(n, *((16, run) if inverse else (run, 16)))
+        parts.append(block.transpose(1, 2).reshape(n, -1))
+        g += run
     return torch.cat(parts, 1).contiguous()
-
-
-def quant_linear(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, lows: torch.Tensor,
-                 bits: int) -> torch.Tensor:
-    """x @ W^T with float32 sums from GGUF-ordered codes (`QuantLinear` keeps them in the kernel's order once)."""
-    return torch.ops.spec_zoo.quant_linear(x, kernel_codes(codes, bits), scales, lows, bits)
 
 
 def quantize(weight: torch.Tensor, bits: int = 4) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, bool]:

@@ -26,8 +26,13 @@ def built():
     quant_gemm.load()
 
 
-# each op on GGUF-ordered codes (the float32 one reorders them for this machine's kernel first)
-OPS = {"float32": lambda: quant_gemm.quant_linear, "int8": lambda: torch.ops.spec_zoo.quant_linear_q8}
+def quant_linear(x, codes, scales, lows, bits):
+    """The float32 op on GGUF-ordered codes, reordered for this machine's kernel first (as `QuantLinear` does)."""
+    return torch.ops.spec_zoo.quant_linear(x, quant_gemm.kernel_codes(codes, bits), scales, lows, bits)
+
+
+# each op on GGUF-ordered codes
+OPS = {"float32": lambda: quant_linear, "int8": lambda: torch.ops.spec_zoo.quant_linear_q8}
 
 
 def gguf_born(n: int, k: int, bits: int, seed: int = 0) -> torch.Tensor:
@@ -83,7 +88,7 @@ def test_the_float32_kernel_is_the_skinny_gemm_over_the_dequantized_weights(k, n
     torch.manual_seed(k + n)
     codes, scales, lows, _ = quantize(torch.randn(n, k), bits)
     x = torch.randn(max(ROWS), k)
-    y = quant_gemm.quant_linear(x, codes, scales, lows, bits)
+    y = quant_linear(x, codes, scales, lows, bits)
     assert torch.equal(y, skinny_linear(x, dequantize(codes, scales, lows, bits)))
     assert torch.equal(quant_gemm.kernel_codes(quant_gemm.kernel_codes(codes, bits), bits, inverse=True), codes)
 

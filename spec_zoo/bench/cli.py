@@ -125,15 +125,16 @@ def bench(cfg: DictConfig) -> Summary | None:
             raise ConfigError(f"method {spec.name}: a peer engine is measured greedy and without stop strings; set "
                               "generation.temperature=0 generation.stop_strings=[].")
     check_model_config(cfg.model)
+    loaded = cfg.model.get("weights", "dense")  # the width the run's target is loaded at
     for spec in specs:
         dtype, gemm = spec.model.get("dtype", cfg.model.dtype), spec.model.get("gemm", cfg.model.get("gemm"))
         check_runtime(spec.runtime or cfg.model.runtime, dtype, cfg.model.device, f"methods.{spec.name}")
-        weights = spec.model.get("weights", cfg.model.get("weights", "dense"))
+        weights = spec.model.get("weights", loaded)
         check_weights(weights, dtype, f"methods.{spec.name}")
-        if weights != cfg.model.get("weights", "dense") and cfg.model.get("weights", "dense") != "dense":
-            raise ConfigError(f"methods.{spec.name}: weights={weights}, but the run loads model.weights="
-                              f"{cfg.model.weights} (the float weights are not kept); run with model.weights=dense "
-                              "and give each method its width (model: {weights: native}).")
+        if weights != loaded != "dense":
+            raise ConfigError(f"methods.{spec.name}: weights={weights}, but the run loads model.weights={loaded} "
+                              "(the float weights are not kept); run with model.weights=dense and give each method "
+                              "its width (model: {weights: native}).")
         if dtype not in DTYPES:
             raise ConfigError(f"methods.{spec.name}.model.dtype={dtype!r} is not supported; use one of: "
                               f"{', '.join(DTYPES)}.")
