@@ -511,6 +511,10 @@ def test_jsonl_dataset_brings_your_own_prompts(tmp_path):
      (["methods={n:{drafter:none,runtime:compiled,model:{dtype:float64}}}"], "methods.n.runtime=compiled computes in"),
      (["methods={n:{drafter:none,runtime:compiled,model:{dtype:float32,gemm:amx}}}"],
       "methods.n: gemm='amx' with dtype=float32"),
+     (["methods={n:{drafter:none,model:{weights:native}}}", "model.dtype=bfloat16"],
+      "methods.n.weights=native computes in float32"),
+     (["methods=[ar_native]", "model.weights=int8"],
+      "methods.ar_native: weights=native, but the run loads model.weights=int8"),
      (["batch_size=4", "batch_policy=fastest"], "batch_policy: 'fastest' is not a policy")],
 )
 def test_cli_rejects_more_bad_input_before_loading_a_model(overrides, message, tmp_path, monkeypatch):
