@@ -206,7 +206,8 @@ def label(cfg: DictConfig, decoder: SpeculativeDecoder, drafter_choice: str | No
     """``drafter=<option> verifier=<name>`` as the user chose them: the option name
     (``small_model_tree``, not the class's ``small_model``) unless ``drafter._target_``
     points elsewhere, then the class's ``name``; an automatic verifier says so, and weights other than
-    dense (``model.weights``) are named."""
+    dense (``model.weights``) are named, as is what each of ``model.runtime``, ``dtype`` and ``weights``
+    given as ``auto`` became (`spec_zoo.host_fit`)."""
     drafter = decoder.drafter.name
     if drafter_choice and option_target(drafter_choice) == cfg.drafter.get("_target_"):
         drafter = drafter_choice
@@ -215,8 +216,11 @@ def label(cfg: DictConfig, decoder: SpeculativeDecoder, drafter_choice: str | No
         verifier += f" (auto: temperature {decoder.sampling.temperature:g})"
     if not decoder.verifier.lossless:
         verifier += " (LOSSY: not an exact sample of the target)"
-    weights = getattr(getattr(decoder, "target", None), "weights", "dense")  # int8 / int4 are another model
-    return f"drafter={drafter} verifier={verifier}" + (f" weights={weights}" if weights != "dense" else "")
+    target = getattr(decoder, "target", None)
+    auto, weights = getattr(target, "auto", {}), getattr(target, "weights", "dense")  # int8 / int4: another model
+    named = [f"{key}={value} (auto)" for key, value in auto.items()]
+    return " ".join([f"drafter={drafter} verifier={verifier}", *named,
+                     *([f"weights={weights}"] if weights != "dense" and "weights" not in auto else [])])
 
 
 @functools.cache

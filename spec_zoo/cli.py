@@ -170,6 +170,8 @@ def runtime_command(command: str, overrides: list[str]) -> None:
     from spec_zoo.costs import cached_table, measure, measure_draft, plot_table, set_aside_unreadable, table_path
 
     cfg = compose_config(overrides)
+    if command == "warmup" and cfg.model.runtime == "auto":  # what a later model.runtime=auto run will find
+        cfg.model.runtime = "compiled"
     with quiet_loading():
         target = load_checked_target(cfg.model)
     if command == "costs" and (aside := set_aside_unreadable(table_path(target))):  # the way out it names

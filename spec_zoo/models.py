@@ -22,13 +22,14 @@ import torch
 
 from spec_zoo.artefacts import write_artefact
 from spec_zoo.errors import ConfigError
+from spec_zoo.host_fit import fit_dtype, fit_runtime, fit_weights
 from spec_zoo.outputs import one_writer
 from spec_zoo.paths import cache_root
 from spec_zoo.target import Target
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16, "float64": torch.float64}
 DEVICES = ("cpu", "cuda", "auto")
-RUNTIMES = ("eager", "compiled")  # spec_zoo.target.Target / spec_zoo.runtime.CompiledTarget
+RUNTIMES = ("eager", "compiled", "auto")  # Target / spec_zoo.runtime.CompiledTarget / spec_zoo.host_fit
 COMPILED_DTYPES = ("float32", "bfloat16")  # what inductor's C++ micro-GEMM computes
 
 # name -> (package holding the GGUF, GGUF file name, cache dir name, install command);
@@ -54,8 +55,8 @@ def check_model_config(cfg, key: str = "model") -> None:
     ``key`` is the config section named in error messages (e.g. ``drafter``)."""
     name, path = cfg.get("name"), cfg.get("path")
     dtype, device = cfg.get("dtype", "float32"), cfg.get("device", "cpu")
-    if dtype not in DTYPES:
-        raise ConfigError(f"{key}.dtype={dtype!r} is not supported; use one of: {', '.join(DTYPES)}.")
+    if dtype not in (*DTYPES, "auto"):
+        raise ConfigError(f"{key}.dtype={dtype!r} is not supported; use one of: {', '.join(DTYPES)}, auto.")
     if cfg.get("device_map") is not None:  # it replaces device (and is refused on the compiled runtime)
         check_device_map(cfg.get("device_map"), cfg.get("runtime", "eager"), key)
     elif device not in DEVICES:
@@ -63,7 +64,7 @@ def check_model_config(cfg, key: str = "model") -> None:
     elif device == "cuda" and not torch.cuda.is_available():
         raise ConfigError(f"{key}.device=cuda but CUDA is not available here; use {key}.device=cpu or auto.")
     check_runtime(cfg.get("runtime", "eager"), dtype, device, key)
-    if cfg.get("weights", "dense") != "dense":
+    if cfg.get("weights", "dense") not in ("dense", "auto"):
         from spec_zoo.quant_gemm import check_weights
 
         check_weights(cfg.get("weights"), dtype, key)
@@ -101,6 +102,7 @@ def check_runtime(runtime: str, dtype: str, device: str, key: str = "model") -> 
         raise ConfigError(f"{key}.runtime={runtime!r} is not a runtime; use one of: {', '.join(RUNTIMES)}.")
     if runtime != "compiled":
         return
+    dtype = fit_dtype(resolve_device(device)) if dtype == "auto" else dtype
     if resolve_device(device) != "cpu":
         raise ConfigError(f"{key}.runtime=compiled runs on the CPU (inductor's C++ kernels); use {key}.device=cpu, "
                           f"or {key}.runtime=eager on {device}.")
@@ -329,13 +331,21 @@ def load_target(
     """The target model: ``path`` when given, else the embedded model ``name``, on
     ``runtime`` (``compiled`` takes the `CompiledTarget` settings: max_cache_len, buckets, ...);
     ``device_map`` (eager only) is transformers' placement of the weights, replacing ``device``;
-    ``weights``: its linear layers' width (`spec_zoo.quant_gemm.WEIGHTS`; docs/native.md).
+    ``weights``: its linear layers' width (`spec_zoo.quant_gemm.WEIGHTS`; docs/native.md); ``auto`` for
+    ``dtype``, ``weights`` or ``runtime``: what fits this host and model (`spec_zoo.host_fit`).
     ``key``: the config section errors name (``target`` in training)."""
     check_model_config({"name": name, "path": path, "dtype": dtype, "device": device, "runtime": runtime,
                         "device_map": device_map, "weights": weights}, key)
     model_dir = path if path is not None else embedded_model_dir(name)
+    auto_dtype = dtype == "auto"
+    if auto_dtype:
+        dtype = fit_dtype(resolve_device(device))
     model, tokenizer = load_causal_lm(model_dir, dtype, device, trust_remote_code, key=key, device_map=device_map)
-    return on_runtime(runtime, model, tokenizer, weights=weights, key=key, **compiled)
+    target = on_runtime(runtime, model, tokenizer, weights=weights, key=key, **compiled)
+    if auto_dtype:
+        chosen = {**target.auto, "dtype": dtype}
+        target.auto = {setting: chosen[setting] for setting in ("runtime", "dtype", "weights") if setting in chosen}
+    return target
 
 
 def _plain(value):
@@ -348,18 +358,26 @@ def _plain(value):
 def on_runtime(runtime: str, model, tokenizer=None, weights: str = "dense", key: str = "model",
                **compiled) -> Target:
     """``model`` wrapped for ``runtime``: the eager reference, or the compiled static-cache runtime;
-    its linear layers at ``weights`` width (`spec_zoo.quant_gemm.at_width`; ``model`` is left as it was)."""
-    if weights != "dense":
+    its linear layers at ``weights`` width (`spec_zoo.quant_gemm.at_width`; ``model`` is left as it was);
+    ``auto`` for either: what fits this host and model (`spec_zoo.host_fit`)."""
+    auto = [setting for setting, value in (("runtime", runtime), ("weights", weights)) if value == "auto"]
+    if weights == "auto":
+        weights, model = fit_weights(model, key)
+    elif weights != "dense":
         from spec_zoo.quant_gemm import at_width
 
         model = at_width(model, weights, key)
-    if runtime == "compiled":
+    target: Target
+    if runtime == "auto":
+        target = fit_runtime(model, tokenizer, compiled)
+    elif runtime == "compiled":
         from spec_zoo.runtime import CompiledTarget
 
-        target: Target = CompiledTarget(model, tokenizer, **compiled)
+        target = CompiledTarget(model, tokenizer, **compiled)
     else:
         target = Target(model, tokenizer)
     target.weights = weights
+    target.auto = {setting: getattr(target, setting) for setting in auto}
     return target
 
 

@@ -397,6 +397,50 @@ at::Tensor quant_linear_q8(const at::Tensor& x, const at::Tensor& codes, const a
   });
 }
 
+// The float32 weights [N, K] of the codes quant_linear reads (w = d * q + m, the one rounding `dequantize`
+// makes: d * q is exact), for a call whose rows are many (a prompt). At 4 bits on AVX-512 the codes are in
+// `lanes` order (run4): a run of R groups' bytes as 16 x R, group j's byte b at b * R + j.
+at::Tensor quant_weight(const at::Tensor& codes, const at::Tensor& scales, const at::Tensor& lows, int64_t bits) {
+  TORCH_CHECK(bits == 4 || bits == 8, "quant_weight: bits must be 4 or 8, not ", bits);
+  const int64_t N = codes.size(0), G = scales.size(1), K = G * GROUP, ldc = K * bits / 8;
+  TORCH_CHECK(codes.size(1) == ldc && scales.sizes() == lows.sizes() && scales.size(0) == N,
+              "quant_weight: codes [N, K * bits / 8], scales and lows [N, K / 32]");
+  const at::Tensor cs = codes.contiguous(), ds = scales.contiguous(), ms = lows.contiguous();
+  at::Tensor w = at::empty({N, K}, scales.options());
+  const uint8_t* c = static_cast<const uint8_t*>(cs.data_ptr());
+  const float *d = ds.data_ptr<float>(), *m = ms.data_ptr<float>();
+  float* out = w.data_ptr<float>();
+#if defined(__AVX512F__)
+  constexpr bool lanes = true;
+#else
+  constexpr bool lanes = false;
+#endif
+  at::parallel_for(0, N, 16, [&](int64_t begin, int64_t end) {
+    for (int64_t n = begin; n < end; ++n) {
+      const uint8_t* row = c + n * ldc;
+      for (int64_t g = 0; g < G;) {
+        const int run = bits == 4 && lanes ? (g + 4 <= G ? 4 : g + 2 <= G ? 2 : 1) : 1;
+        for (int j = 0; j < run; ++j) {
+          const float dg = d[n * G + g + j], mg = m[n * G + g + j];
+          float* o = out + n * K + (g + j) * GROUP;
+          if (bits == 4) {
+            const uint8_t* q = row + g * GROUP / 2 + j;
+            for (int b = 0; b < GROUP / 2; ++b) {
+              o[b] = std::fma(float(q[b * run] & 15), dg, mg);
+              o[b + GROUP / 2] = std::fma(float(q[b * run] >> 4), dg, mg);
+            }
+          } else {
+            const int8_t* q = reinterpret_cast<const int8_t*>(row) + (g + j) * GROUP;
+            for (int k = 0; k < GROUP; ++k) o[k] = std::fma(float(q[k]), dg, mg);
+          }
+        }
+        g += run;
+      }
+    }
+  });
+  return w;
+}
+
 std::string quant_isa() { return kIsa; }
 
 }  // namespace
@@ -404,9 +448,11 @@ std::string quant_isa() { return kIsa; }
 TORCH_LIBRARY_FRAGMENT(spec_zoo, m) {
   m.def("quant_linear(Tensor x, Tensor codes, Tensor scales, Tensor lows, int bits) -> Tensor");
   m.def("quant_linear_q8(Tensor x, Tensor codes, Tensor scales, Tensor lows, int bits) -> Tensor");
+  m.def("quant_weight(Tensor codes, Tensor scales, Tensor lows, int bits) -> Tensor");
   m.def("quant_isa() -> str", &quant_isa);
 }
 
 TORCH_LIBRARY_IMPL(spec_zoo, CPU, m) { m.impl("quant_linear", &quant_linear);
   m.impl("quant_linear_q8", &quant_linear_q8);
+  m.impl("quant_weight", &quant_weight);
 }

@@ -86,14 +86,20 @@ def kernel_codes(codes: torch.Tensor, bits: int, inverse: bool = False) -> torch
     two groups' 32 bytes as 2 x 16 -> 16 x 2, a last single group as it is (`quant_gemm.cpp`, run4)."""
     if bits != 4 or load() != "avx512":
         return codes
-    n, groups = codes.shape[0], codes.shape[1] // (GROUP // 2)
+    return codes[:, _byte_order(codes.shape[1], inverse)].contiguous()
+
+
+@functools.cache
+def _byte_order(width: int, inverse: bool) -> torch.Tensor:
+    """`kernel_codes`'s permutation of a row's ``width`` bytes (one index: a layer is reordered in one gather)."""
+    groups = width // (GROUP // 2)
     runs = [4] * (groups // 4) + [2] * (groups % 4 // 2) + [1] * (groups % 2)  # as the kernel walks them
     parts, g = [], 0
     for run in runs:
-        block = codes[:, g * 16: (g + run) * 16].reshape(n, *((16, run) if inverse else (run, 16)))
-        parts.append(block.transpose(1, 2).reshape(n, -1))
+        parts.append(torch.arange(g * 16, (g + run) * 16).reshape(run, 16).t().reshape(-1))
         g += run
-    return torch.cat(parts, 1).contiguous()
+    order = torch.cat(parts)
+    return torch.argsort(order) if inverse else order
 
 
 def quantize(weight: torch.Tensor, bits: int = 4) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, bool]:
@@ -133,9 +139,16 @@ def check_activations(activations: str, setting: str) -> None:
                           f"{' or '.join(ACTIVATIONS)}.")
 
 
+# rows (a decoding step's, a draft tree's) the float32 kernel computes; an eager call with more (a prompt) runs
+# the dense GEMM over the weights dequantized for the call: about as fast (past a few rows the kernel's cost per
+# row is MKL's), and the prompt's sums are then the dense model's own prefill, bit for bit (docs/native.md)
+KERNEL_ROWS = 64
+
+
 class QuantLinear(nn.Module):
     """A linear layer computed from ``bits``-bit codes (`quantize`) on the C++ kernel, its inputs at
-    ``activations`` width (`ACTIVATIONS`); its bias (if any) is the original's tensor, added after."""
+    ``activations`` width (`ACTIVATIONS`); its bias (if any) is the original's tensor, added after; more
+    than `KERNEL_ROWS` rows at float32 eagerly: the dense GEMM over `dequantized` weights."""
 
     def __init__(self, codes: torch.Tensor, scales: torch.Tensor, lows: torch.Tensor, bits: int,
                  bias: torch.Tensor | None = None, activations: str = "float32"):
@@ -161,12 +174,23 @@ class QuantLinear(nn.Module):
         return cls(codes, scales, lows, width, linear.bias, activations), exact
 
     def dequantized(self) -> torch.Tensor:
-        """The float32 weight [N, K] the layer computes with."""
+        """The float32 weight [N, K] the layer computes with (`dequantize`'s, bit for bit, in C++)."""
         codes, scales, lows = (self.get_buffer(name) for name in ("codes", "scales", "lows"))
-        codes = kernel_codes(codes, self.bits, inverse=True) if self.activations == "float32" else codes
-        return dequantize(codes, scales, lows, self.bits)
+        codes = codes if self.activations == "float32" else kernel_codes(codes, self.bits)  # the kernel's order
+        return torch.ops.spec_zoo.quant_weight(codes, scales, lows, self.bits)
+
+    def as_linear(self) -> nn.Linear:
+        """The float32 layer it computes (its `dequantized` weight, its bias)."""
+        linear = nn.Linear(self.in_features, self.out_features, bias=self.bias is not None, device="meta")
+        linear.weight = nn.Parameter(self.dequantized(), requires_grad=False)
+        if self.bias is not None:
+            linear.bias = nn.Parameter(self.bias, requires_grad=False)
+        return linear
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        prompt = not torch.compiler.is_compiling() and x.numel() > KERNEL_ROWS * x.shape[-1]  # never traced
+        if prompt and self.activations == "float32":
+            return nn.functional.linear(x, self.dequantized(), self.bias)  # a prompt: the dense model's own GEMM
         y = self.op(x, self.codes, self.scales, self.lows, self.bits)
         return y if self.bias is None else y + self.bias
 
@@ -199,8 +223,11 @@ def quantized_model(model: nn.Module, bits: int | str = "auto", head_bits: int |
     layers = exact = 0
     for module in list(result.modules()):
         for name, child in list(module.named_children()):
+            width = head_bits if child is head else bits
+            if isinstance(child, QuantLinear):  # a model at its own width: its layers made again at this one
+                child = child.as_linear()
             if isinstance(child, nn.Linear) and child.in_features % GROUP == 0:
-                quantized, same = QuantLinear.of(child, head_bits if child is head else bits, activations)
+                quantized, same = QuantLinear.of(child, width, activations)
                 setattr(module, name, quantized)
                 layers, exact = layers + 1, exact + same
     return result, layers, exact

@@ -52,11 +52,16 @@ compiles ahead of time and says how long it took and whether the cache served it
 from __future__ import annotations
 
 import functools
+import hashlib
+import inspect
+import json
 import sys
 import time
 import warnings
+from collections.abc import Iterable
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 from torch._dynamo import config as dynamo_config
@@ -68,7 +73,7 @@ from transformers.utils import output_capturing
 from spec_zoo.amx_gemm import AmxLinears
 from spec_zoo.attention_kernel import ATTENTIONS, DEFAULT_ATTENTION, attend
 from spec_zoo.attention_kernel import load as load_attention
-from spec_zoo.compile_cache import cached_compile, fingerprint
+from spec_zoo.compile_cache import cached_compile, fingerprint, inductor_cache_dir
 from spec_zoo.draft import Draft
 from spec_zoo.errors import ConfigError
 from spec_zoo.layers import DecoderStack, causal_mask, final_logits
@@ -165,6 +170,8 @@ class CompiledTarget(Target):
         gemm: str = DEFAULT_GEMM,
         attention: str = DEFAULT_ATTENTION,
     ):
+        options = {"max_cache_len": max_cache_len, "buckets": buckets, "freezing": freezing,
+                   "gemm_backends": gemm_backends, "key_block": key_block, "gemm": gemm, "attention": attention}
         if gemm not in GEMMS:
             raise ConfigError(
                 f"model.gemm={gemm!r} is not a GEMM of the compiled runtime; use one of: {', '.join(GEMMS)}.")
@@ -192,6 +199,7 @@ class CompiledTarget(Target):
             raise ConfigError(f"model.runtime=compiled: {type(model).__name__} has sliding-window attention (window "
                               f"{window}) shorter than model.max_cache_len={max_cache_len}, and the compiled attention "
                               f"has no windows; set model.max_cache_len={window} or less, or model.runtime=eager.")
+        self.options = options  # as given: what `graph_note` keys
         self.max_cache_len, self.buckets, self.fallback, self.key_block = max_cache_len, buckets, fallback, key_block
         self.settings = inductor_settings(freezing, gemm_backends)
         # the linear layers on spec-zoo's GEMM (its kernel built now, once per machine), or on inductor's
@@ -404,10 +412,15 @@ class CompiledTarget(Target):
                                torch.zeros(size, width, dtype=torch.long), torch.zeros(size, width),
                                torch.zeros(size, dtype=torch.long), where + torch.arange(size))
         rows = functools.partial(self._rows, layers=layers) if layers else self._rows
+        tag = fingerprint(self.model)
         graph, self.compile_s, self.compile_cached = compile_graph(
-            rows, self._with_rowwise_attention, inputs, fingerprint(self.model), "the target", "model",
-            self.fallback)
+            rows, self._with_rowwise_attention, inputs, tag, "the target", "model", self.fallback,
+            on_compiled=lambda seconds: self.graph_note(tag).write_text(json.dumps({"compile_s": seconds})))
         return graph
+
+    def graph_note(self, tag: str | None = None) -> Path:
+        """The note a compile of this target's graph leaves in inductor's cache (`graph_note`)."""
+        return graph_note(self.model, self.options, tag)
 
     def warm_up(self) -> float:
         """Compile now, before anything is timed; the seconds it took."""
@@ -460,11 +473,12 @@ def rowwise_run(fn, configs, settings: dict, linears=None, attention: str = "ind
 RECOMPILE_LIMIT = 256  # graphs of one compiled function per process (one per model, shape family or head)
 
 
-def compile_graph(fn, under, inputs, tag: str, what: str, key: str, fallback: bool):
+def compile_graph(fn, under, inputs, tag: str, what: str, key: str, fallback: bool, on_compiled=None):
     """(graph, seconds, whether the on-disk cache served it): ``fn`` compiled (whole, one graph)
     and run once on ``inputs``, both ``under`` its settings (`rowwise_run`), through the FX graph
-    cache keyed by ``tag`` (`spec_zoo.compile_cache`). A compiler failure falls back to ``fn``
-    run eagerly with a warning naming ``key``'s runtime, or is raised without ``fallback``."""
+    cache keyed by ``tag`` (`spec_zoo.compile_cache`); then ``on_compiled(seconds)``. A compiler failure
+    falls back to ``fn`` run eagerly with a warning naming ``key``'s runtime, or is raised without
+    ``fallback``."""
     # every compiled target, head or module compiles the same Python function for its own weights,
     # and dynamo counts all those graphs against that one code object (8 by default): a process
     # that compiles more (a line-up of compiled heads, the test suite) would hit the limit and,
@@ -473,11 +487,12 @@ def compile_graph(fn, under, inputs, tag: str, what: str, key: str, fallback: bo
     dynamo_config.accumulated_recompile_limit = max(dynamo_config.accumulated_recompile_limit, 4 * RECOMPILE_LIMIT)
     graph = under(torch.compile(fn, fullgraph=True))
     print(f"spec-zoo: compiling {what} (minutes on a small CPU, faster when cached) ...", file=sys.stderr, flush=True)
-    start, cached = time.perf_counter(), False
+    start, cached, compiled = time.perf_counter(), False, False
     try:
         with torch.no_grad(), cached_compile(tag) as cache:
             graph(*inputs)
         cached = cache["hit"]
+        compiled = True
     except Exception as err:  # any compiler failure: fall back visibly or re-raise
         if not fallback:
             raise
@@ -488,7 +503,25 @@ def compile_graph(fn, under, inputs, tag: str, what: str, key: str, fallback: bo
     seconds = time.perf_counter() - start
     print(f"spec-zoo: compiled {what} in {seconds:.1f} s{' (from the cache)' if cached else ''}",
           file=sys.stderr, flush=True)
+    if compiled and on_compiled is not None:
+        on_compiled(seconds)
     return graph, seconds, cached
+
+
+def graph_note(model, options: dict, tag: str | None = None) -> Path:
+    """Where compiling ``CompiledTarget(model, **options)`` leaves a note beside inductor's cache entries
+    (``model.runtime=auto`` runs compiled when it is there): keyed by the weights (``tag``: their
+    `fingerprint`, computed when not given), the options with the constructor's defaults, this torch and
+    this CPU's vector ISA, so another machine's or another setting's compile is not taken for this one."""
+    bound = inspect.signature(CompiledTarget).bind(None, **options)
+    bound.apply_defaults()
+    settings = {arg: value for arg, value in bound.arguments.items() if arg not in ("model", "tokenizer", "fallback")}
+    host = torch.backends.cpu.get_cpu_capability()
+    key = json.dumps([tag or fingerprint(model), settings, torch.__version__, host], sort_keys=True,
+                     default=lambda value: list(value) if isinstance(value, Iterable) else str(value))
+    folder = Path(inductor_cache_dir()) / "spec_zoo_graphs"
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder / f"{hashlib.blake2b(key.encode(), digest_size=16).hexdigest()}.json"
 
 
 @contextmanager

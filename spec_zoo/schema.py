@@ -119,8 +119,8 @@ def core_keys() -> Keys:
     from spec_zoo.models import DEVICES, DTYPES, RUNTIMES
     from spec_zoo.quant_gemm import WEIGHTS
 
-    words = {"model.dtype": tuple(DTYPES), "model.device": tuple(DEVICES), "model.runtime": tuple(RUNTIMES),
-             "model.weights": tuple(WEIGHTS)}
+    words = {"model.dtype": (*DTYPES, "auto"), "model.device": tuple(DEVICES), "model.runtime": tuple(RUNTIMES),
+             "model.weights": (*WEIGHTS, "auto")}
     return Keys(LIMITS, TYPES, words)
 
 

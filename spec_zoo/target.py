@@ -27,7 +27,9 @@ rollback is a plain crop. The cost: sliding layers hold and read the whole seque
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
 
 import torch
 from transformers import DynamicCache
@@ -123,6 +125,7 @@ class Target:
     holds_many = True
     context_limit = "the model's max_position_embeddings"  # what bounds ``max_length``, for errors
     weights = "dense"  # its linear layers' width (model.weights: `spec_zoo.quant_gemm.WEIGHTS`)
+    auto: Mapping[str, str] = MappingProxyType({})  # what each model setting given as auto became (`host_fit`)
 
     def __init__(self, model, tokenizer=None):
         self.model = model.eval()

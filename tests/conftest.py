@@ -20,6 +20,14 @@ def inductor_cache(tmp_path_factory):
         yield path
 
 
+@pytest.fixture(autouse=True)
+def eager_unless_asked(monkeypatch):
+    """``model.runtime=auto`` (the default) runs eager in every test: a graph another test compiled into the
+    shared cache would otherwise turn a later test's default target compiled, by test order. The tests of
+    auto itself undo this (``monkeypatch.undo()``)."""
+    monkeypatch.setattr("spec_zoo.host_fit.compiled_before", lambda model, compiled: False)
+
+
 @pytest.fixture
 def tiny_llama():
     """Factory fixture: ``tiny_llama(seed=0, ..., **config_overrides)`` (see tests/tiny.py)."""

@@ -1010,7 +1010,7 @@ def test_a_refused_batch_run_names_the_line_and_leaves_no_out_file_nor_lock(tmp_
     (tmp_path / "p.jsonl").write_text("[5, 6]\n\n[7, 8]\n[5, 999999]\n")
     monkeypatch.setenv("SPEC_ZOO_CACHE", str(tmp_path / "cache"))
     code = run_console("spec-zoo", "model=local", f"model.path={model}", f"prompts_file={tmp_path / 'p.jsonl'}",
-                       f"out={tmp_path / 'out.jsonl'}", "generation.max_new_tokens=2")
+                       f"out={tmp_path / 'out.jsonl'}", "generation.max_new_tokens=2", "model.runtime=eager")
     assert code == 2
     one_line_error(capsys.readouterr().err, "line 4")
     assert not (tmp_path / "out.jsonl").exists() and not (tmp_path / "out.jsonl.lock").exists()
@@ -1033,7 +1033,7 @@ def test_ctrl_c_in_a_batch_run_says_how_many_results_are_kept(tmp_path, monkeypa
     monkeypatch.setenv("SPEC_ZOO_CACHE", str(tmp_path / "cache"))
     out = tmp_path / "out.jsonl"
     code = run_console("spec-zoo", "model=local", f"model.path={model}", f"prompts_file={tmp_path / 'p.jsonl'}",
-                       f"out={out}", "generation.max_new_tokens=2", "compare=false")
+                       f"out={out}", "generation.max_new_tokens=2", "compare=false", "model.runtime=eager")
     assert code == 130
     err = capsys.readouterr().err.strip().splitlines()
     assert err == [f"spec-zoo: interrupted; 1 of 3 results are kept in {out}; rerun the same command to decode the "

@@ -31,7 +31,8 @@ def text_and_summary(result: subprocess.CompletedProcess) -> tuple[str, str]:
 @pytest.mark.real_model
 def test_cli_runs_and_user_drafter_plugs_in_losslessly():
     base_text, base = text_and_summary(spec_zoo_cli(f"prompt={PROMPT}", "generation.max_new_tokens=8", "drafter=none"))
-    assert re.match(r"drafter=none verifier=greedy \(auto: temperature 0\) \| 8 tokens in .* tau 1\.00 \| alpha n/a \| "
+    assert re.match(r"drafter=none verifier=greedy \(auto: temperature 0\) runtime=eager \(auto\) dtype=float32 "
+                    r"\(auto\) weights=native \(auto\) \| 8 tokens in .* tau 1\.00 \| alpha n/a \| "
                     r"target forwards 8", base)
     assert base_text.strip()
 
@@ -45,7 +46,8 @@ def test_cli_runs_and_user_drafter_plugs_in_losslessly():
             "compare=false",
         )
     )
-    assert plug.startswith("drafter=repeat verifier=greedy (auto: temperature 0) | 8 tokens")
+    assert plug.startswith("drafter=repeat verifier=greedy (auto: temperature 0) runtime=eager (auto) dtype=float32 "
+                           "(auto) weights=native (auto) | 8 tokens")
     assert plug_text == base_text  # greedy verification: same output whatever the drafter
 
 

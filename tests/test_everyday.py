@@ -226,7 +226,8 @@ def test_cli_samples_at_a_temperature_with_the_exact_verifier():
     _, summary = text_and_summary(
         spec_zoo_cli("generation.temperature=0.7", "generation.max_new_tokens=4", "drafter=none")
     )
-    assert summary.startswith("drafter=none verifier=rejection (auto: temperature 0.7) | 4 tokens")
+    assert summary.startswith("drafter=none verifier=rejection (auto: temperature 0.7) runtime=eager (auto) "
+                              "dtype=float32 (auto) weights=native (auto) | 4 tokens")
 
 
 # -- prompts from a file or stdin ------------------------------------------------------------------

@@ -46,7 +46,7 @@ CORE_LAYERS = [
      "quant_gemm", "attention_kernel", "compile_cache"),
     ("target", "interfaces", "draft_head"),
     ("draft_length", "runtime", "registry"),
-    ("chain", "trees", "staged", "models", "schema", "compiled_head", "compiled_module", "batch_policy"),
+    ("chain", "trees", "staged", "host_fit", "models", "schema", "compiled_head", "compiled_module", "batch_policy"),
     ("decoder",),
     ("auto",),
     ("api", ""),

@@ -7,15 +7,20 @@ from __future__ import annotations
 
 import pytest
 import torch
+from omegaconf import OmegaConf
 from torch import nn
 
 from spec_zoo import SpeculativeDecoder
+from spec_zoo.api import label
 from spec_zoo.costs import what_costs
 from spec_zoo.draft import Draft
 from spec_zoo.drafters.ngram import NgramDrafter
 from spec_zoo.errors import ConfigError
-from spec_zoo.models import check_model_config, on_runtime
-from spec_zoo.quant_gemm import GROUP, QuantLinear, at_width, dequantize, quantize
+from spec_zoo.host_fit import fit_weights
+from spec_zoo.models import check_model_config, load_target, on_runtime
+from spec_zoo.quant_gemm import GROUP, QuantLinear, at_width, dequantize, quantize, quantized_model
+from spec_zoo.runtime import CompiledTarget
+from spec_zoo.target import Target
 from spec_zoo.testing import PROMPT, hf_greedy, sampling_model
 from tests.tiny import one_thread  # noqa: F401 (autouse fixture)
 
@@ -89,6 +94,59 @@ def test_native_plain_decoding_is_the_models_greedy_and_speculation_equals_it(na
 
 def test_the_width_is_named_where_costs_are_kept(native):
     assert native.weights == "native" and what_costs(native)[1] == "compiled-native"
+
+
+def test_a_model_at_its_own_width_is_made_again_at_another_for_the_quantized_draft(born):
+    """`drafter=quantized` on a native target (the default on SmolLM2) gets int8-activation layers of the
+    same codes, not a copy of the target's own layers."""
+    native = at_width(born, "native")
+    draft, layers, exact = quantized_model(native, activations="int8")
+    theirs = {name: m for name, m in native.named_modules() if isinstance(m, QuantLinear)}
+    ours = {name: m for name, m in draft.named_modules() if isinstance(m, QuantLinear)}
+    assert layers == exact == len(ours) == len(theirs) and {m.activations for m in ours.values()} == {"int8"}
+    assert all(torch.equal(m.dequantized(), theirs[name].dequantized()) and m.bits == theirs[name].bits
+               for name, m in ours.items())
+
+
+def test_auto_weights_are_native_for_a_model_held_as_codes_and_dense_otherwise(born):
+    weights, model = fit_weights(born)
+    assert weights == "native" and all(
+        torch.equal(m.dequantized(), dict(born.named_modules())[name].weight)
+        for name, m in model.named_modules() if isinstance(m, QuantLinear))
+    float_model = sampling_model().float()
+    assert fit_weights(float_model) == ("dense", float_model)
+    double = gguf_born(sampling_model().double())  # codes, but not the kernel's float32
+    assert fit_weights(double) == ("dense", double)
+    with torch.no_grad():  # codes in each layer's first rows only: refused as a whole, and kept dense
+        next(m for m in born.modules() if isinstance(m, nn.Linear)).weight[-1, 0] += 1e-3
+    try:
+        assert fit_weights(born)[0] == "dense"
+    finally:
+        gguf_born(born)
+
+
+def test_auto_runtime_is_compiled_once_this_targets_graph_was_compiled(native, born, monkeypatch, capsys):
+    """``native`` compiled these weights at these settings, which left its note: auto runs compiled; at
+    another setting (or before any compile) it runs eager and says how to compile. The summary line
+    names what each auto became."""
+    monkeypatch.undo()  # conftest keeps auto eager in every other test
+    settings = {"max_cache_len": 96, "key_block": 16}
+    target = on_runtime("auto", born, weights="auto", **settings)
+    assert isinstance(target, CompiledTarget) and target.weights == "native" and target.graph_note().exists()
+    assert "warmup" not in capsys.readouterr().err
+    other = on_runtime("auto", born, weights="auto", max_cache_len=80, key_block=16)
+    assert type(other) is Target and other.weights == "native"
+    assert "model.runtime=auto runs eager" in capsys.readouterr().err
+    decoder = SpeculativeDecoder(target, NgramDrafter())
+    cfg = OmegaConf.create({"model": {"runtime": "auto", "dtype": "float32", "weights": "auto"}})
+    assert label(cfg, decoder, None) == ("drafter=ngram verifier=greedy (auto: temperature 0) runtime=compiled (auto) "
+                                         "weights=native (auto)")
+
+
+def test_auto_dtype_is_float32_on_the_cpu():
+    check_model_config({"name": "smollm2-135m", "path": None, "dtype": "auto", "runtime": "compiled"})
+    assert load_target.__defaults__ is not None  # the function's own defaults stay named settings
+    assert "auto" not in load_target.__defaults__
 
 
 @pytest.mark.parametrize("cfg,message", [

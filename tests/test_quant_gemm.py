@@ -11,7 +11,7 @@ from torch import nn
 
 from spec_zoo import quant_gemm
 from spec_zoo.errors import ConfigError
-from spec_zoo.quant_gemm import GROUP, QuantLinear, dequantize, quantize, quantized_model, unpack
+from spec_zoo.quant_gemm import GROUP, KERNEL_ROWS, QuantLinear, dequantize, quantize, quantized_model, unpack
 from spec_zoo.skinny_gemm import skinny_linear
 from spec_zoo.testing import tiny_llama
 from tests.tiny import one_thread  # noqa: F401 (autouse fixture)
@@ -91,6 +91,24 @@ def test_the_float32_kernel_is_the_skinny_gemm_over_the_dequantized_weights(k, n
     y = quant_linear(x, codes, scales, lows, bits)
     assert torch.equal(y, skinny_linear(x, dequantize(codes, scales, lows, bits)))
     assert torch.equal(quant_gemm.kernel_codes(quant_gemm.kernel_codes(codes, bits), bits, inverse=True), codes)
+
+
+@pytest.mark.parametrize("activations", list(OPS))
+@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("k,n", SHAPES)
+def test_a_prompt_runs_the_dense_gemm_over_the_same_weights(k, n, bits, activations):
+    """Past KERNEL_ROWS rows a float32 layer computes as the dense layer does, bit for bit, its weights
+    dequantized in C++ (`dequantize`'s bits, from the kernel's order: runs of 4, 2 and 1 groups); up to
+    it, and at int8 activations, on its kernel."""
+    torch.manual_seed(k + n + bits)
+    dense = nn.Linear(k, n, bias=False)
+    dense.weight.data = gguf_born(n, k, bits, seed=k)
+    layer, exact = QuantLinear.of(dense, bits, activations)
+    assert exact and torch.equal(layer.dequantized(), dense.weight)
+    prompt, step = torch.randn(1, KERNEL_ROWS + 1, k), torch.randn(1, KERNEL_ROWS, k)
+    with torch.no_grad():
+        assert torch.equal(layer(prompt), dense(prompt)) == (activations == "float32")
+        assert torch.equal(layer(step), layer.op(step, layer.codes, layer.scales, layer.lows, bits))
 
 
 @pytest.mark.parametrize("bits", [4, 8])

@@ -588,7 +588,7 @@ def test_spec_zoo_costs_measures_saves_and_plots_the_table(tmp_path, monkeypatch
     assert table.past == 100 and sorted(table.contexts) == ["1500", "500"]
     assert (tmp_path / "cache" / "costs").is_dir() and list((tmp_path / "cache" / "costs").glob("*.png"))
     with pytest.raises(ConfigError, match="model.runtime=eager has nothing to compile"):
-        runtime_command("warmup", ["model=local", f"model.path={tmp_path / 'm'}"])
+        runtime_command("warmup", ["model=local", f"model.path={tmp_path / 'm'}", "model.runtime=eager"])
     runtime_command("costs", ["model=local", f"model.path={tmp_path / 'm'}", "drafter=ngram"])  # + its draft cost
     assert "drafting, per drafted level, in target steps t(1): ngram: " in capsys.readouterr().out
     after = cached_table(target)
@@ -601,20 +601,25 @@ def test_spec_zoo_costs_measures_saves_and_plots_the_table(tmp_path, monkeypatch
     assert remeasured is not None and 0 < remeasured.drafts["ngram"] < 50.0
 
 
-def test_spec_zoo_warmup_compiles_target_and_draft_and_says_what_the_cache_served(tmp_path, capsys):
-    """`spec-zoo warmup` with a compiled draft model compiles both, each line saying how long
-    it took and whether the cache served it: the draft has the target's weights here, so its
-    graph is the target's, read from the cache."""
+def test_spec_zoo_warmup_compiles_target_and_draft_and_says_what_the_cache_served(tmp_path, capsys, monkeypatch):
+    """`spec-zoo warmup` (model.runtime=auto, the default: it compiles) with a compiled draft model
+    compiles both, each line saying how long it took and whether the cache served it: the draft has
+    the target's weights here, so its graph is the target's, read from the cache. A later run of the
+    same target with model.runtime=auto then runs compiled."""
+    from spec_zoo.api import compose_config, load_checked_target
     from spec_zoo.cli import runtime_command
     from spec_zoo.testing import tiny_llama
 
+    monkeypatch.undo()  # conftest keeps auto eager in every other test
     tiny_llama(3, dtype=torch.float32).save_pretrained(tmp_path / "m")
-    runtime_command("warmup", ["model=local", f"model.path={tmp_path / 'm'}", "model.runtime=compiled",
-                               "model.max_cache_len=512", "drafter=small_model", f"drafter.path={tmp_path / 'm'}",
+    model = ["model=local", f"model.path={tmp_path / 'm'}", "model.max_cache_len=512"]
+    assert type(load_checked_target(compose_config(model).model)) is Target  # nothing compiled yet
+    runtime_command("warmup", [*model, "drafter=small_model", f"drafter.path={tmp_path / 'm'}",
                                "drafter.runtime=compiled"])
     target, draft = capsys.readouterr().out.splitlines()
     assert target.startswith("target: compiled in ") and target.endswith(")")
     assert draft.startswith("draft: compiled in ") and draft.endswith("(from the cache)")
+    assert isinstance(load_checked_target(compose_config(model).model), CompiledTarget)
 
 
 def test_bfloat16_scoring_is_batch_invariant_too():

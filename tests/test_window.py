@@ -30,7 +30,7 @@ def window():
 def no_compiling(monkeypatch):
     """The compiled runtime's graph run without compiling it (compile_graph's own fallback)."""
     monkeypatch.setattr("spec_zoo.runtime.compile_graph",
-                        lambda fn, under, inputs, *args: (under(fn), 0.0, False))
+                        lambda fn, under, inputs, *args, **kwargs: (under(fn), 0.0, False))
 
 
 def test_dry_run_writes_every_result(window, tmp_path, no_compiling):

@@ -125,6 +125,11 @@ def bench(cfg: DictConfig) -> Summary | None:
             raise ConfigError(f"method {spec.name}: a peer engine is measured greedy and without stop strings; set "
                               "generation.temperature=0 generation.stop_strings=[].")
     check_model_config(cfg.model)
+    if auto := [key for key in ("runtime", "dtype", "weights") if cfg.model.get(key) == "auto"]:
+        shown = " ".join(f"model.{key}=auto" for key in auto)
+        raise ConfigError(f"model.{auto[0]}=auto: a benchmark compares settings it names, and auto picks per host; "
+                          f"give model.{auto[0]}= one of its values (`spec-zoo {shown}` shows in its summary line what "
+                          "auto picks here).")
     loaded = cfg.model.get("weights", "dense")  # the width the run's target is loaded at
     for spec in specs:
         dtype, gemm = spec.model.get("dtype", cfg.model.dtype), spec.model.get("gemm", cfg.model.get("gemm"))
