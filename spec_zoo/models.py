@@ -67,7 +67,7 @@ def check_model_config(cfg, key: str = "model") -> None:
     if cfg.get("weights", "dense") not in ("dense", "auto"):
         from spec_zoo.quant_gemm import check_weights
 
-        check_weights(cfg.get("weights"), dtype, key)
+        check_weights(cfg.get("weights"), fit_dtype(resolve_device(device)) if dtype == "auto" else dtype, key)
         if resolve_device(device) != "cpu":
             raise ConfigError(f"{key}.weights={cfg.get('weights')} runs on spec-zoo's CPU kernel; set "
                               f"{key}.device=cpu, or {key}.weights=dense.")

@@ -145,6 +145,8 @@ def test_auto_runtime_is_compiled_once_this_targets_graph_was_compiled(native, b
 
 def test_auto_dtype_is_float32_on_the_cpu():
     check_model_config({"name": "smollm2-135m", "path": None, "dtype": "auto", "runtime": "compiled"})
+    for weights in ("native", "int8", "int4", "auto"):  # widths that compute in float32 take the default dtype
+        check_model_config({"name": "smollm2-135m", "path": None, "dtype": "auto", "weights": weights})
     assert load_target.__defaults__ is not None  # the function's own defaults stay named settings
     assert "auto" not in load_target.__defaults__
 
