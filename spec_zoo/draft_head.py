@@ -48,6 +48,7 @@ from spec_zoo.artefacts import (
 )
 from spec_zoo.errors import ConfigError
 from spec_zoo.layers import DecoderStack
+from spec_zoo.quant_gemm import as_dense
 
 if TYPE_CHECKING:
     from typing import Self
@@ -143,7 +144,7 @@ class BlockHead(VocabHead):
         if not 0 <= init_layer < stack.num_layers:
             raise ConfigError(f"init_layer={init_layer}; the target has layers 0..{stack.num_layers - 1}.")
         self.init_layer, self.mlp = init_layer, mlp
-        block = copy.deepcopy(stack.inner.layers[init_layer])
+        block = as_dense(copy.deepcopy(stack.inner.layers[init_layer]))  # a native target's layer as floats
         if not all(hasattr(block, part) for part in ("input_layernorm", "self_attn", "post_attention_layernorm",
                                                      "mlp")):
             raise ConfigError(f"{type(block).__name__} is not a pre-norm block (input_layernorm, self_attn, "

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import copy
 import functools
+from typing import TypeVar
 
 import torch
 from torch import nn
@@ -40,6 +41,10 @@ def load() -> str:
         @torch.library.register_fake(op)
         def _(x, codes, scales, lows, bits):  # shapes for the compiler: x [..., K] -> [..., N]
             return x.new_empty((*x.shape[:-1], codes.shape[0]))
+
+    @torch.library.register_fake("spec_zoo::quant_weight")
+    def _(codes, scales, lows, bits):  # [N, K]
+        return scales.new_empty((codes.shape[0], scales.shape[1] * GROUP))
 
     return torch.ops.spec_zoo.quant_isa()
 
@@ -159,6 +164,7 @@ class QuantLinear(nn.Module):
         self.op = getattr(torch.ops.spec_zoo, ACTIVATIONS[activations])
         self.in_features, self.out_features = scales.shape[1] * GROUP, codes.shape[0]
         # the float32 kernel's codes in the order it reads them (`kernel_codes`); the int8 one's in GGUF's
+        self._weight: torch.Tensor | None = None  # `weight`, once read
         self.register_buffer("codes", kernel_codes(codes, bits) if activations == "float32" else codes)
         self.register_buffer("scales", scales)
         self.register_buffer("lows", lows)
@@ -179,6 +185,14 @@ class QuantLinear(nn.Module):
         codes = codes if self.activations == "float32" else kernel_codes(codes, self.bits)  # the kernel's order
         return torch.ops.spec_zoo.quant_weight(codes, scales, lows, self.bits)
 
+    @property
+    def weight(self) -> torch.Tensor:
+        """The float32 weight it computes with (`dequantized`), for code that reads a linear layer's weight
+        (a draft head sharing the target's output rows, a target's digest): made at the first read, then kept."""
+        if self._weight is None:
+            self._weight = self.dequantized()
+        return self._weight
+
     def as_linear(self) -> nn.Linear:
         """The float32 layer it computes (its `dequantized` weight, its bias)."""
         linear = nn.Linear(self.in_features, self.out_features, bias=self.bias is not None, device="meta")
@@ -197,6 +211,19 @@ class QuantLinear(nn.Module):
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, bits={self.bits}, "
                 f"activations={self.activations}")
+
+
+Module = TypeVar("Module", bound=nn.Module)
+
+
+def as_dense(module: Module) -> Module:
+    """``module`` with each `QuantLinear` in it replaced by the float32 layer it computes (`QuantLinear.as_linear`):
+    what a head that starts as a copy of a target's layer trains and stores, whatever the target's width."""
+    for parent in list(module.modules()):
+        for name, child in list(parent.named_children()):
+            if isinstance(child, QuantLinear):
+                setattr(parent, name, child.as_linear())
+    return module
 
 
 def check_bits(bits, setting: str) -> None:

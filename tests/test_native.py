@@ -61,6 +61,24 @@ def test_native_weights_are_the_models_own_bit_for_bit(born):
     assert quantized["lm_head"].bits == 8 and {m.bits for n, m in quantized.items() if n != "lm_head"} == {4}
 
 
+def test_a_layer_at_its_own_width_reads_as_its_float_weight(born):
+    """Code that reads a target's linear weight (a draft head sharing its output rows, a digest) gets the
+    float32 weight it computes with, the loaded one bit for bit, made once."""
+    head = at_width(born, "native").get_output_embeddings()
+    assert isinstance(head, QuantLinear) and torch.equal(head.weight, born.get_output_embeddings().weight)
+    assert head.weight is head.weight
+
+
+def test_a_head_started_from_a_native_targets_layer_holds_its_float_weights(born):
+    """An EAGLE head (or exit adapter) starts as a copy of a target layer: on a native target that copy is
+    float layers with the loaded weights, so heads trained and stored on dense targets load on it."""
+    from spec_zoo.drafters.eagle.head import EagleHead
+
+    ours = EagleHead(born, 0).block.state_dict()
+    theirs = EagleHead(at_width(born, "native"), 0).block.state_dict()
+    assert ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k]) for k in ours)
+
+
 def test_a_float_model_is_refused_native_and_quantized_as_another_at_int8_or_int4():
     model = sampling_model().float()
     with pytest.raises(ConfigError, match=r"weights=native keeps.*set model.weights=int8 or int4"):
