@@ -21,11 +21,13 @@ from torch import nn
 from spec_zoo.errors import ConfigError
 from spec_zoo.target import Target
 
-AUTO = "auto"
 PROBE_ROWS = 4  # rows of each linear layer a width is tried on before the whole model is converted
 
 
-def fit_dtype(device: str) -> str:
+def fit_dtype(dtype: str, device: str) -> str:
+    """``dtype`` as given, or for ``auto`` what fits ``device`` (``cpu`` or ``cuda``, resolved)."""
+    if dtype != "auto":
+        return dtype
     if device == "cuda":
         return "bfloat16" if torch.cuda.is_bf16_supported() else "float16"
     return "float32"

@@ -67,7 +67,7 @@ def check_model_config(cfg, key: str = "model") -> None:
     if cfg.get("weights", "dense") not in ("dense", "auto"):
         from spec_zoo.quant_gemm import check_weights
 
-        check_weights(cfg.get("weights"), fit_dtype(resolve_device(device)) if dtype == "auto" else dtype, key)
+        check_weights(cfg.get("weights"), fit_dtype(dtype, resolve_device(device)), key)
         if resolve_device(device) != "cpu":
             raise ConfigError(f"{key}.weights={cfg.get('weights')} runs on spec-zoo's CPU kernel; set "
                               f"{key}.device=cpu, or {key}.weights=dense.")
@@ -102,7 +102,7 @@ def check_runtime(runtime: str, dtype: str, device: str, key: str = "model") -> 
         raise ConfigError(f"{key}.runtime={runtime!r} is not a runtime; use one of: {', '.join(RUNTIMES)}.")
     if runtime != "compiled":
         return
-    dtype = fit_dtype(resolve_device(device)) if dtype == "auto" else dtype
+    dtype = fit_dtype(dtype, resolve_device(device))
     if resolve_device(device) != "cpu":
         raise ConfigError(f"{key}.runtime=compiled runs on the CPU (inductor's C++ kernels); use {key}.device=cpu, "
                           f"or {key}.runtime=eager on {device}.")
@@ -337,9 +337,7 @@ def load_target(
     check_model_config({"name": name, "path": path, "dtype": dtype, "device": device, "runtime": runtime,
                         "device_map": device_map, "weights": weights}, key)
     model_dir = path if path is not None else embedded_model_dir(name)
-    auto_dtype = dtype == "auto"
-    if auto_dtype:
-        dtype = fit_dtype(resolve_device(device))
+    auto_dtype, dtype = dtype == "auto", fit_dtype(dtype, resolve_device(device))
     model, tokenizer = load_causal_lm(model_dir, dtype, device, trust_remote_code, key=key, device_map=device_map)
     target = on_runtime(runtime, model, tokenizer, weights=weights, key=key, **compiled)
     if auto_dtype:

@@ -204,7 +204,8 @@ class QuantLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         prompt = not torch.compiler.is_compiling() and x.numel() > KERNEL_ROWS * x.shape[-1]  # never traced
         if prompt and self.activations == "float32":
-            return nn.functional.linear(x, self.dequantized(), self.bias)  # a prompt: the dense model's own GEMM
+            weight = self._weight if self._weight is not None else self.dequantized()  # kept only once read
+            return nn.functional.linear(x, weight, self.bias)  # a prompt: the dense model's own GEMM
         y = self.op(x, self.codes, self.scales, self.lows, self.bits)
         return y if self.bias is None else y + self.bias
 
