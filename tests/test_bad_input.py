@@ -752,6 +752,32 @@ def test_a_prompt_within_the_bound_is_read(tmp_path, monkeypatch):
     assert len(read_prompt(cfg)) == 2**20
 
 
+def test_a_gzip_file_is_read_as_its_text_bounded_and_a_damaged_one_named(tmp_path, monkeypatch):
+    """The shipped prompt sets are stored gzipped (issue 60); any input file may be: its text is
+    what counts, a gzip bomb stops at the bound, and a cut or corrupt file is named, not guessed."""
+    import gzip
+
+    from spec_zoo.inputs import read_utf8
+
+    text = '{"prompt": "déjà vu"}\n' * 1000
+    packed = tmp_path / "p.jsonl.gz"
+    packed.write_bytes(gzip.compress(text.encode()))
+    assert read_utf8(packed, "data.prompts") == text
+    monkeypatch.setattr("spec_zoo.inputs.TEXT_BYTES", 2**20)
+    bomb = tmp_path / "bomb.gz"
+    bomb.write_bytes(gzip.compress(b"x" * (2**20 + 1)))
+    with pytest.raises(ConfigError, match=r"^data.prompts: .*bomb.gz holds more than 1 MiB"):
+        read_utf8(bomb, "data.prompts", 2**20)
+    cut = tmp_path / "cut.gz"
+    cut.write_bytes(packed.read_bytes()[:-20])
+    with pytest.raises(ConfigError, match=r"^data.prompts: .*cut.gz is a cut-off gzip file; copy or unpack it again"):
+        read_utf8(cut, "data.prompts")
+    damaged = tmp_path / "damaged.gz"
+    damaged.write_bytes(packed.read_bytes()[:12] + b"\xff" * 40)
+    with pytest.raises(ConfigError, match=r"^data.prompts: .*damaged.gz is a damaged gzip file"):
+        read_utf8(damaged, "data.prompts")
+
+
 @pytest.mark.parametrize("name, says", [("DIR", "is a directory"), ("/dev/zero", "is not a regular file"),
                                         ("nosuch.jsonl", "does not exist")])
 def test_dataset_path_messages_name_the_real_problem(name, says, tmp_path, monkeypatch):

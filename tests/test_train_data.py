@@ -429,7 +429,7 @@ def test_a_category_draws_from_its_own_file_or_a_packaged_one(tmp_path):
     mine = {tuple(_Tokenizer()(f"own text {i}")["input_ids"]) for i in range(6)}
     assert {tuple(p) for p, c in zip(prompts, cat_of) if c == 1} <= mine
     assert describe(cfg.data, cats)["categories"][1][-1].startswith("file ")  # another file: another store
-    assert prompts_path("human_german.jsonl") == CHECKOUT_DATA / "human_german.jsonl"
+    assert prompts_path("human_german.jsonl") == CHECKOUT_DATA / "human_german.jsonl.gz"  # stored gzipped
     german = read_records("human_german.jsonl")
     assert {r["source"] for r in german} == {"wmt-newstest2013-de", "wmt-newstest2012-de"}
     assert all(r["prompt"].startswith("Translate German to English: ") for r in german)
@@ -446,7 +446,7 @@ def test_text_not_licensed_for_redistribution_is_read_from_a_checkout_and_named_
 
     assert Path(__file__).resolve().parents[1] / "data" == data.CHECKOUT_DATA
     for name in data.CHECKOUT_ONLY:
-        assert (data.CHECKOUT_DATA / name).is_file() and not (data.PACKAGED_PROMPTS.parent / name).exists()
+        assert (data.CHECKOUT_DATA / f"{name}.gz").is_file() and not list(data.PACKAGED_PROMPTS.parent.glob(f"{name}*"))
     monkeypatch.setattr(data, "CHECKOUT_DATA", tmp_path / "site-packages-has-no-data")
     with pytest.raises(ConfigError, match=r"'news_articles.jsonl' is not installed with spec-zoo .*data/ of the "
                                           r"spec-zoo source repository"):
@@ -456,6 +456,7 @@ def test_text_not_licensed_for_redistribution_is_read_from_a_checkout_and_named_
 
 def test_the_packaged_workload_files_never_share_eight_words_with_spec_bench():
     from spec_zoo.bench.dataset import DATASETS
+    from spec_zoo.inputs import read_utf8
     from spec_zoo.train.data import read_records
     from spec_zoo.train.mixture import word_ngrams
     from spec_zoo.train.workloads import bench_ngrams
@@ -464,7 +465,7 @@ def test_the_packaged_workload_files_never_share_eight_words_with_spec_bench():
     def words(text: str) -> str:
         return " ".join(re.findall(r"[a-z0-9]+", text.lower()))
 
-    turns = {words(t) for line in DATASETS["spec_bench"].read_text().splitlines()
+    turns = {words(t) for line in read_utf8(DATASETS["spec_bench"], "spec_bench").splitlines()
              for t in json.loads(line)["turns"]}  # short questions have no 8-word run: compare them whole
     for name in ("human_german.jsonl", "news_articles.jsonl", "nq_questions.jsonl"):
         records = read_records(name)

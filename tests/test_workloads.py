@@ -17,6 +17,7 @@ from spec_zoo.bench.dataset import DATASETS
 from spec_zoo.bench.records import read_records
 from spec_zoo.drafters.eagle.train import train_eagle
 from spec_zoo.errors import ConfigError
+from spec_zoo.inputs import read_utf8
 from spec_zoo.registry import CONF_DIR
 from spec_zoo.target import Target
 from spec_zoo.train.bench_match import bench_position1, closeness
@@ -42,7 +43,7 @@ class ChatTokenizer:
 
 
 def _bench_turn() -> str:
-    return json.loads(DATASETS["spec_bench"].read_text().splitlines()[0])["turns"][0]
+    return json.loads(read_utf8(DATASETS["spec_bench"], "spec_bench").splitlines()[0])["turns"][0]
 
 
 def _prompts_file(tmp_path):

@@ -21,7 +21,7 @@ from spec_zoo.inputs import file_problem, read_utf8
 #: datasets shipped with spec-zoo: name -> JSONL file (see data/SOURCE.md for origin and licence);
 #: repetitive is the cross-request reuse track (docs/suffix.md); continuation is plain text for a base
 #: model (model=gemma3_270m), which Spec-Bench's chat turns do not fit
-DATASETS = {"spec_bench": Path(__file__).parent / "data" / "question.jsonl",
+DATASETS = {"spec_bench": Path(__file__).parent / "data" / "question.jsonl.gz",  # gzip, read as text
             "repetitive": Path(__file__).parent / "data" / "repetitive.jsonl",
             "continuation": Path(__file__).parent / "data" / "continuation.jsonl"}
 MT_BENCH_IDS = range(81, 161)

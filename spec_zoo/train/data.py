@@ -33,7 +33,7 @@ from spec_zoo.inputs import file_problem, read_utf8
 from spec_zoo.layers import final_logits
 from spec_zoo.outputs import atomic_write
 
-PACKAGED_PROMPTS = Path(__file__).parent / "data" / "prompts.jsonl"
+PACKAGED_PROMPTS = Path(__file__).parent / "data" / "prompts.jsonl.gz"  # gzip, read as text (`read_utf8`)
 #: text spec-zoo may not redistribute (data/SOURCE.md): in the repository's data/ folder, read
 #: from a source checkout, never installed with the package
 CHECKOUT_DATA = Path(__file__).resolve().parents[2] / "data"
@@ -42,19 +42,21 @@ CHECKOUT_ONLY = ("human_german.jsonl", "news_articles.jsonl")
 
 def prompts_path(path, key: str = "data.prompts") -> Path:
     """``path``, or the file of that bare name shipped with spec-zoo (spec_zoo/train/data/, or
-    data/ of a source checkout, e.g. ``human_german.jsonl``; each folder's SOURCE.md says what each
-    is) when there is no such file here."""
+    data/ of a source checkout, e.g. ``human_german.jsonl``, stored gzipped as ``NAME.gz``; each
+    folder's SOURCE.md says what each is) when there is no such file here."""
     given = Path(path).expanduser()
     if not given.is_file() and given.name == str(path):
-        for folder in (PACKAGED_PROMPTS.parent, CHECKOUT_DATA):
-            if (folder / given.name).is_file():
-                return folder / given.name
+        for shipped in (folder / name for folder in (PACKAGED_PROMPTS.parent, CHECKOUT_DATA)
+                        for name in (given.name, given.name + ".gz")):
+            if shipped.is_file():
+                return shipped
         if given.name in CHECKOUT_ONLY:
             raise ConfigError(f"{key}={str(path)!r} is not installed with spec-zoo (no licence lets it redistribute "
                               "that text): it lies in data/ of the spec-zoo source repository, read when spec-zoo "
                               "runs from a checkout (`pip install -e .`); or give the file's path.")
     if problem := file_problem(given, "a JSONL file"):
-        names = ", ".join(sorted({p.name for p in PACKAGED_PROMPTS.parent.glob("*.jsonl")} | set(CHECKOUT_ONLY)))
+        names = ", ".join(sorted({p.name.removesuffix(".gz") for p in PACKAGED_PROMPTS.parent.glob("*.jsonl*")}
+                                 | set(CHECKOUT_ONLY)))
         raise ConfigError(f"{key}: {problem}; give a JSONL file with a `prompt` field per line "
                           f"(or a file shipped with spec-zoo: {names}).")
     return given

@@ -510,7 +510,7 @@ def write_artefact(cfg: DictConfig, recipe: Recipe, student: Student, split: Tea
     config), written from the CPU; the checkpoint removed unless ``train.keep_checkpoints``."""
     d = cfg.data
     record = {
-        "data": {"prompts": str(d.prompts or "spec_zoo/train/data/prompts.jsonl"),
+        "data": {"prompts": str(d.prompts or "spec_zoo/train/data/prompts.jsonl.gz"),
                  "store": str(split.teacher.store.root), "mixture": split.teacher.taken,
                  "sequences": len(split.data) + split.forced_prompts,
                  "train_sequences": len(split.train), "heldout_sequences": len(split.held),

@@ -37,7 +37,7 @@ import torch
 
 from spec_zoo.bench.dataset import DATASETS
 from spec_zoo.errors import ConfigError
-from spec_zoo.inputs import file_problem
+from spec_zoo.inputs import file_problem, read_utf8
 from spec_zoo.train.data import (
     PACKAGED_PROMPTS,
     chat_ids,
@@ -58,7 +58,7 @@ def bench_ngrams(path, n: int) -> set[tuple[str, ...]]:
         raise ConfigError(f"report.bench_questions: {problem}; give the benchmark's question.jsonl "
                           "(its prompts are kept out of the report's).")
     grams: set[tuple[str, ...]] = set()
-    for line in path.read_text(encoding="utf-8").splitlines():
+    for line in read_utf8(path, "report.bench_questions").splitlines():
         if line.strip():
             for turn in json.loads(line)["turns"]:
                 grams |= word_ngrams(turn, n)
