@@ -160,7 +160,7 @@ def palette_png(source, path, text: dict[str, str]) -> None:
     with Image.open(source) as image:
         image.load()
     rgba = image.convert("RGBA")
-    opaque = rgba.getextrema()[3][0] == 255
+    opaque = rgba.getchannel("A").getextrema()[0] == 255
     colours = (rgba.convert("RGB").quantize(256, method=Image.Quantize.MEDIANCUT, dither=Image.Dither.NONE)
                if opaque else rgba.quantize(256, method=Image.Quantize.FASTOCTREE, dither=Image.Dither.NONE))
     info = PngInfo()
