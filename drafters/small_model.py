@@ -172,8 +172,10 @@ class SmallModelDrafter(DraftModelSequences):
             tokens.append(ask[0])
             return (yield from next_logits())
 
-        first = yield from next_logits()
         k = min(self.length.choose(state=state), state.max_depth)
+        if k == 0:  # no draft pays: the draft model is not run; it takes what it missed in one forward when one does
+            return Draft.empty()
+        first = yield from next_logits()
         return (yield from relay(self.chain_steps(state, first, k), advance))
 
 

@@ -2,6 +2,7 @@
 rejections, and no drafting at all once drafting stops paying for itself."""
 
 import pytest
+import torch
 
 from spec_zoo.draft_length import DraftLength
 from spec_zoo.errors import ConfigError
@@ -115,3 +116,30 @@ def test_skipped_steps_let_drafting_resume():
             break
         policy.update(0, 0)
     assert policy.choose() > 0
+
+
+def test_a_draft_model_is_not_run_while_no_draft_pays_and_takes_what_it_missed_when_one_does():
+    """A draft model's forward is most of a draft's cost: when the length rule says 0 the step runs
+    the target alone (issue 62: the 4-bit copy kept its cache in step every step, 0.53x plain), and
+    the draft's cache later takes the tokens it missed in one forward. The draft here is the target
+    itself, so every drafted token is accepted exactly when that cache is right."""
+    import copy
+
+    from spec_zoo import SpeculativeDecoder, Target
+    from spec_zoo.drafters.small_model import SmallModelDrafter
+    from tests.tiny import tiny_llama
+
+    target = Target(tiny_llama(0, vocab=64))
+    same = copy.deepcopy(target.model)
+    fed = []
+    same.register_forward_pre_hook(lambda module, args, kwargs: fed.append(kwargs["input_ids"].shape[1]),
+                                   with_kwargs=True)
+    drafter = SmallModelDrafter(same, num_draft=2, adaptive=True)
+    lengths = iter([2, 0, 0, 0, 2, 0, 2] + [0] * 100)
+    drafter.length.choose = lambda bucket=None, state=None: next(lengths)
+    out = SpeculativeDecoder(target, drafter).generate([5, 6, 7], max_new_tokens=30, eos_token_ids=[])
+    plain = target.model.generate(torch.tensor([[5, 6, 7]]), max_new_tokens=30, do_sample=False)[0, 3:]
+    assert out.ids == plain.tolist()
+    assert out.stats.drafted == out.stats.accepted == 6  # three drafts of 2, all held: the caught-up cache is right
+    assert len(fed) == 3 * 2  # two forwards a draft (its first logits, then the next token's), none otherwise
+    assert fed[2] > 3 and fed[4] > 1  # after skipped steps: every token the draft missed, in one forward
