@@ -120,10 +120,12 @@ def write_artefact(out_dir, record_name: str, record: dict, write_files: Callabl
 STORAGE_DTYPE = torch.float16
 
 #: how an artefact's weight matrices (2-D floating tensors) may be stored (`storage_tensors`, ``output.quantize``):
-#: None as floats of the storage dtype; "int8" symmetric per output row (a float32 scale per row, 1 byte a weight);
-#: "int6" / "int5" / "int4" symmetric per group of `GROUP` inputs of a row (a float16 scale per group), the
-#: integers bit-packed (6, 5 or 4 bits a weight). Vectors (norms, biases) and integer tensors are never
-#: quantized. Read back by `restored_tensors`.
+#: None as floats of the storage dtype; "int8" / "int6" / "int5" / "int4" symmetric per group of `GROUP` inputs
+#: of a row (a float16 scale per group), the integers bit-packed (8, 6, 5 or 4 bits a weight). A scale per group
+#: and not per row: a row reading inputs of unlike sizes (EAGLE's fc over [embedding, feature]) keeps its small
+#: ones (per row, int8 moved that head's acceptance at position 3 by 0.04). Vectors (norms, biases) and integer
+#: tensors are never quantized. Read back by `restored_tensors`, which also reads the per-row int8 layout
+#: (int8 integers, a float32 scale per row) artefacts were written in before.
 QUANTIZE = (None, "int8", "int6", "int5", "int4")
 GROUP = 64
 #: what a trained artefact's matrices are stored as unless ``output.quantize`` says otherwise: a quarter of float32's
@@ -162,23 +164,19 @@ def storage_tensors(tensors: dict[str, torch.Tensor], dtype: torch.dtype = STORA
 
 
 def _quantized(w: torch.Tensor, kind: str) -> dict[str, torch.Tensor]:
-    """The stored parts of the float matrix ``w`` [O, I] (keys: "", `SCALES`, `BITS`): int8 [O, I] with
-    float32 scales [O, 1]; or b-bit integers offset to 0..2^b - 2, bit-packed row by row (uint8
-    [O, ceil(I * b / 8)]), with float16 scales [O, ceil(I / GROUP)]. Each scale is its row's (group's)
-    max |w| / (2^(b-1) - 1), 1 where that is 0."""
+    """The stored parts of the float matrix ``w`` [O, I] (keys: "", `SCALES`, `BITS`): b-bit integers
+    offset to 0..2^b - 2, bit-packed row by row (uint8 [O, ceil(I * b / 8)]), with float16 scales
+    [O, ceil(I / GROUP)]. Each scale is its group's max |w| / (2^(b-1) - 1), 1 where that is 0."""
     if not bool(torch.isfinite(w).all()):
         raise ConfigError("a weight matrix to quantize holds NaN or infinite values; the training diverged.")
-    if kind == "int8":
-        peak = w.abs().amax(1, keepdim=True)
-        scales = torch.where(peak > 0, peak / 127, torch.ones_like(peak))
-        return {"": (w / scales).round().clamp(-127, 127).to(torch.int8), SCALES: scales.contiguous()}
     bits = int(kind.removeprefix("int"))
     top = 2 ** (bits - 1) - 1
     groups = _groups(w)
     peak = groups.abs().amax(2)
     half = torch.where(peak > 0, peak / top, torch.ones_like(peak)).to(torch.float16)
     if bool((half.float() <= 0).any() | ~torch.isfinite(half.float()).all()):
-        raise ConfigError(f"a weight matrix is out of float16's range for {kind} scales; use output.quantize=int8.")
+        raise ConfigError(f"a weight matrix is out of float16's range for {kind} scales; store it as floats "
+                          "(output.quantize=null).")
     q = (groups / half.float()[..., None]).round().clamp(-top, top).flatten(1)[:, : w.shape[1]].to(torch.int16) + top
     flat = ((q[..., None] >> torch.arange(bits, dtype=torch.int16)) & 1).flatten(1)  # [O, I * bits], low bit first
     flat = torch.nn.functional.pad(flat, (0, -flat.shape[1] % 8)).view(w.shape[0], -1, 8)
@@ -218,7 +216,7 @@ def _dequantized(name: str, q: torch.Tensor, scales: torch.Tensor, bits: torch.T
     if bits is None and q.dtype == torch.int8 and q.dim() == 2 and tuple(s.shape) == (q.shape[0], 1):
         return q.float() * s
     b, width = (int(x) for x in bits.tolist()) if bits is not None and bits.numel() == 2 else (0, 0)
-    if not (q.dtype == torch.uint8 and q.dim() == 2 and 2 <= b <= 7 and q.shape[1] == -(-width * b // 8)
+    if not (q.dtype == torch.uint8 and q.dim() == 2 and 2 <= b <= 8 and q.shape[1] == -(-width * b // 8)
             and s.dim() == 2 and tuple(s.shape) == (q.shape[0], -(-width // GROUP))):
         raise ConfigError(bad.format(f"{str(q.dtype).removeprefix('torch.')} {list(q.shape)} with scales "
                                      f"{list(s.shape)}"))
@@ -234,7 +232,7 @@ def _dequantized(name: str, q: torch.Tensor, scales: torch.Tensor, bits: torch.T
 def storage_record(dtype: torch.dtype, quantize: str | None) -> dict:
     """The record fields that say how an artefact's weights are stored."""
     return {"dtype": str(dtype).removeprefix("torch."), "quantize": quantize,
-            **({"group": GROUP} if quantize not in (None, "int8") else {})}
+            **({"group": GROUP} if quantize else {})}
 
 
 def _usual_modes(tmp: Path) -> None:
