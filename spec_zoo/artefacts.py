@@ -137,20 +137,25 @@ SCALES, BITS = "::scales", "::bits"
 
 
 def storage_tensors(tensors: dict[str, torch.Tensor], dtype: torch.dtype = STORAGE_DTYPE,
-                    quantize: str | None = None) -> dict[str, torch.Tensor]:
+                    quantize: str | None = None,
+                    widths: dict[str, str | None] | None = None) -> dict[str, torch.Tensor]:
     """``tensors`` as stored: floating ones in ``dtype`` (matrices quantized when ``quantize`` is one
-    of `QUANTIZE`), on the CPU, contiguous; a weight beyond ``dtype``'s finite range is refused (it
+    of `QUANTIZE`, or as ``widths`` names for a matrix of that name: a head's output layer at its
+    own width), on the CPU, contiguous; a weight beyond ``dtype``'s finite range is refused (it
     would be stored as inf and refused at load). The one writer of every artefact's weights;
     `restored_tensors` reads what it writes."""
-    if quantize not in QUANTIZE:
-        raise ConfigError(f"output.quantize={quantize!r}; allowed values: null (floats), int8, int6, int5, int4.")
+    widths = widths or {}
+    for key, kind in (("output.quantize", quantize), *((f"output.quantize for {n}", w) for n, w in widths.items())):
+        if kind not in QUANTIZE:
+            raise ConfigError(f"{key}={kind!r}; allowed values: null (floats), int8, int6, int5, int4.")
     out = {}
     for name, t in tensors.items():
         t = t.detach().to("cpu")
         if name.endswith((SCALES, BITS)):
             raise ConfigError(f"{name}: a weight's name may not end in {SCALES!r} or {BITS!r} (stored scales).")
-        if quantize and t.is_floating_point() and t.dim() == 2:
-            out.update({name + k: v for k, v in _quantized(t.float(), quantize).items()})
+        kind = widths.get(name, quantize)
+        if kind and t.is_floating_point() and t.dim() == 2:
+            out.update({name + k: v for k, v in _quantized(t.float(), kind).items()})
             continue
         if t.is_floating_point() and t.dtype != dtype:
             cast = t.to(dtype)
@@ -229,10 +234,12 @@ def _dequantized(name: str, q: torch.Tensor, scales: torch.Tensor, bits: torch.T
     return (_groups(ints.float()) * s[..., None]).flatten(1)[:, :width].contiguous()
 
 
-def storage_record(dtype: torch.dtype, quantize: str | None) -> dict:
-    """The record fields that say how an artefact's weights are stored."""
+def storage_record(dtype: torch.dtype, quantize: str | None, quantize_head: str | None = None) -> dict:
+    """The record fields that say how an artefact's weights are stored (``quantize_head``: its output
+    layer's width, where that differs)."""
     return {"dtype": str(dtype).removeprefix("torch."), "quantize": quantize,
-            **({"group": GROUP} if quantize else {})}
+            **({"quantize_head": quantize_head} if quantize_head and quantize_head != quantize else {}),
+            **({"group": GROUP} if quantize or quantize_head else {})}
 
 
 def _usual_modes(tmp: Path) -> None:

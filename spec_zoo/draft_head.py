@@ -178,14 +178,17 @@ class BlockHead(VocabHead):
 
 
 def save_head(head: VocabHead, out_dir, target_info: dict, record: dict, dtype=STORAGE_DTYPE,
-              overwrite: bool = False, quantize: str | None = DEFAULT_QUANTIZE) -> Path:
+              overwrite: bool = False, quantize: str | None = DEFAULT_QUANTIZE,
+              quantize_head: str | None = None) -> Path:
     """Write the head's weights (`storage_tensors`: vectors in ``dtype``, matrices quantized as
-    ``quantize`` says; `load_head` restores them in the target's dtype) + JSON record with
-    `write_artefact` (atomic; replaces only a previous artefact). An untrained head's rows are the
-    target's: not stored, recorded by digest (``from_target``)."""
-    tensors = storage_tensors(head.state_dict(), dtype, quantize)
+    ``quantize`` says, a trained output layer as ``quantize_head`` when given; `load_head` restores
+    them in the target's dtype) + JSON record with `write_artefact` (atomic; replaces only a previous
+    artefact). An untrained head's rows are the target's: not stored, recorded by digest (``from_target``)."""
+    quantize_head = quantize_head if head.train_head else None
+    tensors = storage_tensors(head.state_dict(), dtype, quantize, {"head": quantize_head} if quantize_head else None)
     taken = {} if head.train_head else {"lm_head_rows": target_digests(head.head)}
-    full = {"format": head.FORMAT, "format_version": head.FORMAT_VERSION, **storage_record(dtype, quantize),
+    full = {"format": head.FORMAT, "format_version": head.FORMAT_VERSION,
+            **storage_record(dtype, quantize, quantize_head),
             **head.describe(), "target": target_info, **({"from_target": taken} if taken else {}), **record}
     return write_artefact(out_dir, head.RECORD, full, lambda tmp: save_file(tensors, str(tmp / head.WEIGHTS)),
                           overwrite=overwrite)

@@ -228,3 +228,30 @@ def test_requantize_rewrites_a_parallel_draft_and_its_base_and_names_the_new_bas
     ParallelDrafter(parallel).attach(Target(model))
     with pytest.raises(ConfigError, match="missing or has changed since"):
         requantize([base], model, "int4") and ParallelDrafter(parallel)
+
+
+def test_a_trained_output_layer_is_stored_at_its_own_width_and_requantize_sets_it(tmp_path):
+    """`quantize_head`: the head's draft-vocabulary rows at their own width, the rest at ``quantize``
+    (the shipped EAGLE head: int8 with its output layer at int6, docs/training.md); the record says so,
+    and a rewrite without it stores the rows at ``quantize`` again."""
+    from spec_zoo.draft_head import load_head, save_head
+    from spec_zoo.drafters.early_exit.adapter import ExitAdapter
+    from spec_zoo.train.requantize import requantize
+
+    model = tiny_llama()
+    head = _head(model, train_head=True)
+    path = save_head(head, tmp_path / "adapter", describe_target(model, None), {}, quantize="int8",
+                     quantize_head="int4")
+    record = json.loads((path / ExitAdapter.RECORD).read_text())
+    assert (record["quantize"], record["quantize_head"], record["group"]) == ("int8", "int4", GROUP)
+    stored = load_file(str(path / ExitAdapter.WEIGHTS))
+    widths = {n.removesuffix(BITS): int(t[0]) for n, t in stored.items() if n.endswith(BITS)}
+    assert widths.pop("head") == 4 and set(widths.values()) == {8}
+    loaded = load_head(ExitAdapter, path, model, "drafter.adapter", "spec-zoo-train early_exit")
+    assert float((loaded.head - head.head).abs().max()) <= float(head.head.abs().max()) / 14 * 1.01
+    requantize([path], model, "int8")
+    record = json.loads((path / ExitAdapter.RECORD).read_text())
+    assert "quantize_head" not in record and record["requantized_from"]["quantize_head"] == "int4"
+    assert int(load_file(str(path / ExitAdapter.WEIGHTS))["head" + BITS][0]) == 8
+    with pytest.raises(ConfigError, match=r"output.quantize for head='int3'; allowed values"):
+        save_head(head, tmp_path / "other", describe_target(model, None), {}, quantize_head="int3")

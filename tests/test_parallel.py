@@ -186,7 +186,8 @@ def test_bad_training_config_fails_before_any_model_load(tmp_path, monkeypatch):
                               ("parallel.decay=0", "parallel.decay=0"),
                               (f"parallel.base={tmp_path / 'none'}", "is not a directory"),
                               ("parallel.modules=[]", "parallel.modules is empty"),
-                              ("parallel.update=lora", "parallel.update")]:
+                              ("parallel.update=lora", "parallel.update"),
+                              ("output.quantize_head=int6", "a parallel draft stores no output layer")]:
         cfg = train_cfg("train_parallel", tmp_path, override)
         with pytest.raises(ConfigError, match=message):
             train_module(cfg, ParallelRecipe.from_config(cfg))

@@ -47,6 +47,7 @@ RECORD = "distill.json"
 FORMAT = "spec-zoo-distilled-draft"
 FORMAT_VERSION = 2
 WEIGHTS = "model.safetensors"
+HEAD = "lm_head.weight"  # its output layer (`save_artefact`'s quantize_head)
 EMBED = "model.embed_tokens.weight"  # not stored when the draft reads the target's embeddings (version 2)
 
 
@@ -159,17 +160,19 @@ def check_embeddings(record: dict, embed, key: str, path) -> None:
 
 
 def save_artefact(student: Student, out_dir, record: dict, dtype: str = "float16", tokenizer=None,
-                  overwrite: bool = False, quantize: str | None = DEFAULT_QUANTIZE) -> Path:
+                  overwrite: bool = False, quantize: str | None = DEFAULT_QUANTIZE,
+                  quantize_head: str | None = None) -> Path:
     """Write the model dir + ``distill.json`` with `write_artefact` (atomic; replaces only a previous
     artefact): the weights through `storage_tensors` (vectors in ``dtype``, matrices quantized as
-    ``quantize`` says), without the target's embeddings when the draft reads those."""
+    ``quantize`` says, the output layer as ``quantize_head`` when given), without the target's
+    embeddings when the draft reads those."""
     from spec_zoo.models import DTYPES
 
     lm = student.lm
     if hasattr(lm, "merge_and_unload"):  # a LoRA student: fold the adapters in
         lm = copy.deepcopy(lm).merge_and_unload()
     state = {k: v for k, v in lm.state_dict().items() if not (student.embed[0] is not None and k == EMBED)}
-    tensors = storage_tensors(state, DTYPES[dtype], quantize)
+    tensors = storage_tensors(state, DTYPES[dtype], quantize, {HEAD: quantize_head} if quantize_head else None)
     taken = {} if student.embed[0] is None else {"input_embeddings": target_digests(student.embed[0].weight)}
     config = copy.deepcopy(lm.config)
     config.dtype = dtype
@@ -182,7 +185,7 @@ def save_artefact(student: Student, out_dir, record: dict, dtype: str = "float16
             tokenizer.save_pretrained(tmp)
 
     full = {
-        "format": FORMAT, "format_version": FORMAT_VERSION, **storage_record(DTYPES[dtype], quantize),
+        "format": FORMAT, "format_version": FORMAT_VERSION, **storage_record(DTYPES[dtype], quantize, quantize_head),
         "input_embeddings": student.input_embeddings,
         "draft_vocab": None if student.vocab_ids is None else student.vocab_ids.tolist(),
         **({"from_target": taken} if taken else {}),

@@ -79,6 +79,7 @@ class DraftRecipe(TeacherMetrics):
         return save_artefact(student, Path(cfg.output.dir).expanduser(),
                              {"target": target_info, "init": init, **record}, dtype=str(cfg.output.dtype),
                              quantize=cfg.output.get("quantize", DEFAULT_QUANTIZE),
+                             quantize_head=cfg.output.get("quantize_head"),
                              overwrite=bool(cfg.output.get("overwrite", False)))
 
     def load(self, path: Path, model: torch.nn.Module) -> Student:

@@ -162,6 +162,9 @@ class ParallelRecipe:
 
     def check(self, cfg: DictConfig) -> None:
         p = cfg.parallel
+        if cfg.output.get("quantize_head"):
+            raise ConfigError(f"output.quantize_head={cfg.output.quantize_head}: a parallel draft stores no output "
+                              "layer (it reads its base's); leave it null.")
         if int(p.k) < 2 or int(p.rank) < 1:
             raise ConfigError(f"parallel.k={p.k}, parallel.rank={p.rank}: need k >= 2 (the real token's row and at "
                               "least one mask) and rank >= 1, e.g. parallel.k=4 parallel.rank=32.")

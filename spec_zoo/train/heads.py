@@ -158,6 +158,7 @@ class HeadRecipe(TeacherMetrics):
         assert isinstance(student, HeadStudent)
         return save_head(student.lm, cfg.output.dir, target_info, record, dtype=DTYPES[str(cfg.output.dtype)],
                          quantize=cfg.output.get("quantize", DEFAULT_QUANTIZE),
+                         quantize_head=cfg.output.get("quantize_head"),
                          overwrite=bool(cfg.output.get("overwrite", False)))
 
     def load(self, path: Path, model: torch.nn.Module) -> Student:

@@ -47,6 +47,7 @@ TYPES: dict[str, tuple[tuple[type, ...], bool]] = {
     "data.token_ids": ((list,), True),
     "data.keep_states": ((list,), True),
     "output.quantize": ((str,), True),
+    "output.quantize_head": ((str,), True),
 }
 
 

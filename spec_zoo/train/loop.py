@@ -75,8 +75,10 @@ def check_config(cfg: DictConfig, recipe: Recipe) -> None:
         read_records(cfg.data.prompts)  # a missing, non-UTF-8 or malformed file fails here, before the target loads
     if cfg.output.dtype not in ("float32", "float16", "bfloat16"):
         raise ConfigError(f"output.dtype={cfg.output.dtype!r}; allowed values: float32, float16, bfloat16.")
-    if cfg.output.get("quantize") not in QUANTIZE:
-        raise ConfigError(f"output.quantize={cfg.output.quantize!r}; allowed values: int8, int4, null (floats).")
+    for key in ("quantize", "quantize_head"):
+        if cfg.output.get(key) not in QUANTIZE:
+            raise ConfigError(f"output.{key}={cfg.output.get(key)!r}; allowed values: int8, int6, int5, int4, "
+                              "null (floats).")
     from spec_zoo.models import DEVICES
 
     device = str(cfg.get("device", "cpu"))

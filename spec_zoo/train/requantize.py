@@ -9,6 +9,7 @@ the one it was trained against (``base.requantized_from``). Give a parallel draf
 with its base distilled draft: both are read, and checked, before anything is written.
 
     python -m spec_zoo.train.requantize int8 DIR [DIR ...]     # or int6, int5, int4, or none (float16)
+    python -m spec_zoo.train.requantize int8 --head int6 DIR   # a trained output layer at its own width
 """
 
 from __future__ import annotations
@@ -22,28 +23,30 @@ from spec_zoo.artefacts import QUANTIZE
 from spec_zoo.errors import ConfigError
 
 #: record fields the writers compute themselves (the rest of a record is carried over)
-_WRITTEN = {"format", "format_version", "dtype", "quantize", "group", "from_target"}
+_WRITTEN = {"format", "format_version", "dtype", "quantize", "quantize_head", "group", "from_target"}
 
 
 def _was(record: dict) -> dict:
     """The rest of ``record`` (what its writer does not compute), plus how it was stored before
     (``requantized_from``: the first layout, when rewritten more than once)."""
-    before = {k: record.get(k) for k in ("format_version", "dtype", "quantize") if k in record}
+    before = {k: record.get(k) for k in ("format_version", "dtype", "quantize", "quantize_head") if k in record}
     return {**{k: v for k, v in record.items() if k not in _WRITTEN},
             "requantized_from": record.get("requantized_from", before)}
 
 
-def requantize(paths, target_model, quantize: str | None) -> list[Path]:
+def requantize(paths, target_model, quantize: str | None, quantize_head: str | None = None) -> list[Path]:
     """Rewrite each artefact dir of ``paths`` (distilled draft, parallel draft, or a spec-zoo head)
-    with its matrices stored as ``quantize``; the dirs written, in order."""
+    with its matrices stored as ``quantize`` (a trained output layer as ``quantize_head`` when given);
+    the dirs written, in order."""
     from spec_zoo.drafters.distilled.drafter import SHIPPED as SHIPPED_DISTILLED
     from spec_zoo.drafters.distilled.student import RECORD as DISTILLED
     from spec_zoo.drafters.parallel.model import RECORD as PARALLEL
     from spec_zoo.drafters.parallel.model import base_dir, read_parallel
     from spec_zoo.train.trim import _spec_zoo_heads
 
-    if quantize not in QUANTIZE:
-        raise ConfigError(f"quantize={quantize!r}; use int8, int6, int5, int4 or none.")
+    for kind in (quantize, quantize_head):
+        if kind not in QUANTIZE:
+            raise ConfigError(f"quantize={kind!r}; use int8, int6, int5, int4 or none.")
     paths = [Path(p).expanduser() for p in paths]
     parallel = {}  # read (and their base checked) before any base is rewritten
     for p in paths:
@@ -53,32 +56,32 @@ def requantize(paths, target_model, quantize: str | None) -> list[Path]:
     done = []
     for p in [p for p in paths if p not in parallel]:  # the bases first
         if (p / DISTILLED).is_file():
-            done.append(_distilled(p, target_model, quantize))
+            done.append(_distilled(p, target_model, quantize, quantize_head))
             continue
         cls = next((c for c in _spec_zoo_heads() if (p / c.RECORD).is_file()), None)
         if cls is None:
             raise ConfigError(f"{p} is no spec-zoo artefact this rewrites (a distilled or parallel draft, or a head).")
-        done.append(_head(cls, p, target_model, quantize))
+        done.append(_head(cls, p, target_model, quantize, quantize_head))
     for p, (record, tensors, base) in parallel.items():
         done.append(_parallel(p, record, tensors, base, quantize))
     return done
 
 
-def _distilled(path: Path, target_model, quantize: str | None) -> Path:
+def _distilled(path: Path, target_model, quantize: str | None, quantize_head: str | None) -> Path:
     from spec_zoo.drafters.distilled.student import save_artefact, student_from_pretrained
 
     student, record = student_from_pretrained(path, target_model)
     assert record is not None
     rest = {k: v for k, v in _was(record).items() if k not in {"input_embeddings", "draft_vocab"}}
-    return save_artefact(student, path, rest, dtype="float16", quantize=quantize)
+    return save_artefact(student, path, rest, dtype="float16", quantize=quantize, quantize_head=quantize_head)
 
 
-def _head(cls, path: Path, target_model, quantize: str | None) -> Path:
+def _head(cls, path: Path, target_model, quantize: str | None, quantize_head: str | None) -> Path:
     from spec_zoo.draft_head import load_head, save_head
 
     head = load_head(cls, path, target_model, "requantize", "spec-zoo-train")
     rest = {k: v for k, v in _was(head.record).items() if k not in {"target", *head.describe()}}
-    return save_head(head, path, head.record["target"], rest, quantize=quantize)
+    return save_head(head, path, head.record["target"], rest, quantize=quantize, quantize_head=quantize_head)
 
 
 def _parallel(path: Path, record: dict, tensors: dict, base: Path, quantize: str | None) -> Path:
@@ -99,12 +102,17 @@ def _parallel(path: Path, record: dict, tensors: dict, base: Path, quantize: str
 def main(argv: list[str]) -> None:
     from spec_zoo.models import load_target
 
+    def kind(word: str) -> str | None:
+        return None if word in ("none", "null") else word
+
+    head = None
+    if len(argv) > 2 and argv[1] == "--head":
+        head, argv = kind(argv[2]), argv[:1] + argv[3:]
     if len(argv) < 2:
         raise SystemExit(__doc__)
-    quantize = None if argv[0] in ("none", "null") else argv[0]
     target = load_target()
     with torch.no_grad():
-        for path in requantize(argv[1:], target.model, quantize):
+        for path in requantize(argv[1:], target.model, kind(argv[0]), head):
             print(path)
 
 
