@@ -88,6 +88,7 @@ class ChainDrafter(Drafter):
 
     def on_commit(self, draft: Draft, verdict: Verdict, step: StepStats) -> None:
         if self.tree is None:  # the length rule models chains
-            self.length.update(len(draft), len(verdict.path), seconds=step.draft_s + step.verify_s)
+            self.length.update(len(draft), len(verdict.path), seconds=step.draft_s + step.verify_s,
+                               draft_seconds=step.draft_s)
         else:
             self.tree.observe(draft, verdict)

@@ -17,12 +17,17 @@ t(k) = t0 (1 + jump [k > 0] + c k), replaces the configured ``token_cost`` (c, w
 jump) once the steps seen vary enough in length to identify it. The ratio maximised is
 then (1 + a + ... + a^k) / (1 + jump [k > 0] + c k).
 
+A draft that always runs at one length gives a fit nothing to tell its cost by: then every
+`PROBE_EVERY`-th step drafts nothing, a plain step whose time is t(1), and the fit has two lengths.
+
 When the target carries a measured cost table (`spec_zoo.costs`, e.g. the compiled
 runtime's stepwise curve: 4 scored tokens cost what 1 does, 5 cost 1.7x), the scoring part
 of a step's cost comes from it instead of the fit: the ratio maximised is
 (1 + a + ... + a^k) / (t(k + 1) / t(1) + c k), c counting the drafting alone: the drafter's
 cost per drafted level measured by ``spec-zoo costs drafter=...`` into the same table
-(`CostTable.drafts`, under ``cost_key``) where there is one, else the configured ``token_cost``.
+(`CostTable.drafts`, under ``cost_key``) where there is one, else, in greedy runs, the drafting
+time of the steps seen per drafted level over the table's t(1) (`draft_cost`), else the configured
+``token_cost``.
 
 Timings steer the length only where they cannot change the text: in greedy decoding, whose
 output is the target's argmax whatever was drafted. When sampling, the draft length decides
@@ -49,6 +54,10 @@ CHAIN_PRIOR_ACCEPT, CHAIN_PRIOR_WEIGHT = 0.6, 1.0  # mild prior, so one early re
 CHAIN_DECAY = 0.9  # weight of past evidence per new observed token (memory of ~10 tokens)
 TIME_DECAY = 0.97  # weight of past step timings per step (memory of ~30 steps)
 MIN_STEPS = 8  # timed steps before a fit is trusted
+#: a draft that always runs at one length (a long chain of a good draft stays at max_draft) never tells its cost
+#: from the step's: then every PROBE_EVERY-th step drafts nothing, a plain step that times t(1) (issue 62: the
+#: 4-bit copy, 1.05 t(1) a level, kept drafting 16 at the prior cost and ran at 0.53x plain)
+PROBE_EVERY = 16
 
 
 class Acceptance:
@@ -105,6 +114,8 @@ class DraftLength:
         # decayed normal equations of the fit t = b0 + b1 [k > 0] + b2 k
         self._xtx = torch.zeros(3, 3, dtype=torch.float64)
         self._xty = torch.zeros(3, dtype=torch.float64)
+        self._drafting = [0.0, 0.0, 0]  # decayed drafting seconds, drafted levels, steps: the draft's own cost
+        self._since_probe = 0
         self.reset()
 
     def reset(self) -> None:
@@ -118,13 +129,32 @@ class DraftLength:
         prior = (0.0, self.prior_cost)
         if not self.learn_cost or not timings_steer or self._xtx[0, 0] < MIN_STEPS:
             return prior
+        fit = self._fit()
+        if fit is None or fit[0] <= 0:
+            return prior
+        return max(float(fit[1] / fit[0]), 0.0), min(max(float(fit[2] / fit[0]), 0.0), 0.99)
+
+    def _fit(self) -> torch.Tensor | None:
         fit = _solve(self._xtx, self._xty)  # jump and slope
         if fit is None:  # only two distinct lengths seen: no jump term
             fit = _solve(self._xtx[::2, ::2], self._xty[::2])
             fit = None if fit is None else torch.stack([fit[0], fit.new_zeros(()), fit[1]])
-        if fit is None or fit[0] <= 0:
-            return prior
-        return max(float(fit[1] / fit[0]), 0.0), min(max(float(fit[2] / fit[0]), 0.0), 0.99)
+        return fit
+
+    def draft_cost(self, table, timings_steer: bool = True) -> float:
+        """One drafted level's cost in the table's t(1): the table's measure of this drafter, else (greedy
+        runs, 3 drafting steps seen) the drafting time per level of the steps seen, else ``token_cost``."""
+        seconds, levels, steps = self._drafting
+        measured = (seconds / levels / table.seconds[0] if self.learn_cost and timings_steer and steps >= 3
+                    and levels > 0 else self.prior_cost)
+        return table.draft_cost(self.cost_key, measured)
+
+    def _probe(self, timings_steer: bool) -> bool:
+        """Whether this step should draft nothing to time t(1): the fit cannot tell the cost yet."""
+        if not (self.learn_cost and timings_steer and self._xtx[0, 0] >= MIN_STEPS and self._fit() is None):
+            return False
+        self._since_probe = (self._since_probe + 1) % PROBE_EVERY
+        return self._since_probe == 0
 
     def acceptance(self, bucket: object = None) -> float:
         """Estimated probability that a draft token is accepted given its predecessors were."""
@@ -138,7 +168,9 @@ class DraftLength:
         steer = state is None or state.timings_steer
         a, (jump, cost) = self.acceptance(bucket), self.costs(steer)
         table = state.cost_table if state is not None else None
-        drafting = table.draft_cost(self.cost_key, self.prior_cost) if table else self.prior_cost
+        if table is None and self._probe(steer):
+            return 0
+        drafting = self.draft_cost(table, steer) if table else self.prior_cost
         best_k, best, expected = 0, 1.0, 1.0
         for k in range(1, self.maximum + 1):
             expected += a**k
@@ -148,13 +180,18 @@ class DraftLength:
                 best_k, best = k, gain
         return best_k
 
-    def update(self, drafted: int, accepted: int, bucket: object = None, seconds: float | None = None) -> None:
+    def update(self, drafted: int, accepted: int, bucket: object = None, seconds: float | None = None,
+               draft_seconds: float | None = None) -> None:
         """Learn from one verified chain: ``accepted`` successes, then one failure unless
-        all passed; ``seconds`` (draft + verify time of the step) feeds the cost fit."""
+        all passed; ``seconds`` (draft + verify time of the step) feeds the cost fit, ``draft_seconds``
+        (its drafting alone) the measured cost of a drafted level (`draft_cost`)."""
         if seconds is not None and not self._first_step:
             x = torch.tensor([1.0, float(drafted > 0), float(drafted)], dtype=torch.float64)
             self._xtx.mul_(TIME_DECAY).add_(torch.outer(x, x))
             self._xty.mul_(TIME_DECAY).add_(x * seconds)
+        if draft_seconds is not None and drafted and not self._first_step:
+            s, n, steps = self._drafting
+            self._drafting = [s * TIME_DECAY + draft_seconds, n * TIME_DECAY + drafted, steps + 1]
         self._first_step = False
         if drafted == 0 and bucket not in self._evidence:  # nothing to learn, nothing to fade
             return

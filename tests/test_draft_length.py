@@ -143,3 +143,44 @@ def test_a_draft_model_is_not_run_while_no_draft_pays_and_takes_what_it_missed_w
     assert out.stats.drafted == out.stats.accepted == 6  # three drafts of 2, all held: the caught-up cache is right
     assert len(fed) == 3 * 2  # two forwards a draft (its first logits, then the next token's), none otherwise
     assert fed[2] > 3 and fed[4] > 1  # after skipped steps: every token the draft missed, in one forward
+
+
+def test_a_chain_always_at_one_length_probes_a_plain_step_and_stops_when_the_draft_costs_too_much():
+    """A good but dear draft (every token held, 1.05 t(1) a level: the 4-bit copy on the native target)
+    stays at max_draft, so its lengths never vary and the fit stays at the prior cost; every
+    PROBE_EVERY-th step then drafts nothing, whose time is t(1), and with two lengths the fit sees the
+    cost and the draft stops. A cheap draft probes the same way and keeps drafting."""
+    from spec_zoo.draft_length import PROBE_EVERY
+
+    def run(level_cost: float) -> list[int]:
+        policy, chosen = DraftLength(8, adaptive=True, maximum=8, token_cost=0.25), []
+        for _ in range(6 * PROBE_EVERY):
+            k = policy.choose()
+            chosen.append(k)
+            policy.update(k, k, seconds=0.01 * (1 + level_cost * k))
+        return chosen
+
+    dear, cheap = run(1.05), run(0.02)
+    first_probe = dear.index(0)
+    assert set(dear[:first_probe]) == {8} and first_probe <= PROBE_EVERY + 12  # a fit's worth of steps, then 16
+    assert set(dear[-PROBE_EVERY:]) == {0}  # the cost seen, drafting stopped
+    assert cheap.count(0) <= 6 and cheap[-1] == 8  # a probe now and then, drafting all along
+
+
+def test_with_a_cost_table_the_drafting_time_seen_prices_a_draft_the_table_has_not_measured():
+    """The table knows t(k) but not this draft: its drafting seconds per level over the table's t(1)
+    price it once three drafting steps are seen (greedy runs), else token_cost; the table's own measure wins."""
+    from spec_zoo import SamplingParams
+    from spec_zoo.costs import CostTable
+    from spec_zoo.interfaces import DecodeState
+
+    flat = CostTable([0.01] * 8, "m", "compiled", "float32", 1, "x")
+    measured = CostTable([0.01] * 8, "m", "compiled", "float32", 1, "x", drafts={"quantized": 0.02})
+    greedy = DecodeState([0], 1, 8, SamplingParams(), torch.Generator(), cost_table=flat)
+    policy = DraftLength(4, adaptive=True, maximum=8, token_cost=0.25)
+    policy.cost_key = "quantized"
+    for _ in range(4):
+        policy.update(8, 8, seconds=0.1, draft_seconds=8 * 0.0105)  # 1.05 t(1) a level
+    assert policy.draft_cost(flat) == pytest.approx(1.05) and policy.choose(state=greedy) == 0
+    assert policy.draft_cost(flat, timings_steer=False) == 0.25 and policy.draft_cost(measured) == 0.02
+    assert policy.choose(state=DecodeState([0], 1, 8, SamplingParams(), torch.Generator(), cost_table=measured)) > 0
