@@ -17,8 +17,10 @@ t(k) = t0 (1 + jump [k > 0] + c k), replaces the configured ``token_cost`` (c, w
 jump) once the steps seen vary enough in length to identify it. The ratio maximised is
 then (1 + a + ... + a^k) / (1 + jump [k > 0] + c k).
 
-A draft that always runs at one length gives a fit nothing to tell its cost by: then every
-`PROBE_EVERY`-th step drafts nothing, a plain step whose time is t(1), and the fit has two lengths.
+The drafting itself is timed apart (``draft_seconds``), so a draft's own cost per level is known
+once t(1) is: from the cost table, else from a plain step the rule asks for (a probe, `PROBE_AFTER`,
+drafting nothing), and a draft is never priced below it. A draft that always runs at one length
+gives the fit nothing to tell its cost by: every `PROBE_EVERY`-th step then probes, so it has two.
 
 When the target carries a measured cost table (`spec_zoo.costs`, e.g. the compiled
 runtime's stepwise curve: 4 scored tokens cost what 1 does, 5 cost 1.7x), the scoring part
@@ -54,10 +56,10 @@ CHAIN_PRIOR_ACCEPT, CHAIN_PRIOR_WEIGHT = 0.6, 1.0  # mild prior, so one early re
 CHAIN_DECAY = 0.9  # weight of past evidence per new observed token (memory of ~10 tokens)
 TIME_DECAY = 0.97  # weight of past step timings per step (memory of ~30 steps)
 MIN_STEPS = 8  # timed steps before a fit is trusted
-#: a draft that always runs at one length (a long chain of a good draft stays at max_draft) never tells its cost
-#: from the step's: then every PROBE_EVERY-th step drafts nothing, a plain step that times t(1) (issue 62: the
-#: 4-bit copy, 1.05 t(1) a level, kept drafting 16 at the prior cost and ran at 0.53x plain)
-PROBE_EVERY = 16
+#: with no cost table, t(1) is timed by a plain step: the first after `PROBE_AFTER` timed drafting steps, then every
+#: `PROBE_EVERY`-th while the fit cannot tell the cost (a draft always at one length, a good one at max_draft);
+#: issue 62: the 4-bit copy, 1.05 t(1) a level, kept drafting 16 at the prior cost and ran at 0.53x plain
+PROBE_AFTER, PROBE_EVERY = 3, 16
 
 
 class Acceptance:
@@ -115,6 +117,7 @@ class DraftLength:
         self._xtx = torch.zeros(3, 3, dtype=torch.float64)
         self._xty = torch.zeros(3, dtype=torch.float64)
         self._drafting = [0.0, 0.0, 0]  # decayed drafting seconds, drafted levels, steps: the draft's own cost
+        self._plain = [0.0, 0.0]  # decayed seconds and count of the steps that drafted nothing: t(1)
         self._since_probe = 0
         self.reset()
 
@@ -141,17 +144,23 @@ class DraftLength:
             fit = None if fit is None else torch.stack([fit[0], fit.new_zeros(()), fit[1]])
         return fit
 
-    def draft_cost(self, table, timings_steer: bool = True) -> float:
-        """One drafted level's cost in the table's t(1): the table's measure of this drafter, else (greedy
-        runs, 3 drafting steps seen) the drafting time per level of the steps seen, else ``token_cost``."""
+    def draft_cost(self, table=None, timings_steer: bool = True) -> float | None:
+        """One drafted level's cost in t(1) (the table's, else the plain steps seen): the table's measure of
+        this drafter, else (greedy runs, `PROBE_AFTER` drafting steps seen) the drafting time per level of
+        the steps seen; else ``token_cost`` with a table, None without."""
         seconds, levels, steps = self._drafting
-        measured = (seconds / levels / table.seconds[0] if self.learn_cost and timings_steer and steps >= 3
-                    and levels > 0 else self.prior_cost)
-        return table.draft_cost(self.cost_key, measured)
+        t1 = table.seconds[0] if table else (self._plain[0] / self._plain[1] if self._plain[1] else None)
+        seen = self.learn_cost and timings_steer and steps >= PROBE_AFTER and levels > 0 and t1
+        measured = seconds / levels / float(t1) if seen and t1 else (self.prior_cost if table else None)
+        return table.draft_cost(self.cost_key, measured) if table else measured
 
     def _probe(self, timings_steer: bool) -> bool:
-        """Whether this step should draft nothing to time t(1): the fit cannot tell the cost yet."""
-        if not (self.learn_cost and timings_steer and self._xtx[0, 0] >= MIN_STEPS and self._fit() is None):
+        """Whether this step should draft nothing to time t(1): none timed yet, or the fit cannot tell the cost."""
+        if not (self.learn_cost and timings_steer and self._drafting[2] >= PROBE_AFTER):
+            return False
+        if not self._plain[1]:
+            return True
+        if self._xtx[0, 0] < MIN_STEPS or self._fit() is not None:
             return False
         self._since_probe = (self._since_probe + 1) % PROBE_EVERY
         return self._since_probe == 0
@@ -170,7 +179,9 @@ class DraftLength:
         table = state.cost_table if state is not None else None
         if table is None and self._probe(steer):
             return 0
-        drafting = self.draft_cost(table, steer) if table else self.prior_cost
+        drafting = (self.draft_cost(table, steer) or self.prior_cost) if table else self.prior_cost
+        if table is None:  # a draft's own cost per level bounds what a drafted level costs
+            cost = max(cost, min(self.draft_cost(None, steer) or 0.0, 0.99))
         best_k, best, expected = 0, 1.0, 1.0
         for k in range(1, self.maximum + 1):
             expected += a**k
@@ -192,6 +203,8 @@ class DraftLength:
         if draft_seconds is not None and drafted and not self._first_step:
             s, n, steps = self._drafting
             self._drafting = [s * TIME_DECAY + draft_seconds, n * TIME_DECAY + drafted, steps + 1]
+        if seconds is not None and not drafted and not self._first_step:
+            self._plain = [self._plain[0] * TIME_DECAY + seconds, self._plain[1] * TIME_DECAY + 1]
         self._first_step = False
         if drafted == 0 and bucket not in self._evidence:  # nothing to learn, nothing to fade
             return

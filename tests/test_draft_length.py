@@ -145,25 +145,24 @@ def test_a_draft_model_is_not_run_while_no_draft_pays_and_takes_what_it_missed_w
     assert fed[2] > 3 and fed[4] > 1  # after skipped steps: every token the draft missed, in one forward
 
 
-def test_a_chain_always_at_one_length_probes_a_plain_step_and_stops_when_the_draft_costs_too_much():
+def test_with_no_cost_table_a_plain_step_times_t1_and_a_draft_dearer_than_it_pays_stops():
     """A good but dear draft (every token held, 1.05 t(1) a level: the 4-bit copy on the native target)
-    stays at max_draft, so its lengths never vary and the fit stays at the prior cost; every
-    PROBE_EVERY-th step then drafts nothing, whose time is t(1), and with two lengths the fit sees the
-    cost and the draft stops. A cheap draft probes the same way and keeps drafting."""
-    from spec_zoo.draft_length import PROBE_EVERY
+    stays at max_draft, so its lengths never vary and the fit alone would keep the prior cost. After
+    PROBE_AFTER drafting steps one step drafts nothing: its time is t(1), the drafting seconds per level
+    over it price the draft, and the dear one stops. A cheap draft is probed the same way and keeps on."""
+    from spec_zoo.draft_length import PROBE_AFTER
 
     def run(level_cost: float) -> list[int]:
         policy, chosen = DraftLength(8, adaptive=True, maximum=8, token_cost=0.25), []
-        for _ in range(6 * PROBE_EVERY):
+        for _ in range(100):
             k = policy.choose()
             chosen.append(k)
-            policy.update(k, k, seconds=0.01 * (1 + level_cost * k))
+            policy.update(k, k, seconds=0.01 * (1 + level_cost * k), draft_seconds=0.01 * level_cost * k)
         return chosen
 
     dear, cheap = run(1.05), run(0.02)
-    first_probe = dear.index(0)
-    assert set(dear[:first_probe]) == {8} and first_probe <= PROBE_EVERY + 12  # a fit's worth of steps, then 16
-    assert set(dear[-PROBE_EVERY:]) == {0}  # the cost seen, drafting stopped
+    assert dear[:PROBE_AFTER + 1] == [8] * (PROBE_AFTER + 1)  # the first step (a prefill) is not timed
+    assert set(dear[PROBE_AFTER + 1:]) == {0}  # a probe, then the cost seen: drafting stopped
     assert cheap.count(0) <= 6 and cheap[-1] == 8  # a probe now and then, drafting all along
 
 
