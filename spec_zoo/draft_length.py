@@ -172,11 +172,11 @@ class DraftLength:
     def choose(self, bucket: object = None, state: DecodeState | None = None) -> int:
         """Tokens to draft now; 0 means drafting is not expected to pay off. ``state`` says
         whether timings may steer and carries the cost table (None: they may, no table)."""
-        if not self.adaptive or bucket not in self._evidence:
-            return self.initial
+        table = state.cost_table if state is not None else None
+        if not self.adaptive or (bucket not in self._evidence and not (table and self.cost_key in table.drafts)):
+            return self.initial  # a stored measure of this drafter prices even its first draft (at the prior rate)
         steer = state is None or state.timings_steer
         a, (jump, cost) = self.acceptance(bucket), self.costs(steer)
-        table = state.cost_table if state is not None else None
         if table is None and self._probe(steer):
             return 0
         drafting = (self.draft_cost(table, steer) or self.prior_cost) if table else self.prior_cost

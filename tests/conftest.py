@@ -36,10 +36,18 @@ def tiny_llama():
 
 @pytest.fixture(scope="session")
 def smollm2_target():
-    """The embedded default target (converted to the user cache on first use)."""
+    """The embedded default target (converted to the user cache on first use), its float32 weights dense."""
     from spec_zoo.models import load_target
 
     return load_target()
+
+
+@pytest.fixture(scope="session")
+def smollm2_native():
+    """The embedded target as a bare `spec-zoo` runs it here (model.weights=auto: its own 4-bit codes)."""
+    from spec_zoo.models import load_target
+
+    return load_target(weights="native")
 
 
 @pytest.fixture

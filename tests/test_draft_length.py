@@ -183,3 +183,20 @@ def test_with_a_cost_table_the_drafting_time_seen_prices_a_draft_the_table_has_n
     assert policy.draft_cost(flat) == pytest.approx(1.05) and policy.choose(state=greedy) == 0
     assert policy.draft_cost(flat, timings_steer=False) == 0.25 and policy.draft_cost(measured) == 0.02
     assert policy.choose(state=DecodeState([0], 1, 8, SamplingParams(), torch.Generator(), cost_table=measured)) > 0
+
+
+def test_a_stored_measure_of_the_drafter_prices_its_first_draft_too():
+    """With no evidence yet the length is num_draft, unless the cost table measured this drafter: then
+    the first draft is priced at the prior acceptance (a draft the table says cannot pay never runs)."""
+    from spec_zoo import SamplingParams
+    from spec_zoo.costs import CostTable
+    from spec_zoo.interfaces import DecodeState
+
+    def first(drafts: dict) -> int:
+        policy = DraftLength(6, adaptive=True, maximum=16, token_cost=0.25)
+        policy.cost_key = "quantized"
+        table = CostTable([0.01] * 8, "m", "compiled", "float32", 1, "x", drafts=drafts)
+        return policy.choose(state=DecodeState([0], 1, 8, SamplingParams(), torch.Generator(), cost_table=table))
+
+    assert first({}) == first({"ngram": 0.01}) == 6
+    assert first({"quantized": 1.05}) == 0 and first({"quantized": 0.01}) > 0

@@ -230,21 +230,22 @@ OPTION_PROMPT = "Write a Python function that reverses a list."
 
 
 @pytest.fixture(scope="module")
-def plain_option_ids(smollm2_target):
+def plain_option_ids(smollm2_native):
     """Plain greedy decoding's 12 tokens on the options' prompt (computed once per worker)."""
-    decoder = SpeculativeDecoder(smollm2_target)
+    decoder = SpeculativeDecoder(smollm2_native)
     return decoder.generate(decoder.encode(OPTION_PROMPT), 12).ids
 
 
 @pytest.mark.real_model
 @pytest.mark.parametrize("option", option_names("drafter"))
-def test_every_shipped_drafter_option_loads_and_decodes_as_plain_greedy(smollm2_target, plain_option_ids, option):
+def test_every_shipped_drafter_option_loads_and_decodes_as_plain_greedy(smollm2_native, plain_option_ids, option):
     """Every conf/drafter option (shipped artefacts included) builds from its YAML on the
-    real target and, under greedy verification, prints plain greedy decoding's tokens (one
-    test per option, so the test workers share them)."""
+    real target as the bare `spec-zoo` runs it (its own 4-bit weights: heads reading its layers
+    read them as floats, the quantized copy remakes them) and, under greedy verification,
+    prints plain greedy decoding's tokens (one test per option, so the test workers share them)."""
     from spec_zoo.api import build_decoder, compose_config
 
     cfg = compose_config([f"drafter={option}", f"prompt={OPTION_PROMPT}", "generation.max_new_tokens=12"])
-    decoder = build_decoder(cfg, target=smollm2_target)
+    decoder = build_decoder(cfg, target=smollm2_native)
     assert decoder.generate(decoder.encode(cfg.prompt), 12).ids == plain_option_ids, option
 
