@@ -144,15 +144,19 @@ class DraftLength:
             fit = None if fit is None else torch.stack([fit[0], fit.new_zeros(()), fit[1]])
         return fit
 
-    def draft_cost(self, table=None, timings_steer: bool = True) -> float | None:
-        """One drafted level's cost in t(1) (the table's, else the plain steps seen): the table's measure of
-        this drafter, else (greedy runs, `PROBE_AFTER` drafting steps seen) the drafting time per level of
-        the steps seen; else ``token_cost`` with a table, None without."""
+    def draft_cost(self, table, timings_steer: bool = True) -> float:
+        """One drafted level's cost in the table's t(1): the table's measure of this drafter, else the
+        drafting time seen (`_own_cost`), else ``token_cost``."""
+        seen = self._own_cost(table.seconds[0], timings_steer)
+        return table.draft_cost(self.cost_key, self.prior_cost if seen is None else seen)
+
+    def _own_cost(self, t1: float | None, timings_steer: bool) -> float | None:
+        """The drafting seconds per level of the steps seen over ``t1`` (greedy runs, `PROBE_AFTER`
+        drafting steps seen), else None."""
         seconds, levels, steps = self._drafting
-        t1 = table.seconds[0] if table else (self._plain[0] / self._plain[1] if self._plain[1] else None)
-        seen = self.learn_cost and timings_steer and steps >= PROBE_AFTER and levels > 0 and t1
-        measured = seconds / levels / float(t1) if seen and t1 else (self.prior_cost if table else None)
-        return table.draft_cost(self.cost_key, measured) if table else measured
+        if not (self.learn_cost and timings_steer and steps >= PROBE_AFTER and levels > 0 and t1):
+            return None
+        return seconds / levels / t1
 
     def _probe(self, timings_steer: bool) -> bool:
         """Whether this step should draft nothing to time t(1): none timed yet, or the fit cannot tell the cost."""
@@ -179,9 +183,10 @@ class DraftLength:
         a, (jump, cost) = self.acceptance(bucket), self.costs(steer)
         if table is None and self._probe(steer):
             return 0
-        drafting = (self.draft_cost(table, steer) or self.prior_cost) if table else self.prior_cost
+        drafting = self.draft_cost(table, steer) if table else self.prior_cost
         if table is None:  # a draft's own cost per level bounds what a drafted level costs
-            cost = max(cost, min(self.draft_cost(None, steer) or 0.0, 0.99))
+            t1 = self._plain[0] / self._plain[1] if self._plain[1] else None
+            cost = max(cost, min(self._own_cost(t1, steer) or 0.0, 0.99))
         best_k, best, expected = 0, 1.0, 1.0
         for k in range(1, self.maximum + 1):
             expected += a**k
