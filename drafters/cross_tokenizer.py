@@ -41,8 +41,8 @@ from spec_zoo.draft import Draft
 from spec_zoo.draft_length import DraftLength
 from spec_zoo.errors import ConfigError
 from spec_zoo.interfaces import DecodeState
+from spec_zoo.runtime.target import Target
 from spec_zoo.sampling import check_sample_mode, drafts_sampled, to_full_vocab
-from spec_zoo.target import Target
 
 from .small_model import DraftModelSequences, draft_runner
 

@@ -17,8 +17,8 @@ from spec_zoo.errors import ConfigError
 from spec_zoo.interfaces import DecodeState
 from spec_zoo.lockstep import Steps, answer, drive, relay
 from spec_zoo.models import other_vocabulary
+from spec_zoo.runtime.target import NextLogits, Target
 from spec_zoo.sampling import check_sample_mode, drafts_sampled
-from spec_zoo.target import NextLogits, Target
 from spec_zoo.trees import DraftTreeForward, TopK, build_tree_policy, tree_so_far
 
 
@@ -68,7 +68,7 @@ class SmallModelDrafter(DraftModelSequences):
     tree:       a tree policy (`spec_zoo.trees`: an option of conf/tree/ such as ``dynamic``,
                 or ``{policy: topk, width: 3}``); None drafts a chain of ``num_draft``.
                 The draft model runs one forward per tree level, with tree attention.
-    runtime:    the draft model's runtime, ``eager`` or ``compiled`` (`spec_zoo.runtime`,
+    runtime:    the draft model's runtime, ``eager`` or ``compiled`` (`spec_zoo.runtime.compiled`,
                 default buckets and cache length; compiles on first use).
     tree_width, tree_depth: shorthand for ``tree={policy: topk, width: w, depth: d}`` when
                 tree_depth > 0 (the top-w tokens when drafting greedily, w draws without

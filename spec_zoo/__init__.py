@@ -23,7 +23,7 @@ _PUBLIC = {
     "Verifier": "spec_zoo.interfaces",
     "SamplingParams": "spec_zoo.sampling",
     "logits_to_probs": "spec_zoo.sampling",
-    "Target": "spec_zoo.target",
+    "Target": "spec_zoo.runtime.target",
 }
 
 __all__ = [  # = _PUBLIC's names (a literal, for linters and type checkers)
@@ -47,8 +47,8 @@ if TYPE_CHECKING:
     from spec_zoo.draft import Draft
     from spec_zoo.errors import ConfigError
     from spec_zoo.interfaces import DecodeState, Drafter, Verdict, Verifier
+    from spec_zoo.runtime.target import Target
     from spec_zoo.sampling import SamplingParams, logits_to_probs
-    from spec_zoo.target import Target
 
 
 def __getattr__(name: str):

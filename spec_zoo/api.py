@@ -20,9 +20,9 @@ from spec_zoo.errors import ConfigError, first_line
 from spec_zoo.interfaces import Drafter, Verifier
 from spec_zoo.models import check_model_config, load_target
 from spec_zoo.registry import build_component, compose, option_names, register_plugins
+from spec_zoo.runtime.target import Target
 from spec_zoo.sampling import SamplingParams
 from spec_zoo.schema import constructor_params, fail, locate, validate
-from spec_zoo.target import Target
 
 GENERATION_KEYS = ("top_k", "top_p", "stop_strings", "chat")
 
@@ -207,7 +207,7 @@ def label(cfg: DictConfig, decoder: SpeculativeDecoder, drafter_choice: str | No
     (``small_model_tree``, not the class's ``small_model``) unless ``drafter._target_``
     points elsewhere, then the class's ``name``; an automatic verifier says so, and weights other than
     dense (``model.weights``) are named, as is what each of ``model.runtime``, ``dtype`` and ``weights``
-    given as ``auto`` became (`spec_zoo.host_fit`)."""
+    given as ``auto`` became (`spec_zoo.runtime.host_fit`)."""
     drafter = decoder.drafter.name
     if drafter_choice and option_target(drafter_choice) == cfg.drafter.get("_target_"):
         drafter = drafter_choice

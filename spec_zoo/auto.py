@@ -28,12 +28,12 @@ import torch
 from omegaconf import OmegaConf
 
 from spec_zoo.costs import CONTEXTS, CostTable, cached_table, measure, table_path, what_costs
-from spec_zoo.cpp_kernels import host_isa
 from spec_zoo.decoder import SpeculativeDecoder
 from spec_zoo.errors import ConfigError, first_line
 from spec_zoo.outputs import atomic_write
 from spec_zoo.paths import cache_root
 from spec_zoo.registry import compose_option, options
+from spec_zoo.runtime.cpp_kernels import host_isa
 from spec_zoo.schema import fail
 
 FORMAT = "spec-zoo-auto-choice"  # the cache file's record format (checked when read)

@@ -274,7 +274,7 @@ def explore(run: Callable[[], object], budget: int = BUDGET, what: str = "") -> 
 def _enumerate(model, drafter_factory, verifier, sampling, prompt, length, budget):
     """(law, expected tau, expected first step, decodes) over every choice sequence of the decode."""
     from spec_zoo.decoder import SpeculativeDecoder
-    from spec_zoo.target import Target
+    from spec_zoo.runtime.target import Target
 
     target = Target(model)  # reset by every decode
 

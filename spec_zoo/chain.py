@@ -1,7 +1,7 @@
 """What every model-based drafter shares (small_model, early_exit, eagle, medusa): the
 token-by-token drafting loop, the step bookkeeping of an adaptive draft length, and what
 its tree policy says about its drafts (their caches follow the committed tokens with
-`spec_zoo.target.follow`). One copy, so a fix reaches all of them.
+`spec_zoo.runtime.target.follow`). One copy, so a fix reaches all of them.
 """
 
 from __future__ import annotations

@@ -160,7 +160,7 @@ GROUPS = ("drafter", "verifier", "model", "generation")  # the groups `spec-zoo`
 def runtime_command(command: str, overrides: list[str]) -> None:
     """``spec-zoo warmup [drafter=...] [model overrides]``: compile the target's graph and the
     draft's (where the drafter runs compiled) ahead of time, say how long each took and
-    whether inductor's on-disk cache served it (`spec_zoo.compile_cache`: later processes
+    whether inductor's on-disk cache served it (`spec_zoo.runtime.compile_cache`: later processes
     then start in seconds). ``spec-zoo costs``: measure the scoring-cost table t(M) of the
     target on this machine (M = 1..32, after 100, 500 and 1,500 cached tokens; with
     ``drafter=...`` that drafter's cost per drafted level in steps t(1), kept beside the others

@@ -26,11 +26,11 @@ from pathlib import Path
 
 import torch
 
-from spec_zoo.cpp_kernels import host_isa
 from spec_zoo.draft import Draft
 from spec_zoo.errors import ConfigError, first_line
 from spec_zoo.outputs import atomic_write, save_figure
 from spec_zoo.paths import cache_root
+from spec_zoo.runtime.cpp_kernels import host_isa
 
 CONTEXT_BUCKET = 64  # `CostTable.at` interpolates once per this many cached tokens
 CONTEXTS = (100, 500, 1500)  # cached tokens `measure` times t(M) after: short, mid, Spec-Bench's long prompts

@@ -22,9 +22,9 @@ from spec_zoo.errors import ConfigError
 from spec_zoo.interfaces import DecodeState, Drafter, Verdict, Verifier
 from spec_zoo.lockstep import together
 from spec_zoo.registry import build_option
+from spec_zoo.runtime.target import Scores, Target
 from spec_zoo.sampling import SamplingParams, stop_string_list
 from spec_zoo.stats import RunStats, StepStats
-from spec_zoo.target import Scores, Target
 
 if TYPE_CHECKING:
     from spec_zoo.costs import CostTable

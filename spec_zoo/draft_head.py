@@ -47,8 +47,8 @@ from spec_zoo.artefacts import (
     write_artefact,
 )
 from spec_zoo.errors import ConfigError
-from spec_zoo.layers import DecoderStack
-from spec_zoo.quant_gemm import as_dense
+from spec_zoo.runtime.layers import DecoderStack
+from spec_zoo.runtime.quant_gemm import as_dense
 
 if TYPE_CHECKING:
     from typing import Self

@@ -22,7 +22,7 @@ from spec_zoo.stats import StepStats
 
 if TYPE_CHECKING:
     from spec_zoo.costs import CostTable
-    from spec_zoo.target import Target
+    from spec_zoo.runtime.target import Target
 
 
 @dataclass

@@ -13,8 +13,8 @@ drafting code runs three ways:
   call per server (`answer_all`), until every one has returned its draft.
 
 An ask names the ``server`` that answers it: an object whose ``together(asks)`` answers a list of
-its asks in one call (`spec_zoo.compiled_head.CompiledHead`, whose asks are `HeadRows`; a draft
-model's `spec_zoo.target.Target`, whose asks are `NextLogits`). Each
+its asks in one call (`spec_zoo.runtime.compiled_head.CompiledHead`, whose asks are `HeadRows`; a draft
+model's `spec_zoo.runtime.target.Target`, whose asks are `NextLogits`). Each
 sequence's generator sees exactly the answers it would get alone when that call is batch
 invariant (the compiled head's rows are), so its draft is the one it drafts alone. A drafter
 without model calls to share drafts in one step (`spec_zoo.interfaces.Drafter.drafting`).

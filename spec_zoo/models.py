@@ -22,14 +22,14 @@ import torch
 
 from spec_zoo.artefacts import write_artefact
 from spec_zoo.errors import ConfigError
-from spec_zoo.host_fit import fit_dtype, fit_runtime, fit_weights
 from spec_zoo.outputs import one_writer
 from spec_zoo.paths import cache_root
-from spec_zoo.target import Target
+from spec_zoo.runtime.host_fit import fit_dtype, fit_runtime, fit_weights
+from spec_zoo.runtime.target import Target
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16, "float64": torch.float64}
 DEVICES = ("cpu", "cuda", "auto")
-RUNTIMES = ("eager", "compiled", "auto")  # Target / spec_zoo.runtime.CompiledTarget / spec_zoo.host_fit
+RUNTIMES = ("eager", "compiled", "auto")  # Target / spec_zoo.runtime.CompiledTarget / spec_zoo.runtime.host_fit
 COMPILED_DTYPES = ("float32", "bfloat16")  # what inductor's C++ micro-GEMM computes
 
 # name -> (package holding the GGUF, GGUF file name, cache dir name, install command);
@@ -65,7 +65,7 @@ def check_model_config(cfg, key: str = "model") -> None:
         raise ConfigError(f"{key}.device=cuda but CUDA is not available here; use {key}.device=cpu or auto.")
     check_runtime(cfg.get("runtime", "eager"), dtype, device, key)
     if cfg.get("weights", "dense") not in ("dense", "auto"):
-        from spec_zoo.quant_gemm import check_weights
+        from spec_zoo.runtime.quant_gemm import check_weights
 
         check_weights(cfg.get("weights"), fit_dtype(dtype, resolve_device(device)), key)
         if resolve_device(device) != "cpu":
@@ -331,8 +331,8 @@ def load_target(
     """The target model: ``path`` when given, else the embedded model ``name``, on
     ``runtime`` (``compiled`` takes the `CompiledTarget` settings: max_cache_len, buckets, ...);
     ``device_map`` (eager only) is transformers' placement of the weights, replacing ``device``;
-    ``weights``: its linear layers' width (`spec_zoo.quant_gemm.WEIGHTS`; docs/native.md); ``auto`` for
-    ``dtype``, ``weights`` or ``runtime``: what fits this host and model (`spec_zoo.host_fit`).
+    ``weights``: its linear layers' width (`spec_zoo.runtime.quant_gemm.WEIGHTS`; docs/native.md); ``auto`` for
+    ``dtype``, ``weights`` or ``runtime``: what fits this host and model (`spec_zoo.runtime.host_fit`).
     ``key``: the config section errors name (``target`` in training)."""
     check_model_config({"name": name, "path": path, "dtype": dtype, "device": device, "runtime": runtime,
                         "device_map": device_map, "weights": weights}, key)
@@ -356,13 +356,13 @@ def _plain(value):
 def on_runtime(runtime: str, model, tokenizer=None, weights: str = "dense", key: str = "model",
                **compiled) -> Target:
     """``model`` wrapped for ``runtime``: the eager reference, or the compiled static-cache runtime;
-    its linear layers at ``weights`` width (`spec_zoo.quant_gemm.at_width`; ``model`` is left as it was);
-    ``auto`` for either: what fits this host and model (`spec_zoo.host_fit`)."""
+    its linear layers at ``weights`` width (`spec_zoo.runtime.quant_gemm.at_width`; ``model`` is left as it was);
+    ``auto`` for either: what fits this host and model (`spec_zoo.runtime.host_fit`)."""
     auto = [setting for setting, value in (("runtime", runtime), ("weights", weights)) if value == "auto"]
     if weights == "auto":
         weights, model = fit_weights(model, key)
     elif weights != "dense":
-        from spec_zoo.quant_gemm import at_width
+        from spec_zoo.runtime.quant_gemm import at_width
 
         model = at_width(model, weights, key)
     target: Target

@@ -1,7 +1,7 @@
 """`PartialForward`: a target's first layers run ahead of its committed tokens (the shallow
 pass of a self-speculative draft, ``drafters/early_exit/``), kept so that the target's next
 score of exactly those tokens resumes at that layer instead of running them again (KV
-reuse). A component `spec_zoo.target.Target` delegates to (``Target.partial``); it runs
+reuse). A component `spec_zoo.runtime.target.Target` delegates to (``Target.partial``); it runs
 layers only through the `DecoderStack` and writes only the cache it is given.
 """
 
@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from spec_zoo.draft import Draft
-from spec_zoo.layers import DecoderStack, final_logits
+from spec_zoo.runtime.layers import DecoderStack, final_logits
 
 
 @dataclass

@@ -117,7 +117,7 @@ def core_keys() -> Keys:
     """The keys of spec-zoo's and spec-zoo-bench's configs; the words of model keys come from
     the module that defines them."""
     from spec_zoo.models import DEVICES, DTYPES, RUNTIMES
-    from spec_zoo.quant_gemm import WEIGHTS
+    from spec_zoo.runtime.quant_gemm import WEIGHTS
 
     words = {"model.dtype": (*DTYPES, "auto"), "model.device": tuple(DEVICES), "model.runtime": tuple(RUNTIMES),
              "model.weights": (*WEIGHTS, "auto")}

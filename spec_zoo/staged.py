@@ -32,8 +32,8 @@ from spec_zoo.draft_head import StagedHead, load_head
 from spec_zoo.draft_length import DraftLength
 from spec_zoo.errors import ConfigError
 from spec_zoo.interfaces import DecodeState
+from spec_zoo.runtime.target import Target
 from spec_zoo.sampling import check_sample_mode, drafts_sampled, to_full_vocab
-from spec_zoo.target import Target
 from spec_zoo.trees import Static, build_tree_policy
 
 

@@ -29,8 +29,8 @@ import torch
 from spec_zoo.certify import Certificate, certify
 from spec_zoo.decoder import SpeculativeDecoder
 from spec_zoo.interfaces import Drafter, Verifier
+from spec_zoo.runtime.target import Target
 from spec_zoo.sampling import SamplingParams, logits_to_probs
-from spec_zoo.target import Target
 
 DrafterFactory = Callable[[torch.nn.Module], Drafter]
 

@@ -39,8 +39,8 @@ from spec_zoo.draft import MAX_NODES, ROOT, Draft
 from spec_zoo.errors import ConfigError
 from spec_zoo.interfaces import DecodeState, Verdict
 from spec_zoo.lockstep import Steps, drive
+from spec_zoo.runtime.target import NextLogits, Target
 from spec_zoo.sampling import logits_to_probs, sample, sample_distinct
-from spec_zoo.target import NextLogits, Target
 
 Expand = Callable[[Draft, list[int]], torch.Tensor]  # (tree so far, nodes) -> logits [len(nodes), V]
 
@@ -465,7 +465,7 @@ class TreeLevels:
     def place(self, tree: Draft, nodes: list[int]) -> tuple[list[int], list[list[int]]]:
         """Feed ``nodes`` now: (their positions, and each one's path of cache slots, its
         ancestors root first and then its own slot), the form a static cache's compiled
-        attention reads (`spec_zoo.compiled_head`)."""
+        attention reads (`spec_zoo.runtime.compiled_head`)."""
         length = self.past + len(self.slot)
         paths = [[self.slot[a] for a in tree.path_to(node)[:-1]] + [length + row] for row, node in enumerate(nodes)]
         self.slot.update({node: length + row for row, node in enumerate(nodes)})

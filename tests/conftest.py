@@ -10,7 +10,7 @@ from tests.tiny import tiny_llama as make_tiny_llama
 @pytest.fixture(scope="session", autouse=True)
 def inductor_cache(tmp_path_factory):
     """One inductor cache dir for the whole run, in tmp, shared by the xdist workers: a graph
-    of the same weights compiled by one worker is served to the other (`spec_zoo.compile_cache`;
+    of the same weights compiled by one worker is served to the other (`spec_zoo.runtime.compile_cache`;
     inductor writes its entries atomically), and nothing is read from the user's cache."""
     with pytest.MonkeyPatch.context() as patch:
         base = tmp_path_factory.getbasetemp()
@@ -25,7 +25,7 @@ def eager_unless_asked(monkeypatch):
     """``model.runtime=auto`` (the default) runs eager in every test: a graph another test compiled into the
     shared cache would otherwise turn a later test's default target compiled, by test order. The tests of
     auto itself undo this (``monkeypatch.undo()``)."""
-    monkeypatch.setattr("spec_zoo.host_fit.compiled_before", lambda model, compiled: False)
+    monkeypatch.setattr("spec_zoo.runtime.host_fit.compiled_before", lambda model, compiled: False)
 
 
 @pytest.fixture

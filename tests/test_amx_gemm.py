@@ -1,4 +1,4 @@
-"""The AMX GEMM (`spec_zoo.amx_gemm`): bf16 rows bit-identical for any row count, the product it
+"""The AMX GEMM (`spec_zoo.runtime.amx_gemm`): bf16 rows bit-identical for any row count, the product it
 computes, the custom op's fake implementation, the compiled runtime on it (rows and tree nodes exact),
 and its refusals. Runs where the CPU has AMX-BF16 (Xeon since Sapphire Rapids); elsewhere the AMX
 tests skip with the reason and only the refusals run."""
@@ -10,10 +10,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from spec_zoo import amx_gemm
 from spec_zoo.draft import Draft
 from spec_zoo.errors import ConfigError
-from spec_zoo.runtime import CompiledTarget
+from spec_zoo.runtime import CompiledTarget, amx_gemm
 from spec_zoo.testing import PROMPT, sampling_model
 from tests.tiny import one_thread  # noqa: F401 (autouse fixture)
 

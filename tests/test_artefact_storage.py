@@ -160,7 +160,7 @@ def _distilled(model, tmp_path, **save):
 
 def test_a_distilled_draft_stores_no_embeddings_and_checks_the_targets(tmp_path):
     from spec_zoo.drafters.distilled.drafter import DistilledDrafter
-    from spec_zoo.target import Target
+    from spec_zoo.runtime.target import Target
 
     model = tiny_llama()
     student, path = _distilled(model, tmp_path)
@@ -186,7 +186,7 @@ def test_a_distilled_draft_stores_no_embeddings_and_checks_the_targets(tmp_path)
 def test_an_older_distilled_draft_with_its_own_embedding_rows_still_loads(tmp_path):
     """format_version 1: a plain HF model dir (float16, ``embed_tokens`` = the target's rows)."""
     from spec_zoo.drafters.distilled.drafter import DistilledDrafter
-    from spec_zoo.target import Target
+    from spec_zoo.runtime.target import Target
 
     model = tiny_llama()
     student, path = _distilled(model, tmp_path, quantize=None)
@@ -207,7 +207,7 @@ def test_an_older_distilled_draft_with_its_own_embedding_rows_still_loads(tmp_pa
 def test_requantize_rewrites_a_parallel_draft_and_its_base_and_names_the_new_base_digest(tmp_path):
     from spec_zoo.drafters.parallel.drafter import ParallelDrafter
     from spec_zoo.drafters.parallel.model import RECORD, save_parallel, weights_digest
-    from spec_zoo.target import Target
+    from spec_zoo.runtime.target import Target
     from spec_zoo.train.requantize import requantize
 
     model = tiny_llama()

@@ -1,4 +1,4 @@
-"""The attention kernel (`spec_zoo.attention_kernel`): rows bit-identical for any row count, a tree
+"""The attention kernel (`spec_zoo.runtime.attention_kernel`): rows bit-identical for any row count, a tree
 node equal to its chain path, the same attention as the formula it replaces, the custom op's fake
 implementation, threads, and its error. Small shapes, no compiling (the compiled runtime's own
 invariance tests in tests/test_runtime.py run on it, as it is the default). float32 and bfloat16 (the
@@ -9,9 +9,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from spec_zoo import attention_kernel
 from spec_zoo.errors import ConfigError
-from spec_zoo.runtime import rowwise_attention
+from spec_zoo.runtime import attention_kernel
+from spec_zoo.runtime.compiled import rowwise_attention
 from tests.tiny import one_thread  # noqa: F401 (autouse fixture)
 
 MASKED = torch.finfo(torch.float32).min

@@ -15,7 +15,7 @@ from spec_zoo.api import build_decoder, compose_config, run
 from spec_zoo.auto import Calibration, choice_path, ranked
 from spec_zoo.costs import CostTable, table_path
 from spec_zoo.errors import ConfigError
-from spec_zoo.target import Target
+from spec_zoo.runtime.target import Target
 from spec_zoo.testing import repetitive_prompt
 from tests.tiny import one_thread, tiny_llama  # noqa: F401  (one_thread: an autouse fixture)
 

@@ -17,7 +17,7 @@ from omegaconf import OmegaConf
 
 from spec_zoo.api import build_decoder, compose_config, run
 from spec_zoo.errors import ConfigError
-from spec_zoo.target import Target
+from spec_zoo.runtime.target import Target
 
 
 def build(*overrides, **values):

@@ -230,7 +230,7 @@ def test_the_policy_bounds_each_draft_before_it_is_made(case, drafter, monkeypat
     asked (EAGLE keeps every target feature), and every output is its batch-1 output."""
     from spec_zoo.batch_policy import Goodput
     from spec_zoo.drafters.eagle.drafter import EagleDrafter
-    from spec_zoo.target import Target as Runner
+    from spec_zoo.runtime.target import Target as Runner
 
     model, eos, reference = case
     steep = _table([1.0, 1.2] + [1.0 + 0.6 * m for m in range(2, 64)])
@@ -421,8 +421,8 @@ def test_compiled_batches_score_every_sequence_in_one_forward(compiled_case, dra
     drafts the batch together, alone or in a cascade: each level of every sequence's draft is one
     call of its graph; so does a compiled draft model, each next token of every chain (each level of
     every tree) one call, and a compiled parallel draft, every sequence's one forward one call."""
-    from spec_zoo.compiled_head import CompiledHead
-    from spec_zoo.target import Target
+    from spec_zoo.runtime.compiled_head import CompiledHead
+    from spec_zoo.runtime.target import Target
 
     target, eos, reference = compiled_case
     decoder = SpeculativeDecoder(target, _compiled_drafter(drafter, target.model))
@@ -462,7 +462,7 @@ def test_a_compiled_head_that_keeps_its_neighbours_kv_fails_the_draft_check(comp
     """Planted fault: every sequence of a batch gets the compiled EAGLE head's first cache entry
     (each drafts on whatever its neighbours wrote there). Outputs stay right (verification is
     lossless); the per-request drafts of the check above must differ."""
-    from spec_zoo.compiled_head import CompiledHead
+    from spec_zoo.runtime.compiled_head import CompiledHead
 
     target, eos, reference = compiled_case
     decoder = SpeculativeDecoder(target, _compiled_drafter("eagle", target.model))

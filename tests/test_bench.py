@@ -15,8 +15,8 @@ from spec_zoo.bench.runner import run_benchmark, run_context
 from spec_zoo.bench.specs import resolve_methods
 from spec_zoo.bench.summary import OVERALL, summarize, summarize_file
 from spec_zoo.errors import ConfigError
+from spec_zoo.runtime.target import Target
 from spec_zoo.sampling import SamplingParams
-from spec_zoo.target import Target
 from tests.conftest import make_tiny_llama
 
 EOS = [1]

@@ -176,7 +176,7 @@ def test_compiled_parts_compile_before_the_timed_decode(tiny_llama):
     import time
 
     from spec_zoo.api import compile_ahead
-    from spec_zoo.target import Target
+    from spec_zoo.runtime.target import Target
 
     class Compiling(Target):  # a runtime whose first forward would otherwise pay a 0.5 s compile
         compile_cached, compile_s = True, None

@@ -16,8 +16,8 @@ from spec_zoo.draft import Draft
 from spec_zoo.drafters.cross_tokenizer import CrossTokenizerDrafter
 from spec_zoo.errors import ConfigError
 from spec_zoo.interfaces import DecodeState
+from spec_zoo.runtime.target import Target
 from spec_zoo.sampling import SamplingParams, logits_to_probs, sample, to_full_vocab
-from spec_zoo.target import Target
 from spec_zoo.testing import (
     CERTIFY_PROMPT,
     CERTIFY_SETTINGS,

@@ -451,10 +451,10 @@ def test_bfloat16_training_runs_and_learns(tmp_path, capsys):
                                            ("avx512", torch.float32), ("avx2", torch.float32),
                                            ("portable", torch.float32)])
 def test_train_dtype_auto_takes_bfloat16_where_the_cpu_has_a_bf16_unit(monkeypatch, isa, want):
-    import spec_zoo.cpp_kernels
+    import spec_zoo.runtime.cpp_kernels
     from spec_zoo.train.loop import compute_dtype
 
-    monkeypatch.setattr(spec_zoo.cpp_kernels, "host_isa", lambda: isa)
+    monkeypatch.setattr(spec_zoo.runtime.cpp_kernels, "host_isa", lambda: isa)
     cfg = OmegaConf.create({"train": {"dtype": "auto"}})
     assert compute_dtype(cfg, torch.device("cpu")) == want
     assert compute_dtype(OmegaConf.create({"train": {"dtype": "float32"}}), torch.device("cpu")) == torch.float32

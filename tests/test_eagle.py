@@ -21,7 +21,7 @@ from spec_zoo.drafters.eagle.formats import Eagle3Head, load_published
 from spec_zoo.drafters.eagle.head import EagleHead, load_eagle
 from spec_zoo.drafters.eagle.train import train_eagle, train_eagle3
 from spec_zoo.errors import ConfigError
-from spec_zoo.layers import causal_mask
+from spec_zoo.runtime.layers import causal_mask
 from spec_zoo.testing import assert_lossless, certify_model
 from tests.drafts import eagle_head
 from tests.heads import check_corrupt_files_fail, teacher, train_cfg

@@ -21,8 +21,8 @@ from spec_zoo.drafters.medusa import MedusaDrafter
 from spec_zoo.drafters.medusa.formats import load_published_medusa, save_medusa
 from spec_zoo.drafters.medusa.heads import MedusaHeads
 from spec_zoo.errors import ConfigError
+from spec_zoo.runtime.target import Target
 from spec_zoo.sampling import SamplingParams
-from spec_zoo.target import Target
 from spec_zoo.testing import P_MIN, SETTINGS, assert_greedy_identity, repetitive_prompt, sampling_model, sampling_pvalue
 from spec_zoo.verifiers.greedy import GreedyVerifier
 from tests.tiny import one_thread, tiny_llama  # noqa: F401 (autouse fixture)

@@ -38,15 +38,17 @@ def imported(path: str) -> set[str]:
 
 
 # The core's layers, lowest first: a module imports its own layer or lower ones, never a
-# higher one (the dotted name under spec_zoo; "" is the package itself). Methods sit above
-# the core, then the tools built on both, then training. A new module takes its place here.
+# higher one (the dotted name under spec_zoo; "" is the package itself; the engine's modules,
+# spec_zoo/runtime/, each by its own name). Methods sit above the core, then the tools built on
+# both, then training. A new module takes its place here.
 CORE_LAYERS = [
     ("errors", "paths", "inputs", "outputs", "draft", "stats", "lockstep"),
-    ("sampling", "layers", "partial", "artefacts", "costs", "cpp_kernels", "skinny_gemm", "amx_gemm",
-     "quant_gemm", "attention_kernel", "compile_cache"),
-    ("target", "interfaces", "draft_head"),
-    ("draft_length", "runtime", "registry"),
-    ("chain", "trees", "staged", "host_fit", "models", "schema", "compiled_head", "compiled_module", "batch_policy"),
+    ("sampling", "runtime.layers", "partial", "artefacts", "costs", "runtime.cpp_kernels", "runtime.skinny_gemm",
+     "runtime.amx_gemm", "runtime.quant_gemm", "runtime.attention_kernel", "runtime.compile_cache"),
+    ("runtime.target", "interfaces", "draft_head"),
+    ("draft_length", "runtime.compiled", "runtime", "registry"),
+    ("chain", "trees", "staged", "runtime.host_fit", "models", "schema", "runtime.compiled_head",
+     "runtime.compiled_module", "batch_policy"),
     ("decoder",),
     ("auto",),
     ("api", ""),
@@ -128,6 +130,8 @@ def layer(module: str) -> int:
     first = module.removeprefix("spec_zoo").removeprefix(".").split(".")[0]
     if first in TOOL_MODULES:
         return TOOLS
+    if first == "runtime" and module != "spec_zoo.runtime":  # the engine's folder: each module in its place
+        first = ".".join(module.split(".")[1:3])
     found = [i for i, names in enumerate(CORE_LAYERS) if first in names]
     assert found, f"spec_zoo.{first} has no layer: add it to CORE_LAYERS in tests/test_layout.py"
     return found[0]

@@ -12,8 +12,8 @@ from spec_zoo.draft import ROOT
 from spec_zoo.drafters.lookahead import LookaheadDrafter
 from spec_zoo.errors import ConfigError
 from spec_zoo.interfaces import DecodeState
+from spec_zoo.runtime.target import Target
 from spec_zoo.sampling import SamplingParams
-from spec_zoo.target import Target
 from spec_zoo.testing import CERTIFY_SETTINGS, assert_greedy_identity, assert_lossless, repetitive_prompt, tiny_llama
 
 

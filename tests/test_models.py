@@ -8,7 +8,7 @@ import torch
 
 import spec_zoo.models as models
 from spec_zoo.errors import ConfigError
-from spec_zoo.target import Target
+from spec_zoo.runtime.target import Target
 
 
 @pytest.mark.real_model

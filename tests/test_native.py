@@ -1,4 +1,4 @@
-"""The target at its own width (``model.weights``, `spec_zoo.quant_gemm.at_width`): a GGUF-born model
+"""The target at its own width (``model.weights``, `spec_zoo.runtime.quant_gemm.at_width`): a GGUF-born model
 kept as its own codes is the same model, batch-invariant and lossless under speculation on the compiled
 runtime; a float model is refused ``native`` by name and quantized (another model) at int8 / int4; bad
 settings are refused before any load. One compiled tiny target serves the module."""
@@ -16,11 +16,11 @@ from spec_zoo.costs import what_costs
 from spec_zoo.draft import Draft
 from spec_zoo.drafters.ngram import NgramDrafter
 from spec_zoo.errors import ConfigError
-from spec_zoo.host_fit import fit_weights
 from spec_zoo.models import check_model_config, load_target, on_runtime
-from spec_zoo.quant_gemm import GROUP, QuantLinear, at_width, dequantize, quantize, quantized_model
 from spec_zoo.runtime import CompiledTarget
-from spec_zoo.target import Target
+from spec_zoo.runtime.host_fit import fit_weights
+from spec_zoo.runtime.quant_gemm import GROUP, QuantLinear, at_width, dequantize, quantize, quantized_model
+from spec_zoo.runtime.target import Target
 from spec_zoo.testing import PROMPT, hf_greedy, sampling_model
 from tests.tiny import one_thread  # noqa: F401 (autouse fixture)
 

@@ -15,7 +15,7 @@ import pytest
 from spec_zoo.artefacts import write_artefact
 from spec_zoo.bench.records import LOCK_FILE
 from spec_zoo.errors import ConfigError
-from spec_zoo.target import Target
+from spec_zoo.runtime.target import Target
 from tests.test_bad_input import result_record, results_dir, snapshot
 
 

@@ -16,8 +16,8 @@ from spec_zoo.bench.peers import PEERS
 from spec_zoo.bench.specs import resolve_methods
 from spec_zoo.bench.summary import OVERALL, summarize
 from spec_zoo.errors import ConfigError
+from spec_zoo.runtime.target import Target
 from spec_zoo.sampling import SamplingParams
-from spec_zoo.target import Target
 from tests.conftest import make_tiny_llama
 from tests.test_bench import EOS, bench
 

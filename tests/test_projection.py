@@ -14,7 +14,7 @@ from spec_zoo.bench.summary import summarize
 from spec_zoo.costs import CostTable
 from spec_zoo.report.cli import project as project_cli
 from spec_zoo.report.projection import project, traced_records
-from spec_zoo.target import Target
+from spec_zoo.runtime.target import Target
 from spec_zoo.trees import RankAcceptance, path_shape
 from tests.conftest import make_tiny_llama
 from tests.test_bench import bench, build

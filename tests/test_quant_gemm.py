@@ -1,4 +1,4 @@
-"""Linear layers at their own width (`spec_zoo.quant_gemm`): a GGUF-born weight's codes recovered
+"""Linear layers at their own width (`spec_zoo.runtime.quant_gemm`): a GGUF-born weight's codes recovered
 exactly, the float32 kernel equal to the skinny GEMM over the dequantized weights bit for bit, the
 int8-activation kernel equal to its formula, rows bit-identical for any row count, and the model copy
 that shares what it does not quantize. Small shapes; the kernel is built once per machine."""
@@ -9,10 +9,10 @@ import pytest
 import torch
 from torch import nn
 
-from spec_zoo import quant_gemm
 from spec_zoo.errors import ConfigError
-from spec_zoo.quant_gemm import GROUP, KERNEL_ROWS, QuantLinear, dequantize, quantize, quantized_model, unpack
-from spec_zoo.skinny_gemm import skinny_linear
+from spec_zoo.runtime import quant_gemm
+from spec_zoo.runtime.quant_gemm import GROUP, KERNEL_ROWS, QuantLinear, dequantize, quantize, quantized_model, unpack
+from spec_zoo.runtime.skinny_gemm import skinny_linear
 from spec_zoo.testing import tiny_llama
 from tests.tiny import one_thread  # noqa: F401 (autouse fixture)
 

@@ -16,10 +16,7 @@ import pytest
 import torch
 
 from spec_zoo import SamplingParams, SpeculativeDecoder, Target
-from spec_zoo.compile_cache import cached_compile, fingerprint
-from spec_zoo.compiled_head import CHUNK, CompiledHead
 from spec_zoo.costs import CostTable, measure
-from spec_zoo.cpp_kernels import host_isa
 from spec_zoo.draft import Draft
 from spec_zoo.draft_length import DraftLength
 from spec_zoo.drafters.eagle.drafter import EagleDrafter
@@ -31,9 +28,13 @@ from spec_zoo.drafters.ngram import NgramDrafter
 from spec_zoo.drafters.small_model import SmallModelDrafter
 from spec_zoo.errors import ConfigError
 from spec_zoo.interfaces import DecodeState
-from spec_zoo.layers import DecoderStack
 from spec_zoo.models import check_runtime
-from spec_zoo.runtime import DRAFT_BLOCK, CompiledTarget
+from spec_zoo.runtime import CompiledTarget
+from spec_zoo.runtime.compile_cache import cached_compile, fingerprint
+from spec_zoo.runtime.compiled import DRAFT_BLOCK
+from spec_zoo.runtime.compiled_head import CHUNK, CompiledHead
+from spec_zoo.runtime.cpp_kernels import host_isa
+from spec_zoo.runtime.layers import DecoderStack
 from spec_zoo.sampling import SamplingParams
 from spec_zoo.testing import PROMPT, SETTINGS, goodness_of_fit, hf_greedy, sample_counts, sampling_model, tiny_llama
 from spec_zoo.testing import exact_distribution as exact
@@ -175,7 +176,7 @@ def test_greedy_identity_with_a_compiled_draft_model(compiled, compiled_draft, m
 
 @pytest.fixture(scope="module")
 def compiled_head(model):
-    """One compiled EAGLE head (untrained, over a reduced draft vocabulary; `spec_zoo.compiled_head`)
+    """One compiled EAGLE head (untrained, over a reduced draft vocabulary; `spec_zoo.runtime.compiled_head`)
     for the module's drafters; a compile failure fails here instead of falling back."""
     stack, width = DecoderStack(model), model.config.hidden_size
     head = CompiledHead(eagle_head(model), stack.rotary, (width, width), (stack.inner.rotary_emb,), max_cache_len=96,
@@ -411,7 +412,7 @@ def test_a_sequence_longer_than_the_static_cache_is_refused_by_name(compiled):
 
 def test_a_second_compile_of_the_same_weights_is_read_from_the_cache(compiled, model):
     """Another target on the same weights gets its graph from inductor's on-disk cache (the
-    session's tmp dir, `spec_zoo.compile_cache`) and scores bit for bit as the first; other
+    session's tmp dir, `spec_zoo.runtime.compile_cache`) and scores bit for bit as the first; other
     weights of the same shape are keyed apart, so they cannot read the first one's packed weights."""
     again = CompiledTarget(copy.deepcopy(model), max_cache_len=96, buckets=BUCKETS, key_block=16)
     again.warm_up()
@@ -476,7 +477,7 @@ def test_bad_buckets_and_cache_length_are_refused(model):
 
 
 def test_the_skinny_gemm_and_inductors_attention_keep_rows_and_tree_nodes_exact(model):
-    """model.gemm=skinny (spec_zoo.skinny_gemm inside the compiled graph; no eager fallback) with
+    """model.gemm=skinny (spec_zoo.runtime.skinny_gemm inside the compiled graph; no eager fallback) with
     model.attention=inductor (the formula's loops, not the default kernel; one compile for both
     non-default settings): row 0 is bit-identical for 1..16 scored tokens, and every tree node
     equals its path as a chain."""
@@ -705,7 +706,7 @@ def test_more_graphs_of_one_function_than_dynamos_default_still_compile():
     fullgraph compile would fail."""
     import torch._dynamo.config as dynamo_config
 
-    from spec_zoo.runtime import compile_graph
+    from spec_zoo.runtime.compiled import compile_graph
 
     def graph_of(module):
         def fn(x):

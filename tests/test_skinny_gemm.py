@@ -1,4 +1,4 @@
-"""The skinny GEMM (`spec_zoo.skinny_gemm`): rows bit-identical for any row count, the custom op's
+"""The skinny GEMM (`spec_zoo.runtime.skinny_gemm`): rows bit-identical for any row count, the custom op's
 fake implementation, the linear-layer routing, and its errors. Small shapes, no compiling except
 one tiny graph; the kernel is built once per machine (cached under the spec-zoo cache)."""
 
@@ -8,9 +8,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from spec_zoo import skinny_gemm
 from spec_zoo.errors import ConfigError
-from spec_zoo.skinny_gemm import SkinnyLinears, skinny_linear
+from spec_zoo.runtime import skinny_gemm
+from spec_zoo.runtime.skinny_gemm import SkinnyLinears, skinny_linear
 from tests.tiny import one_thread  # noqa: F401 (autouse fixture)
 
 # (K, N): K with and without a tail past the SIMD width, N past whole weight blocks and short of one

@@ -16,7 +16,7 @@ from spec_zoo.decoder import SpeculativeDecoder
 from spec_zoo.drafters.none import NoDrafter
 from spec_zoo.drafters.suffix import SuffixCache, SuffixDrafter, grow_tree, priced_size
 from spec_zoo.errors import ConfigError
-from spec_zoo.target import Target
+from spec_zoo.runtime.target import Target
 from spec_zoo.testing import CERTIFY_SETTINGS, assert_greedy_identity, assert_lossless, repetitive_prompt, tiny_llama
 
 

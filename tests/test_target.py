@@ -6,7 +6,7 @@ import torch
 
 from spec_zoo import Drafter, SpeculativeDecoder
 from spec_zoo.draft import Draft
-from spec_zoo.target import Target
+from spec_zoo.runtime.target import Target
 from tests.tiny import hf_greedy, tiny_llama
 
 # tree: 0 -> {2, 3}, 1 -> {4}, 3 -> {5}; first level nodes 0 and 1

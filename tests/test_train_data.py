@@ -17,7 +17,7 @@ from omegaconf import OmegaConf
 from spec_zoo.drafters.eagle.train import train_eagle, ttt_mask
 from spec_zoo.errors import ConfigError
 from spec_zoo.registry import CONF_DIR
-from spec_zoo.target import Target
+from spec_zoo.runtime.target import Target
 from spec_zoo.train.data import generate_batch
 from spec_zoo.train.mixture import categories, mixture_prompts, mixture_texts
 from spec_zoo.train.report import run_report

@@ -24,8 +24,8 @@ from spec_zoo.drafters.small_model import SmallModelDrafter
 from spec_zoo.errors import ConfigError
 from spec_zoo.interfaces import DecodeState, Verdict
 from spec_zoo.lockstep import answer, drive
+from spec_zoo.runtime.target import Target
 from spec_zoo.sampling import accept, logits_to_probs, sample
-from spec_zoo.target import Target
 from spec_zoo.testing import CERTIFY_SETTINGS, SETTINGS, assert_greedy_identity, assert_lossless, certify_model
 from spec_zoo.trees import (
     Auto,

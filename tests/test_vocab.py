@@ -15,7 +15,7 @@ from spec_zoo.drafters.eagle.drafter import EagleDrafter
 from spec_zoo.drafters.eagle.head import EagleHead
 from spec_zoo.errors import ConfigError
 from spec_zoo.registry import CONF_DIR
-from spec_zoo.target import Target
+from spec_zoo.runtime.target import Target
 from spec_zoo.testing import (
     assert_greedy_identity,
     assert_lossless,

@@ -29,7 +29,7 @@ def window():
 @pytest.fixture
 def no_compiling(monkeypatch):
     """The compiled runtime's graph run without compiling it (compile_graph's own fallback)."""
-    monkeypatch.setattr("spec_zoo.runtime.compile_graph",
+    monkeypatch.setattr("spec_zoo.runtime.compiled.compile_graph",
                         lambda fn, under, inputs, *args, **kwargs: (under(fn), 0.0, False))
 
 

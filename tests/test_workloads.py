@@ -19,7 +19,7 @@ from spec_zoo.drafters.eagle.train import train_eagle
 from spec_zoo.errors import ConfigError
 from spec_zoo.inputs import read_utf8
 from spec_zoo.registry import CONF_DIR
-from spec_zoo.target import Target
+from spec_zoo.runtime.target import Target
 from spec_zoo.train.bench_match import bench_position1, closeness
 from spec_zoo.train.data import generate_batch
 from spec_zoo.train.report import chain_alpha, run_report

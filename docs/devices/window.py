@@ -8,7 +8,7 @@ own time budget, each writing its error and letting the next one run:
 2. costs: t(M) for M = 1..64 scored tokens after 100, 500 and 1500 cached ones
    (`spec_zoo.costs.measure`, a `CostTable` per runtime) in bfloat16 on random models of the
    embedded target's shape (SmolLM2-135M) and of Llama 3.2 1B and Llama 3.1 8B, on the eager
-   runtime (`spec_zoo.target.Target`) and on the compiled one (`spec_zoo.runtime.CompiledTarget`
+   runtime (`spec_zoo.runtime.target.Target`) and on the compiled one (`spec_zoo.runtime.CompiledTarget`
    built directly: the configuration refuses ``runtime=compiled`` off the CPU, so this times the
    same dynamic graph under inductor's CUDA backend with its CUDA graphs switched on, and says
    whether inductor kept or skipped them).
@@ -219,10 +219,10 @@ class Window:
     def target(self, model, runtime: str, shape: str):
         """The runtime's target for ``model``, timed to the end of its kernels (`Synced`)."""
         if runtime == "eager":
-            from spec_zoo.target import Target
+            from spec_zoo.runtime.target import Target
 
             return Synced(Target(model))
-        import spec_zoo.runtime as compiled
+        import spec_zoo.runtime.compiled as compiled
 
         if not self.dry:  # the window's own process: random weights, keyed by shape and seed, not by hashing GBs;
             # never in the dry run, which shares a process with the test suite (every later compile of a model of

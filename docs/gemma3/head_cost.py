@@ -15,9 +15,9 @@ torch.set_num_threads(1)
 from spec_zoo import SpeculativeDecoder
 from spec_zoo.auto import workload_file
 from spec_zoo.costs import draft_rounds
-from spec_zoo.cpp_kernels import host_isa
 from spec_zoo.drafters.eagle import EagleDrafter
 from spec_zoo.models import load_target
+from spec_zoo.runtime.cpp_kernels import host_isa
 from spec_zoo.verifiers.greedy import GreedyVerifier
 
 head, dtype = sys.argv[1], sys.argv[2] if len(sys.argv) > 2 else "float32"

@@ -9,7 +9,7 @@ import time
 
 import torch
 
-from spec_zoo import quant_gemm
+from spec_zoo.runtime import quant_gemm
 
 torch.set_num_threads(1)
 print("kernel ISA:", quant_gemm.load())

@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch._inductor import config as inductor_config
 
-from spec_zoo import skinny_gemm
+from spec_zoo.runtime import skinny_gemm
 
 
 class Linears(torch.nn.Module):

@@ -29,7 +29,7 @@ from spec_zoo.bench.dataset import load_questions, prompt_encoder
 from spec_zoo.costs import CostTable
 from spec_zoo.decoder import SpeculativeDecoder
 from spec_zoo.paths import cache_root
-from spec_zoo.target import Scores, Target
+from spec_zoo.runtime.target import Scores, Target
 
 CONF = Path(__file__).resolve().parents[2] / "conf" / "drafter"
 

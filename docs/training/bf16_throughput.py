@@ -16,9 +16,9 @@ from pathlib import Path
 import torch
 from omegaconf import OmegaConf
 
-from spec_zoo.cpp_kernels import host_isa
 from spec_zoo.models import load_target
 from spec_zoo.registry import CONF_DIR
+from spec_zoo.runtime.cpp_kernels import host_isa
 from spec_zoo.train.data import generate_batch
 from spec_zoo.train.mixture import FollowUp, categories, mixture_prompts
 

@@ -23,8 +23,8 @@ from spec_zoo.costs import file_costs
 from spec_zoo.drafters.small_model import SmallModelDrafter
 from spec_zoo.errors import ConfigError
 from spec_zoo.models import other_vocabulary
+from spec_zoo.runtime.target import Target
 from spec_zoo.sampling import to_full_vocab
-from spec_zoo.target import Target
 
 SHIPPED = Path(__file__).parent / "artefacts" / "smollm2-135m-distilled"
 

@@ -21,8 +21,8 @@ from spec_zoo.drafters.distilled.student import (
     student_from_target,
 )
 from spec_zoo.errors import ConfigError
+from spec_zoo.runtime.target import Target
 from spec_zoo.schema import NON_NEGATIVE, POSITIVE, Keys
-from spec_zoo.target import Target
 from spec_zoo.train.batches import TeacherMetrics, draft_vocab, same_at_every_depth
 from spec_zoo.train.data import TeacherData
 from spec_zoo.train.loop import train_module

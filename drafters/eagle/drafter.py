@@ -15,7 +15,7 @@ feature of its parent, with a tree mask over the head's cache. Exact verifiers s
 exact: q is recorded when sampling and is zero outside the draft vocabulary.
 
 With ``runtime=compiled`` the head runs as one compiled graph on a static KV cache
-(`spec_zoo.compiled_head`), compiled once per process beside the target's: catching up on
+(`spec_zoo.runtime.compiled_head`), compiled once per process beside the target's: catching up on
 the committed tokens, every chain token and every tree level are calls of that graph. An
 EAGLE-3 head reads the states entering three of the target's layers: the drafter names them
 (`Target.hand_out`), so a compiled target's graph returns them too.
@@ -28,9 +28,7 @@ from pathlib import Path
 import torch
 from transformers import DynamicCache
 
-from spec_zoo.attention_kernel import DEFAULT_ATTENTION
 from spec_zoo.chain import ChainDrafter
-from spec_zoo.compiled_head import CompiledHead, HeadRows
 from spec_zoo.costs import file_costs
 from spec_zoo.draft import ROOT, Draft
 from spec_zoo.draft_length import DraftLength
@@ -38,11 +36,13 @@ from spec_zoo.drafters.eagle.formats import FORMATS, PublishedHead, load_publish
 from spec_zoo.drafters.eagle.head import EagleHead, load_eagle
 from spec_zoo.errors import ConfigError
 from spec_zoo.interfaces import DecodeState
-from spec_zoo.layers import DecoderStack, causal_mask
 from spec_zoo.lockstep import Steps, answer, drive, relay
 from spec_zoo.models import RUNTIMES, check_runtime
+from spec_zoo.runtime.attention_kernel import DEFAULT_ATTENTION
+from spec_zoo.runtime.compiled_head import CompiledHead, HeadRows
+from spec_zoo.runtime.layers import DecoderStack, causal_mask
+from spec_zoo.runtime.target import Target, follow
 from spec_zoo.sampling import check_sample_mode, drafts_sampled, to_full_vocab
-from spec_zoo.target import Target, follow
 from spec_zoo.trees import TreeLevels, build_tree_policy
 
 SHIPPED = Path(__file__).parent / "artefacts" / "smollm2-135m-eagle"
@@ -62,7 +62,7 @@ class EagleDrafter(ChainDrafter):
     tree:       a tree policy (`spec_zoo.trees`: ``dynamic``, ``{policy: topk, width: 2}``, ...);
                 None drafts a chain.
     runtime:    the head's runtime: ``eager``, or ``compiled`` (one compiled graph on a static KV
-                cache, `spec_zoo.compiled_head`; compiles on first use, float32 or bfloat16 on the CPU).
+                cache, `spec_zoo.runtime.compiled_head`; compiles on first use, float32 or bfloat16 on the CPU).
     """
 
     name = "eagle"

@@ -41,7 +41,7 @@ from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRMS
 
 from spec_zoo.artefacts import write_artefact
 from spec_zoo.errors import ConfigError
-from spec_zoo.layers import DecoderStack
+from spec_zoo.runtime.layers import DecoderStack
 
 #: the ``format=`` values of `EagleDrafter` (``spec_zoo``: its own artefact, `spec_zoo.drafters.eagle.head`)
 FORMATS = ("auto", "spec_zoo", "eagle", "eagle3", "speculators")

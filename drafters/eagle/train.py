@@ -36,9 +36,9 @@ from spec_zoo.artefacts import write_artefact
 from spec_zoo.drafters.eagle.formats import Eagle3Head, default_layers, eagle3_files, load_published
 from spec_zoo.drafters.eagle.head import EagleHead, load_eagle
 from spec_zoo.errors import ConfigError
-from spec_zoo.layers import DecoderStack
+from spec_zoo.runtime.layers import DecoderStack
+from spec_zoo.runtime.target import Target
 from spec_zoo.schema import NON_NEGATIVE, Keys
-from spec_zoo.target import Target
 from spec_zoo.train.batches import draft_vocab, right_at, teacher_positions
 from spec_zoo.train.data import TeacherData
 from spec_zoo.train.export import verifier_path

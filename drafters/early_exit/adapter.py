@@ -17,7 +17,7 @@ import torch
 
 from spec_zoo.draft_head import BlockHead, load_head
 from spec_zoo.errors import ConfigError
-from spec_zoo.layers import DecoderStack
+from spec_zoo.runtime.layers import DecoderStack
 
 
 class ExitAdapter(BlockHead):

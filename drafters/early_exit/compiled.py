@@ -4,7 +4,7 @@ Eagerly, the draft's E layers (and the deep-layer resume of KV reuse) ran beside
 target at several times their share of the weights: `early_exit_adapter_compiled` was 0.44x
 `ar_compiled` on Spec-Bench, its verify step 168 ms against 90 ms for plain decoding. Here the
 draft (layers 0..E-1, then the exit adapter's layer or the target's final norm, and the exit
-head) is one graph on its own static cache, run by `spec_zoo.compiled_head.CompiledHead`'s
+head) is one graph on its own static cache, run by `spec_zoo.runtime.compiled_head.CompiledHead`'s
 machinery (dynamic rows, the row-wise attention, tree paths), and the compiled target verifies
 with all its layers. KV reuse is dropped on purpose: the compiled target scores a few rows at
 about the price of one, so running the shallow layers again costs less than an eager resume,
@@ -18,10 +18,10 @@ import copy
 
 import torch
 
-from spec_zoo.compiled_head import CompiledHead
 from spec_zoo.errors import ConfigError
-from spec_zoo.layers import DecoderStack
 from spec_zoo.runtime import PackedWrites, SlotCache, slot_mask
+from spec_zoo.runtime.compiled_head import CompiledHead
+from spec_zoo.runtime.layers import DecoderStack
 
 
 class ExitDraft(torch.nn.Module):

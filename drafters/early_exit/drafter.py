@@ -28,9 +28,7 @@ from pathlib import Path
 import torch
 from transformers import DynamicCache
 
-from spec_zoo.attention_kernel import DEFAULT_ATTENTION
 from spec_zoo.chain import ChainDrafter
-from spec_zoo.compiled_head import CHUNK
 from spec_zoo.costs import file_costs
 from spec_zoo.draft import ROOT, Draft
 from spec_zoo.draft_length import DraftLength
@@ -38,10 +36,12 @@ from spec_zoo.drafters.early_exit.adapter import ExitAdapter, check_exit_layer, 
 from spec_zoo.drafters.early_exit.compiled import CompiledExit, ExitDraft
 from spec_zoo.errors import ConfigError
 from spec_zoo.interfaces import DecodeState
-from spec_zoo.layers import causal_mask
 from spec_zoo.models import RUNTIMES, check_runtime
+from spec_zoo.runtime.attention_kernel import DEFAULT_ATTENTION
+from spec_zoo.runtime.compiled_head import CHUNK
+from spec_zoo.runtime.layers import causal_mask
+from spec_zoo.runtime.target import Target, follow, shared_prefix
 from spec_zoo.sampling import check_sample_mode, drafts_sampled, to_full_vocab
-from spec_zoo.target import Target, follow, shared_prefix
 from spec_zoo.trees import TreeLevels, build_tree_policy
 
 ARTEFACTS = Path(__file__).parent / "artefacts"

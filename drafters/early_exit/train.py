@@ -17,9 +17,9 @@ from omegaconf import DictConfig
 
 from spec_zoo.drafters.early_exit.adapter import ExitAdapter, check_exit_layer, load_adapter
 from spec_zoo.errors import ConfigError
-from spec_zoo.layers import DecoderStack, causal_mask
+from spec_zoo.runtime.layers import DecoderStack, causal_mask
+from spec_zoo.runtime.target import Target
 from spec_zoo.schema import NON_NEGATIVE, POSITIVE, Keys
-from spec_zoo.target import Target
 from spec_zoo.train.heads import HeadRecipe, HeadStudent
 from spec_zoo.train.loop import train_module
 from spec_zoo.train.methods import register

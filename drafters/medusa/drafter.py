@@ -16,7 +16,7 @@ K small head products and no decoder layer (`spec_zoo.drafters.medusa.heads`).
   exact under rejection.
 
 With ``runtime=compiled`` the heads and the scatter into the target's vocabulary are one
-compiled graph (`spec_zoo.compiled_module`), compiled once per process beside the target's.
+compiled graph (`spec_zoo.runtime.compiled_module`), compiled once per process beside the target's.
 
 The first step of a sequence drafts nothing: the target has not read the prompt yet.
 Apart from a tree policy that learns (``auto``), the drafter keeps no state between steps, so
@@ -30,16 +30,16 @@ from pathlib import Path
 
 import torch
 
-from spec_zoo.compiled_module import CompiledModule
 from spec_zoo.draft import ROOT, Draft
 from spec_zoo.drafters.medusa.formats import FORMATS, load_published_medusa
 from spec_zoo.drafters.medusa.heads import MedusaHeads, load_medusa
 from spec_zoo.errors import ConfigError
 from spec_zoo.interfaces import DecodeState
 from spec_zoo.models import RUNTIMES, check_runtime
+from spec_zoo.runtime.compiled_module import CompiledModule
+from spec_zoo.runtime.target import Target
 from spec_zoo.sampling import drafts_sampled, to_full_vocab
 from spec_zoo.staged import LevelDrafter
-from spec_zoo.target import Target
 
 SHIPPED = Path(__file__).parent / "artefacts" / "smollm2-135m-medusa"
 
@@ -57,7 +57,7 @@ class MedusaDrafter(LevelDrafter):
                 such as ``auto``, or ``{policy: static, choices: [[0], [1], [0, 0]]}``), at most
                 one level per head.
     runtime:    the heads' runtime: ``eager``, or ``compiled`` (one compiled graph,
-                `spec_zoo.compiled_module`; compiles on first use).
+                `spec_zoo.runtime.compiled_module`; compiles on first use).
     """
 
     name = "medusa"

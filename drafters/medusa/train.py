@@ -27,7 +27,7 @@ from omegaconf import DictConfig
 
 from spec_zoo.drafters.medusa.heads import MedusaHeads, load_medusa
 from spec_zoo.errors import ConfigError
-from spec_zoo.target import Target
+from spec_zoo.runtime.target import Target
 from spec_zoo.train.batches import AheadMetrics, draft_index, draft_vocab, right_at, teacher_positions
 from spec_zoo.train.data import TeacherData
 from spec_zoo.train.heads import HeadRecipe, HeadStudent

@@ -31,8 +31,8 @@ from spec_zoo.drafters.parallel.model import MASKS, MaskedEmbedding, apply_updat
 from spec_zoo.errors import ConfigError
 from spec_zoo.interfaces import DecodeState
 from spec_zoo.lockstep import Steps, answer, drive
+from spec_zoo.runtime.target import NextLogits, Target
 from spec_zoo.sampling import drafts_sampled
-from spec_zoo.target import NextLogits, Target
 
 SHIPPED = Path(__file__).parent / "artefacts" / "smollm2-135m-parallel"
 

@@ -42,8 +42,8 @@ from spec_zoo.drafters.parallel.model import (
 )
 from spec_zoo.errors import ConfigError
 from spec_zoo.models import DTYPES
+from spec_zoo.runtime.target import Target
 from spec_zoo.schema import POSITIVE, Keys, Limit
-from spec_zoo.target import Target
 from spec_zoo.train.batches import AheadMetrics, right_at, teacher_positions
 from spec_zoo.train.data import TeacherData
 from spec_zoo.train.losses import divergence

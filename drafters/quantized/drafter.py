@@ -4,7 +4,7 @@ The embedded targets are 4-bit models run as their float32 dequantization, so a 
 computes from the codes is the same model at a seventh of the bytes a step reads: it agrees
 with the target about as often as its arithmetic does (float32 activations, another
 summation order), with no training. Where the target came from a GGUF the copy holds the
-file's own codes and scales (`spec_zoo.quant_gemm.quantize` recovers them exactly); any other
+file's own codes and scales (`spec_zoo.runtime.quant_gemm.quantize` recovers them exactly); any other
 target is quantized as llama.cpp would (Q4_1, Q8_0), a draft that agrees less. Everything but
 the linear layers (embeddings, norms) is the target's own tensor, shared.
 
@@ -19,8 +19,8 @@ import torch
 
 from spec_zoo.drafters.small_model import SmallModelDrafter
 from spec_zoo.models import check_runtime, on_runtime
-from spec_zoo.quant_gemm import check_activations, check_bits, quantized_model
-from spec_zoo.target import Target
+from spec_zoo.runtime.quant_gemm import check_activations, check_bits, quantized_model
+from spec_zoo.runtime.target import Target
 
 
 class QuantizedDrafter(SmallModelDrafter):

@@ -101,8 +101,8 @@ def bench(cfg: DictConfig) -> Summary | None:
         return summary
 
     from spec_zoo.models import DTYPES, check_model_config, check_runtime
-    from spec_zoo.quant_gemm import check_weights
     from spec_zoo.runtime import GEMMS
+    from spec_zoo.runtime.quant_gemm import check_weights
 
     if cfg.seed + cfg.repeats - 1 > 2**64 - 1:  # repeat r runs with seed + r
         raise ConfigError(f"seed: {cfg.seed} + {cfg.repeats - 1} (repeat r uses seed + r) passes 2^64 - 1, the "

@@ -27,9 +27,9 @@ from spec_zoo.bench.trace import StepTrace
 from spec_zoo.costs import cached_table
 from spec_zoo.decoder import SpeculativeDecoder
 from spec_zoo.registry import build_component
+from spec_zoo.runtime.target import Target
 from spec_zoo.sampling import SamplingParams
 from spec_zoo.stats import RunStats
-from spec_zoo.target import Target
 
 if TYPE_CHECKING:
     from transformers import StaticCache

@@ -21,7 +21,7 @@ from spec_zoo.bench.methods import Measurement, Method
 from spec_zoo.bench.peers import PEERS
 from spec_zoo.bench.specs import MethodSpec
 from spec_zoo.errors import ConfigError
-from spec_zoo.target import Target
+from spec_zoo.runtime.target import Target
 
 
 class PeerMethod(Method):

@@ -35,8 +35,8 @@ from spec_zoo.bench.records import (
     read_records,
     record_key,
 )
-from spec_zoo.cpp_kernels import host_isa
-from spec_zoo.target import Target
+from spec_zoo.runtime.cpp_kernels import host_isa
+from spec_zoo.runtime.target import Target
 
 #: (user turns so far, this method's answers to the earlier ones) -> prompt token ids
 Encode = Callable[[Sequence, list[list[int]]], list[int]]

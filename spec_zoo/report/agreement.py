@@ -20,7 +20,7 @@ import torch
 from spec_zoo.api import compose_config, load_checked_target, quiet_loading
 from spec_zoo.bench.dataset import load_questions
 from spec_zoo.errors import ConfigError
-from spec_zoo.quant_gemm import quantized_model
+from spec_zoo.runtime.quant_gemm import quantized_model
 
 # (weights' bits, the output layer's bits, activations): what the draft can be made of
 VARIANTS = [(4, 8, "float32"), (4, 8, "int8"), (4, 4, "int8"), (8, 8, "float32"), (8, 8, "int8")]

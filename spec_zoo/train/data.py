@@ -30,8 +30,8 @@ from safetensors.torch import load_file, save_file
 
 from spec_zoo.errors import ConfigError
 from spec_zoo.inputs import file_problem, read_utf8
-from spec_zoo.layers import final_logits
 from spec_zoo.outputs import atomic_write
+from spec_zoo.runtime.layers import final_logits
 
 PACKAGED_PROMPTS = Path(__file__).parent / "data" / "prompts.jsonl.gz"  # gzip, read as text (`read_utf8`)
 #: text spec-zoo may not redistribute (data/SOURCE.md): in the repository's data/ folder, read
@@ -153,7 +153,7 @@ class TeacherData:
 
 
 def stop_and_pad_ids(target) -> tuple[list[int], int]:
-    """(EOS ids that end a continuation, the padding id) of a `spec_zoo.target.Target`."""
+    """(EOS ids that end a continuation, the padding id) of a `spec_zoo.runtime.target.Target`."""
     gen_cfg = getattr(target.model, "generation_config", None)
     eos = getattr(gen_cfg, "eos_token_id", None)
     eos_ids = set(eos if isinstance(eos, (list, tuple)) else ([eos] if eos is not None else []))

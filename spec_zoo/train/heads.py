@@ -16,7 +16,7 @@ from omegaconf import DictConfig
 from spec_zoo.artefacts import DEFAULT_QUANTIZE
 from spec_zoo.draft_head import BlockHead, VocabHead, save_head
 from spec_zoo.errors import ConfigError
-from spec_zoo.layers import DecoderStack
+from spec_zoo.runtime.layers import DecoderStack
 from spec_zoo.schema import Keys
 from spec_zoo.train.batches import TeacherMetrics, draft_vocab, same_at_every_depth
 from spec_zoo.train.data import TeacherData

@@ -33,7 +33,7 @@ from safetensors.torch import save_file
 from spec_zoo.artefacts import QUANTIZE
 from spec_zoo.errors import ConfigError
 from spec_zoo.outputs import atomic_write, resolved
-from spec_zoo.target import Target
+from spec_zoo.runtime.target import Target
 from spec_zoo.train.batches import evaluate
 from spec_zoo.train.data import TeacherData, concat_data, data_key, forced_data, read_records, student_data
 from spec_zoo.train.losses import LOSSES
@@ -91,12 +91,12 @@ def check_config(cfg: DictConfig, recipe: Recipe) -> None:
 def compute_dtype(cfg: DictConfig, device: torch.device) -> torch.dtype:
     """``train.dtype``: bfloat16 runs the forward/backward under autocast (the matrix engine's
     dtype; the weights and the optimizer stay float32); auto takes it where the hardware has a
-    bf16 unit (CPU: AMX or AVX512-BF16, `spec_zoo.cpp_kernels.host_isa`), since elsewhere bf16 is emulated."""
+    bf16 unit (CPU: AMX or AVX512-BF16, `spec_zoo.runtime.cpp_kernels.host_isa`), since elsewhere bf16 is emulated."""
     want = str(cfg.train.get("dtype", "float32"))
     if want == "auto":
         if device.type == "cuda":
             return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float32
-        from spec_zoo.cpp_kernels import host_isa
+        from spec_zoo.runtime.cpp_kernels import host_isa
 
         return torch.bfloat16 if host_isa() in ("amx", "avx512-bf16") else torch.float32
     return torch.bfloat16 if want == "bfloat16" else torch.float32
@@ -392,7 +392,7 @@ def train_student(cfg: DictConfig, recipe: Recipe, student: Student, split: Teac
     lengths = train.prompt_len + train.gen_len
     plateau = Plateau(int(cfg.train.get("patience", 0) or 0), last_eval, step, params)
     stretch = float(cfg.train.get("budget_s", 0) or 0)  # this stretch's wall seconds (0 = to the end)
-    from spec_zoo.cpp_kernels import host_isa
+    from spec_zoo.runtime.cpp_kernels import host_isa
 
     print(f"training path: {device.type}, host ISA {host_isa()}, train.dtype={cfg.train.get('dtype', 'float32')} "
           f"-> {str(dtype).removeprefix('torch.')}; {budget.steps - step} steps to run, their cost timed over steps "

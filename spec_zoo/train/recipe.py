@@ -60,7 +60,7 @@ class Recipe(Protocol):
         ...
 
     def make(self, cfg: DictConfig, target: Any, train: TeacherData) -> Student:
-        """The untrained student for ``target`` (a `spec_zoo.target.Target`)."""
+        """The untrained student for ``target`` (a `spec_zoo.runtime.target.Target`)."""
         ...
 
     def preload(self, student: Student, data: TeacherData, teacher: TeacherSet, cfg: DictConfig) -> None:

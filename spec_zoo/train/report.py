@@ -38,7 +38,7 @@ from omegaconf import DictConfig
 
 from spec_zoo.errors import ConfigError
 from spec_zoo.outputs import atomic_write, check_outputs, save_figure, signed_markdown
-from spec_zoo.target import Target
+from spec_zoo.runtime.target import Target
 from spec_zoo.train.batches import teacher_positions
 from spec_zoo.train.bench_match import bench_position1, closeness
 from spec_zoo.train.data import PACKAGED_PROMPTS, TeacherData, read_records

@@ -40,7 +40,7 @@ from safetensors.torch import load_file, save_file
 from spec_zoo.artefacts import describe_target, fingerprint_matches, read_record
 from spec_zoo.errors import ConfigError
 from spec_zoo.outputs import atomic_write, resolved
-from spec_zoo.target import layer_states
+from spec_zoo.runtime.target import layer_states
 from spec_zoo.train.data import TeacherData, from_parts, generate_batch, join_batches, second_turn_ids, stop_and_pad_ids
 from spec_zoo.train.mixture import FollowUp, categories, describe, mixture_prompts, text_digest
 from spec_zoo.train.workloads import Workloads, bench_ngrams, refuse_bench_overlap

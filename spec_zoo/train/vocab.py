@@ -33,7 +33,7 @@ from spec_zoo.bench.records import read_text
 from spec_zoo.errors import ConfigError
 from spec_zoo.inputs import file_problem
 from spec_zoo.outputs import atomic_write, check_outputs, signed_markdown
-from spec_zoo.target import Target
+from spec_zoo.runtime.target import Target
 from spec_zoo.train.batches import select_vocab
 from spec_zoo.train.data import from_parts
 from spec_zoo.train.loop import load_teacher_target

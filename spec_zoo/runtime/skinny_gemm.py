@@ -17,7 +17,7 @@ import functools
 import torch
 import torch.nn.functional as F
 
-from spec_zoo.cpp_kernels import RoutedLinears, build
+from spec_zoo.runtime.cpp_kernels import RoutedLinears, build
 
 
 @functools.cache

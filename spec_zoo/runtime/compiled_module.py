@@ -3,9 +3,9 @@
 Medusa's heads read one target state and keep nothing between steps: K residual blocks, one
 product over the draft vocabulary and the scatter into the target's vocabulary. Eagerly that
 is a dozen PyTorch ops, each paying its per-op overhead; compiled as the target is
-(`spec_zoo.runtime`: frozen weights, inductor's C++ GEMM) they are one graph on one input
+(`spec_zoo.runtime.compiled`: frozen weights, inductor's C++ GEMM) they are one graph on one input
 shape, compiled once per process and read from inductor's on-disk cache by later processes
-(`spec_zoo.compile_cache`). The graph has one row and no cache, so there is no batch
+(`spec_zoo.runtime.compile_cache`). The graph has one row and no cache, so there is no batch
 invariance to keep: it computes the same logits every call for the same state.
 """
 
@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import torch
 
-from spec_zoo.compile_cache import fingerprint
-from spec_zoo.runtime import compile_graph, inductor_settings, rowwise_run
+from spec_zoo.runtime.compile_cache import fingerprint
+from spec_zoo.runtime.compiled import compile_graph, inductor_settings, rowwise_run
 
 
 class CompiledModule:

@@ -35,8 +35,8 @@ import torch
 from transformers import DynamicCache
 
 from spec_zoo.draft import Draft
-from spec_zoo.layers import DecoderStack, layer_types
 from spec_zoo.partial import PartialForward
+from spec_zoo.runtime.layers import DecoderStack, layer_types
 
 
 def shared_prefix(a: list[int], b: list[int], bound: int) -> int:
@@ -124,7 +124,7 @@ class Target:
     #: not decodes a batch's requests one after another
     holds_many = True
     context_limit = "the model's max_position_embeddings"  # what bounds ``max_length``, for errors
-    weights = "dense"  # its linear layers' width (model.weights: `spec_zoo.quant_gemm.WEIGHTS`)
+    weights = "dense"  # its linear layers' width (model.weights: `spec_zoo.runtime.quant_gemm.WEIGHTS`)
     auto: Mapping[str, str] = MappingProxyType({})  # what each model setting given as auto became (`host_fit`)
 
     def __init__(self, model, tokenizer=None):
@@ -244,7 +244,7 @@ class Target:
     def _forward(self, new: list[int], draft: Draft, past: int, hidden: bool | tuple[int, ...]):
         """(logits [len(draft) + 1, V], last-layer states [len(new) + len(draft), H] or None)
         for ``new`` committed tokens and the draft nodes after ``past`` cached tokens; their
-        KV is appended to the cache. The runtime's one job (`spec_zoo.runtime` compiles it)."""
+        KV is appended to the cache. The runtime's one job (`spec_zoo.runtime.compiled` compiles it)."""
         m, n = len(new), len(draft)
         ids = torch.tensor([new + draft.tokens.tolist()], device=self.device)
         kwargs = {}

@@ -16,12 +16,12 @@ gpt-fast's recipe (static cache + ``torch.compile``) on the model's own modules.
   same kernels (a graph per M let inductor pick another GEMM for one row). With float weights a
   single row runs padded to 2 (``buckets``); padding rows attend to the cache only and their KV
   lands past the sequence, where the mask hides it until it is overwritten. With quantized
-  weights (`spec_zoo.quant_gemm`), whose kernel pays for every row, the row count is an unbacked
+  weights (`spec_zoo.runtime.quant_gemm`), whose kernel pays for every row, the row count is an unbacked
   dimension that may be 1 and nothing is padded (``buckets="auto"``).
 - Attention (`rowwise_attention`) reads the committed prefix's slots, rounded up to
   ``key_block``, in slot order, and each row's draft path root first, so a row's arithmetic
   depends neither on M nor on the tree around it. In float32 and bfloat16 it runs as one C++ kernel
-  (`spec_zoo.attention_kernel`, ``model.attention=kernel``, the default), which reads each key
+  (`spec_zoo.runtime.attention_kernel`, ``model.attention=kernel``, the default), which reads each key
   once for all rows; inductor's loops for the formula read it once per row.
 - A batch of sequences (`score_batch`): the cache has one entry per sequence (`hold`), each
   sequence sees its entry through a `SlotCache` with its own length, and every sequence's rows go
@@ -38,14 +38,14 @@ gpt-fast's recipe (static cache + ``torch.compile``) on the model's own modules.
   prefilled eagerly into the same cache, one long forward that runs once per prompt. Plain and
   speculative decoding read a prompt alike, so they still match bit for bit.
 
-Families: any model `spec_zoo.layers.DecoderStack` serves (refused otherwise, before any
+Families: any model `spec_zoo.runtime.layers.DecoderStack` serves (refused otherwise, before any
 work). Attention soft-capping (Gemma 2) is applied as the model's own attention does; the
-logits get the model's post-processing (`spec_zoo.layers.final_logits`). Every layer gets a
+logits get the model's post-processing (`spec_zoo.runtime.layers.final_logits`). Every layer gets a
 full static cache and one mask, so a sliding window must be at least ``max_cache_len`` (it
 then never cuts anything); a shorter one is refused with the fix.
 
 The graph compiles once per process, and is read from inductor's on-disk FX graph cache when
-another process compiled the same weights before (`spec_zoo.compile_cache`); `warm_up`
+another process compiled the same weights before (`spec_zoo.runtime.compile_cache`); `warm_up`
 compiles ahead of time and says how long it took and whether the cache served it.
 """
 
@@ -70,16 +70,16 @@ from transformers import AttentionInterface
 from transformers.cache_utils import Cache, StaticLayer
 from transformers.utils import output_capturing
 
-from spec_zoo.amx_gemm import AmxLinears
-from spec_zoo.attention_kernel import ATTENTIONS, DEFAULT_ATTENTION, attend
-from spec_zoo.attention_kernel import load as load_attention
-from spec_zoo.compile_cache import cached_compile, fingerprint, inductor_cache_dir
 from spec_zoo.draft import Draft
 from spec_zoo.errors import ConfigError
-from spec_zoo.layers import DecoderStack, causal_mask, final_logits
-from spec_zoo.quant_gemm import QuantLinear
-from spec_zoo.skinny_gemm import SkinnyLinears
-from spec_zoo.target import Scores, Target
+from spec_zoo.runtime.amx_gemm import AmxLinears
+from spec_zoo.runtime.attention_kernel import ATTENTIONS, DEFAULT_ATTENTION, attend
+from spec_zoo.runtime.attention_kernel import load as load_attention
+from spec_zoo.runtime.compile_cache import cached_compile, fingerprint, inductor_cache_dir
+from spec_zoo.runtime.layers import DecoderStack, causal_mask, final_logits
+from spec_zoo.runtime.quant_gemm import QuantLinear
+from spec_zoo.runtime.skinny_gemm import SkinnyLinears
+from spec_zoo.runtime.target import Scores, Target
 
 KEY_BLOCK = 64  # attention spans a multiple of this many cache slots (a multiple of every SIMD width)
 DRAFT_BLOCK = 16  # draft paths are gathered in blocks of this many slots (float32 lanes of AVX-512, 2x AVX2's)
@@ -112,7 +112,7 @@ def rowwise_attention(module, query, key, value, attention_mask, scaling, dropou
     under its own mask row. ``softcap``: the model's attention soft-capping
     (Gemma 2), tanh(s / c) * c on the scaled scores before the mask, as its own attention does;
     ``sliding_window`` needs nothing here (`CompiledTarget` refuses windows shorter than its cache).
-    ``kernel``: in float32 or bfloat16, the same contract in one C++ kernel (`spec_zoo.attention_kernel`),
+    ``kernel``: in float32 or bfloat16, the same contract in one C++ kernel (`spec_zoo.runtime.attention_kernel`),
     which reads each key once for all rows; inductor's loops for the formula below read it once per row."""
     if kernel and query.dtype in (torch.float32, torch.bfloat16):
         out = attend(query, key, value, attention_mask, scaling, draft_slots, draft_mask, softcap, row_cache)
@@ -476,7 +476,7 @@ RECOMPILE_LIMIT = 256  # graphs of one compiled function per process (one per mo
 def compile_graph(fn, under, inputs, tag: str, what: str, key: str, fallback: bool, on_compiled=None):
     """(graph, seconds, whether the on-disk cache served it): ``fn`` compiled (whole, one graph)
     and run once on ``inputs``, both ``under`` its settings (`rowwise_run`), through the FX graph
-    cache keyed by ``tag`` (`spec_zoo.compile_cache`); then ``on_compiled(seconds)``. A compiler failure
+    cache keyed by ``tag`` (`spec_zoo.runtime.compile_cache`); then ``on_compiled(seconds)``. A compiler failure
     falls back to ``fn`` run eagerly with a warning naming ``key``'s runtime, or is raised without
     ``fallback``."""
     # every compiled target, head or module compiles the same Python function for its own weights,
@@ -640,7 +640,7 @@ class PackedRows:
 def pack_rows(sequences: list[SequenceRows], size: int, key_block: int, dtype: torch.dtype) -> PackedRows:
     """The row inputs of one call of a compiled graph for ``sequences``' rows side by side, padded to
     ``size`` rows: the compiled target's (`CompiledTarget._compiled_rows`) and a compiled head's
-    (`spec_zoo.compiled_head.CompiledHead.together`). Each row reads its sequence's first ``visible``
+    (`spec_zoo.runtime.compiled_head.CompiledHead.together`). Each row reads its sequence's first ``visible``
     slots, rounded up to ``key_block`` (and the same lanes for a slot whatever the length, so rows
     stay bit-identical as it grows), then its path; its KV goes to the slot after its sequence's
     length. Padding rows join the last sequence: its prefix, their KV past it (masked until

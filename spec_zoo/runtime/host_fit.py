@@ -4,7 +4,7 @@ runs it without changing the model, so a bare ``spec-zoo`` needs no knowledge of
 - dtype: float32 on the CPU (the weights' own arithmetic; bfloat16 is another arithmetic, asked for by
   name), on a GPU bfloat16 where it computes it, else float16.
 - weights: ``native`` where every linear layer is stored as 4- or 8-bit codes (the embedded SmolLM2: the
-  same model at a fifth of the bytes, `spec_zoo.quant_gemm`), else ``dense``.
+  same model at a fifth of the bytes, `spec_zoo.runtime.quant_gemm`), else ``dense``.
 - runtime: ``compiled`` when this target's graph is in inductor's cache (a compile leaves a note beside it:
   `spec_zoo.runtime.CompiledTarget.graph_note`), else ``eager``, saying how to compile it once.
 
@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from spec_zoo.errors import ConfigError
-from spec_zoo.target import Target
+from spec_zoo.runtime.target import Target
 
 PROBE_ROWS = 4  # rows of each linear layer a width is tried on before the whole model is converted
 
@@ -37,7 +37,7 @@ def fit_weights(model: nn.Module, key: str = "model") -> tuple[str, nn.Module]:
     """(``native``, the model at it) when every linear layer is 4- or 8-bit codes exactly (a GGUF's Q4_1 /
     Q8_0), the kernel builds and the model computes in float32 on the CPU; else (``dense``, ``model``).
     Each layer's first rows are tried before any whole layer is converted: a float model costs nothing."""
-    from spec_zoo.quant_gemm import GROUP, at_width, quantize
+    from spec_zoo.runtime.quant_gemm import GROUP, at_width, quantize
 
     parameter = next(model.parameters())
     if parameter.dtype != torch.float32 or parameter.device.type != "cpu":
@@ -55,7 +55,7 @@ def fit_runtime(model, tokenizer, compiled: dict) -> Target:
     """The compiled target (``compiled``: its settings) when a compile of its graph left its note, else the
     eager one with a line saying how to compile it; off the CPU, or in a dtype the compiled runtime does not
     compute, eager without a word."""
-    from spec_zoo.runtime import CompiledTarget
+    from spec_zoo.runtime.compiled import CompiledTarget
 
     if model.device.type != "cpu" or model.dtype not in (torch.float32, torch.bfloat16):
         return Target(model, tokenizer)
@@ -69,6 +69,6 @@ def fit_runtime(model, tokenizer, compiled: dict) -> Target:
 
 def compiled_before(model, compiled: dict) -> bool:
     """Whether a compile of ``CompiledTarget(model, **compiled)`` on this machine left its note."""
-    from spec_zoo.runtime import graph_note
+    from spec_zoo.runtime.compiled import graph_note
 
     return graph_note(model, compiled).exists()

@@ -2,7 +2,7 @@
 //                             draft_mask [M, N], scaling, softcap, row_cache [M] or None) -> out [B, H, M, D],
 //                             float32 or bfloat16.
 //
-// The compiled runtime's attention as one kernel (the contract: `spec_zoo.runtime.rowwise_attention`).
+// The compiled runtime's attention as one kernel (the contract: `spec_zoo.runtime.compiled.rowwise_attention`).
 // Inductor's loops for that formula re-read every key for every query row, one dependent accumulator
 // chain per sum, so attention set the price of long contexts and of many scored rows. Here a block of
 // keys is read into L1 once and used by every query row of its KV head (G query heads x M rows), and

@@ -72,7 +72,7 @@ constexpr std::array<std::array<TileFn, NB>, MR> tile_table(std::index_sequence<
 }
 constexpr auto kTiles = tile_table(std::make_index_sequence<MR>());
 
-// packed: the weight [N, K] laid out by `spec_zoo.skinny_gemm.pack` as [ceil(N / NB), ceil(K / LANES),
+// packed: the weight [N, K] laid out by `spec_zoo.runtime.skinny_gemm.pack` as [ceil(N / NB), ceil(K / LANES),
 // NB, LANES] (zero-padded): a block's chunks are one contiguous stream, whatever K's stride.
 at::Tensor skinny_linear(const at::Tensor& x, const at::Tensor& packed, int64_t N) {
   TORCH_CHECK(x.scalar_type() == at::kFloat && packed.scalar_type() == at::kFloat,
@@ -80,7 +80,7 @@ at::Tensor skinny_linear(const at::Tensor& x, const at::Tensor& packed, int64_t 
   const int64_t K = x.size(-1);
   TORCH_CHECK(packed.dim() == 4 && packed.size(0) == (N + NB - 1) / NB && packed.size(1) == (K + LANES - 1) / LANES &&
                   packed.size(2) == NB && packed.size(3) == LANES,
-              "skinny_linear: the weight must be packed by spec_zoo.skinny_gemm.pack for this build");
+              "skinny_linear: the weight must be packed by spec_zoo.runtime.skinny_gemm.pack for this build");
   auto xs = x.reshape({-1, K}).contiguous();
   auto ws = packed.contiguous();
   const int64_t M = xs.size(0), block = packed.size(1) * NB * LANES;

@@ -7,7 +7,7 @@
 // b + 16 in its high nibble (GGUF's order; quant_linear on AVX-512 takes them in `lanes` order, see run4);
 // bits 8, int8 [N, K]. scales, lows: float32 [N, K / 32], each d a
 // float16 value, so d * q is exact in float32 and d * q + m rounds once: the weight's bits are those of the
-// float32 dequantization (`spec_zoo.quant_gemm.dequantize`) whichever instruction computes it.
+// float32 dequantization (`spec_zoo.runtime.quant_gemm.dequantize`) whichever instruction computes it.
 //
 // Batch-invariant by construction, and the same sums as the skinny GEMM (skinny_gemm.cpp) over the
 // dequantized weights: LANES partial sums (lane l takes k = l, l + LANES, ... in increasing order, one fused
@@ -70,7 +70,7 @@ inline void dequant(const uint8_t* c, float d, float m, Vec* w) {
 }
 
 #if defined(__AVX512F__)
-// 4-bit codes on AVX-512 come in `lanes` order (spec_zoo.quant_gemm.kernel_codes): a run of four groups is 64
+// 4-bit codes on AVX-512 come in `lanes` order (spec_zoo.runtime.quant_gemm.kernel_codes): a run of four groups is 64
 // bytes whose dword l holds, in nibble 2j and 2j + 1, group j's weights l and 16 + l; so one load, then one shift
 // per 16 weights, gives a permute its indices (vpermps reads an index's low 4 bits). A run of two groups holds
 // them in 16-bit lanes, a single group in byte lanes (GGUF's order). Each lane still sums k = l, l + 16, ... in

@@ -21,8 +21,8 @@ from typing import TypeVar
 import torch
 from torch import nn
 
-from spec_zoo.cpp_kernels import build
 from spec_zoo.errors import ConfigError
+from spec_zoo.runtime.cpp_kernels import build
 
 GROUP = 32  # weights per scale and low
 BITS = (4, 8)

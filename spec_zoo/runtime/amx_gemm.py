@@ -6,7 +6,7 @@ oneDNN's AMX kernels are flat to ~32 rows but promise no reproducibility across 
 (`amx_gemm.cpp`) runs every row through 16-row AMX tiles whose per-element arithmetic does not
 depend on the other rows, so rows are bit-identical for any M (the compiled runtime's invariance
 contract), and reads each weight once per call: scoring 32 rows costs about what one does.
-Built on first use for this CPU like the skinny GEMM (`spec_zoo.cpp_kernels`); `AmxLinears`
+Built on first use for this CPU like the skinny GEMM (`spec_zoo.runtime.cpp_kernels`); `AmxLinears`
 routes the bf16, bias-free linear layers of a traced model to it.
 """
 
@@ -17,8 +17,8 @@ import functools
 import torch
 import torch.nn.functional as F
 
-from spec_zoo.cpp_kernels import RoutedLinears, build
 from spec_zoo.errors import ConfigError
+from spec_zoo.runtime.cpp_kernels import RoutedLinears, build
 
 
 @functools.cache

@@ -2,11 +2,11 @@
 
 Eagerly, an EAGLE head's drafted token costs ~0.13 of a compiled target step for ~7 % of the
 target's weight bytes: PyTorch's per-op overhead, not arithmetic. Compiled as the target is
-(`spec_zoo.runtime`: frozen weights, inductor's C++ GEMM, the row-wise attention), the head's
+(`spec_zoo.runtime.compiled`: frozen weights, inductor's C++ GEMM, the row-wise attention), the head's
 ``inputs`` (``fc``), decoder layer, ``feature`` and draft-vocabulary logits are one graph whose
 row count, attention span and path width are dynamic: one compile per process serves the
 step's catch-up rows, every chain token and every tree level, and later processes read it
-from inductor's on-disk cache (`spec_zoo.compile_cache`).
+from inductor's on-disk cache (`spec_zoo.runtime.compile_cache`).
 
 Rows are described as the target's compiled rows are: each reads the first ``visible`` cache
 slots (the positions already fed) and its own path of slots, its ancestors root first and
@@ -16,7 +16,7 @@ the cache's length, where its path says it is. More rows than ``CHUNK`` at once 
 run as consecutive chunks of the same graph.
 
 A batch of sequences drafts together: the static cache has one entry per sequence (`hold`),
-each sequence sees its entry through its own view (`sequence`, a `spec_zoo.runtime.SlotCache`
+each sequence sees its entry through its own view (`sequence`, a `spec_zoo.runtime.compiled.SlotCache`
 with its own length), and `together` runs several sequences' rows in one graph call, each row
 naming its entry, as the target's packed rows do. One sequence is a call of one.
 """
@@ -28,11 +28,11 @@ from dataclasses import dataclass
 import torch
 from transformers.cache_utils import Cache
 
-from spec_zoo.attention_kernel import DEFAULT_ATTENTION
-from spec_zoo.attention_kernel import load as load_attention
-from spec_zoo.compile_cache import fingerprint
 from spec_zoo.errors import ConfigError
-from spec_zoo.runtime import (
+from spec_zoo.runtime.attention_kernel import DEFAULT_ATTENTION
+from spec_zoo.runtime.attention_kernel import load as load_attention
+from spec_zoo.runtime.compile_cache import fingerprint
+from spec_zoo.runtime.compiled import (
     DRAFT_BLOCK,
     KEY_BLOCK,
     PackedWrites,
@@ -108,7 +108,7 @@ class CompiledHead:
 
     def sequence(self, slot: int = 0) -> SlotCache:
         """A new, empty sequence in cache entry ``slot``: its view of the cache, with its own length
-        (what drafters crop with `spec_zoo.target.follow`, and hand to `causal`, `rows` and `together`)."""
+        (what drafters crop with `spec_zoo.runtime.target.follow`, and hand to `causal`, `rows` and `together`)."""
         if not 0 <= slot < self.entries:
             raise ValueError(f"cache entry {slot} of {self.entries}: call hold() first")
         return SlotCache(self._store(), slot)

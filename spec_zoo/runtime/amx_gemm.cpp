@@ -6,7 +6,7 @@
 // Which other rows share a tile, and how many there are, never changes that arithmetic, so a row is
 // bit-identical for any M; the fp32 sum is rounded to bf16 once at the end (round to nearest even).
 //
-// The packed weight (`spec_zoo.amx_gemm.pack`) is [ceil(N / (16 G)), ceil(K / 32), G, 16, 16, 2]: a
+// The packed weight (`spec_zoo.runtime.amx_gemm.pack`) is [ceil(N / (16 G)), ceil(K / 32), G, 16, 16, 2]: a
 // group of G column tiles, each chunk of 32 k's as the B tile's VNNI layout (16 rows of k pairs x 16
 // columns x 2), so a group's weights are one contiguous stream, read from memory once per call.
 // Built for this CPU (-march=native); without AMX-BF16 the op refuses (the Python side checks first).
@@ -93,7 +93,7 @@ at::Tensor amx_linear(const at::Tensor& x, const at::Tensor& packed, int64_t N) 
   const int64_t groups = (N + GROUP * TILE_N - 1) / (GROUP * TILE_N);
   TORCH_CHECK(packed.dim() == 6 && packed.size(0) == groups && packed.size(1) == chunks && packed.size(2) == GROUP &&
                   packed.size(3) == TILE_K / 2 && packed.size(4) == TILE_N && packed.size(5) == 2,
-              "amx_linear: the weight must be packed by spec_zoo.amx_gemm.pack");
+              "amx_linear: the weight must be packed by spec_zoo.runtime.amx_gemm.pack");
   auto xs = x.reshape({-1, K});
   const int64_t M = xs.size(0), row_tiles = (M + TILE_ROWS - 1) / TILE_ROWS;
   // x zero-padded to whole tiles (rows and K): padding adds exact zeros to no real output
