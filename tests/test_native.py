@@ -61,6 +61,44 @@ def test_native_weights_are_the_models_own_bit_for_bit(born):
     assert quantized["lm_head"].bits == 8 and {m.bits for n, m in quantized.items() if n != "lm_head"} == {4}
 
 
+def test_a_quantized_graph_is_unfrozen_by_default_and_a_float_one_frozen(native, born):
+    """``freezing: auto``: frozen weights for inductor's C++ GEMM over float linears; a quantized model's
+    linears run spec-zoo's kernel, and unfrozen its graph is cached whole (a warm process starts sooner)."""
+    assert native.settings["freezing"] is False
+    assert CompiledTarget(born, max_cache_len=96).settings["freezing"] is True
+    assert CompiledTarget(born, max_cache_len=96, freezing=False).settings["freezing"] is False
+    with pytest.raises(ConfigError, match=r"model.freezing='yes'; use true, false or auto"):
+        CompiledTarget(born, max_cache_len=96, freezing="yes")
+
+
+def test_a_models_codes_are_searched_once_then_read_from_the_cache(born, tmp_path, monkeypatch):
+    """The codes of a model found on one load are read back on the next (keyed by its weights and widths:
+    the same buffers); other weights miss; a damaged entry is searched and written again."""
+    from spec_zoo.runtime import quant_gemm
+
+    monkeypatch.setenv("SPEC_ZOO_CACHE", str(tmp_path))
+    monkeypatch.setattr(quant_gemm, "CACHED_FROM", 0)  # the test model is below the size worth caching
+    searches = []
+    search = quant_gemm._search
+    monkeypatch.setattr(quant_gemm, "_search", lambda weight, bits: searches.append(bits) or search(weight, bits))
+
+    def buffers(model):
+        return {name: t for name, t in model.named_buffers() if name.rsplit(".", 1)[-1] in ("codes", "scales", "lows")}
+
+    first = buffers(at_width(born, "native"))
+    layers = len(searches)
+    (entry,) = (tmp_path / "codes").iterdir()
+    again = buffers(at_width(born, "native"))
+    assert len(searches) == layers and first.keys() == again.keys()  # nothing searched: read back
+    assert all(torch.equal(first[name], again[name]) for name in first)
+    at_width(born, "int8")  # the same weights at other widths: another entry
+    assert len(searches) == 2 * layers and len(list((tmp_path / "codes").iterdir())) == 2
+    entry.write_bytes(entry.read_bytes()[:100])  # cut off
+    damaged = buffers(at_width(born, "native"))
+    assert len(searches) == 3 * layers and all(torch.equal(first[name], damaged[name]) for name in first)
+    assert buffers(at_width(born, "native")).keys() == first.keys() and len(searches) == 3 * layers  # rewritten
+
+
 def test_a_layer_at_its_own_width_reads_as_its_float_weight(born):
     """Code that reads a target's linear weight (a draft head sharing its output rows, a digest) gets the
     float32 weight it computes with, the loaded one bit for bit, made once."""

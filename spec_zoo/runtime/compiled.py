@@ -163,7 +163,7 @@ class CompiledTarget(Target):
         tokenizer=None,
         max_cache_len: int | None = None,
         buckets="auto",
-        freezing: bool = True,
+        freezing: bool | str = "auto",
         gemm_backends: str = "CPP",
         fallback: bool = True,
         key_block: int = KEY_BLOCK,
@@ -183,8 +183,17 @@ class CompiledTarget(Target):
             raise ConfigError(f"model.attention={attention!r} is not an attention of the compiled runtime; use one "
                               f"of: {', '.join(ATTENTIONS)}.")
         stack = DecoderStack(model)  # refuses a model that is not laid out as the runtime needs
+        quantized = any(isinstance(m, QuantLinear) for m in model.modules())
         if buckets == "auto":  # rows cost the quantized kernel each (no padding row); a float GEMM ~nothing
-            buckets = (1,) if any(isinstance(m, QuantLinear) for m in model.modules()) else DEFAULT_BUCKETS
+            buckets = (1,) if quantized else DEFAULT_BUCKETS
+        # frozen weights are what inductor's C++ GEMM needs; a quantized model's linears run spec-zoo's kernel
+        # either way, and unfrozen its graph is cached whole (AOTAutograd's cache refuses frozen graphs): a warm
+        # process reaches its first token in about half the time, its steps as fast (docs/native.md)
+        if freezing == "auto":
+            freezing = not quantized
+        if freezing not in (True, False):
+            raise ConfigError(f"model.freezing={freezing!r}; use true, false or auto (frozen unless the linear "
+                              "layers are quantized).")
         if isinstance(buckets, str) or not buckets or min(int(b) for b in buckets) < 1:
             raise ConfigError(f"model.buckets={buckets!r}; give row counts of at least 1, e.g. [2] or [1, 4], or "
                               "auto.")

@@ -16,12 +16,17 @@ from __future__ import annotations
 
 import copy
 import functools
+import hashlib
 from typing import TypeVar
 
 import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
 from torch import nn
 
 from spec_zoo.errors import ConfigError
+from spec_zoo.outputs import atomic_write
+from spec_zoo.paths import cache_root
 from spec_zoo.runtime.cpp_kernels import build
 
 GROUP = 32  # weights per scale and low
@@ -173,11 +178,13 @@ class QuantLinear(nn.Module):
     def of(cls, linear: nn.Linear, bits: int | str, activations: str = "float32") -> tuple[QuantLinear, bool]:
         """The layer at ``bits`` bits and whether its weights are the same (exact); ``bits="auto"``: 4
         where that holds the weights exactly (a Q4_1 file's layer), else 8."""
-        for width in (4, 8) if bits == "auto" else (int(bits),):
-            codes, scales, lows, exact = quantize(linear.weight, width)
-            if exact:
-                break
-        return cls(codes, scales, lows, width, linear.bias, activations), exact
+        return cls.made(linear, *_search(linear.weight, bits), activations)
+
+    @classmethod
+    def made(cls, linear: nn.Linear, codes: torch.Tensor, scales: torch.Tensor, lows: torch.Tensor, bits: int,
+             exact: bool, activations: str = "float32") -> tuple[QuantLinear, bool]:
+        """`of`'s result from codes already found (`_search`, or the cache of them)."""
+        return cls(codes, scales, lows, bits, linear.bias, activations), exact
 
     def dequantized(self) -> torch.Tensor:
         """The float32 weight [N, K] the layer computes with (`dequantize`'s, bit for bit, in C++)."""
@@ -248,17 +255,62 @@ def quantized_model(model: nn.Module, bits: int | str = "auto", head_bits: int |
     else:
         result = copy.deepcopy(model).float()
     head = getattr(result, "get_output_embeddings", lambda: None)()  # a Hugging Face model's output layer
-    layers = exact = 0
+    places = []  # (parent, name, the float layer, its width)
     for module in list(result.modules()):
         for name, child in list(module.named_children()):
             width = head_bits if child is head else bits
             if isinstance(child, QuantLinear):  # a model at its own width: its layers made again at this one
                 child = child.as_linear()
             if isinstance(child, nn.Linear) and child.in_features % GROUP == 0:
-                quantized, same = QuantLinear.of(child, width, activations)
-                setattr(module, name, quantized)
-                layers, exact = layers + 1, exact + same
-    return result, layers, exact
+                places.append((module, name, child, width))
+    found = _found_codes([(linear.weight, width) for _, _, linear, width in places])
+    for (module, name, linear, _), codes in zip(places, found):
+        setattr(module, name, QuantLinear.made(linear, *codes, activations=activations)[0])
+    return result, len(places), sum(exact for *_, exact in found)
+
+
+Found = tuple[torch.Tensor, torch.Tensor, torch.Tensor, int, bool]  # codes, scales, lows, bits, exact
+
+
+def _search(weight: torch.Tensor, bits: int | str) -> Found:
+    """(codes, scales, lows, bits, exact) of ``weight`` at ``bits`` (`quantize`); ``auto``: 4 where that holds
+    the weights exactly, else 8."""
+    for width in (4, 8) if bits == "auto" else (int(bits),):
+        codes, scales, lows, exact = quantize(weight, width)
+        if exact:
+            break
+    return codes, scales, lows, width, exact
+
+
+CACHED_FROM = 1 << 24  # weights: a smaller model is searched on every load (well under a second; test models)
+
+
+def _found_codes(layers: list[tuple[torch.Tensor, int | str]]) -> list[Found]:
+    """Each (weight, bits)'s `_search` result, read from the cache (``<cache_root>/codes``) where these weights
+    were searched at these widths before: the search takes ~5 s of every load of a 100M-weight model, the read
+    ~0.1 s, the key (a digest of every weight's bytes) ~0.4 s. A damaged entry is searched and written again."""
+    if sum(weight.numel() for weight, _ in layers) < CACHED_FROM:
+        return [_search(weight, bits) for weight, bits in layers]
+    digest = hashlib.blake2b(f"spec-zoo codes 1 {torch.__version__}".encode(), digest_size=16)
+    for weight, bits in layers:
+        weight = weight.detach().contiguous()
+        digest.update(f"{bits} {weight.dtype} {tuple(weight.shape)}".encode())
+        digest.update(weight.view(-1).view(torch.uint8).numpy().data)
+    path = cache_root() / "codes" / f"{digest.hexdigest()}.safetensors"
+    try:
+        stored = load_file(path)
+        return [(stored[f"{i}.codes"], stored[f"{i}.scales"], stored[f"{i}.lows"], int(stored[f"{i}.bits"]),
+                 bool(stored[f"{i}.exact"])) for i in range(len(layers))]
+    except (OSError, SafetensorError, KeyError):  # not there yet, or damaged
+        pass
+    found = [_search(weight, bits) for weight, bits in layers]
+    tensors = {}
+    for i, (codes, scales, lows, bits, exact) in enumerate(found):
+        tensors.update({f"{i}.codes": codes.contiguous(), f"{i}.scales": scales.contiguous(),
+                        f"{i}.lows": lows.contiguous(), f"{i}.bits": torch.tensor(bits),
+                        f"{i}.exact": torch.tensor(exact)})
+    atomic_write(path, lambda tmp: save_file(tensors, str(tmp)))
+    return found
 
 
 # model.weights: how a target's linear layers are stored and computed (activations float32 in every case):
