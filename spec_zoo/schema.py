@@ -84,6 +84,7 @@ TYPES: dict[str, tuple[tuple[type, ...], bool]] = {
     "seed": ((int,), False),
     "model.path": ((str,), True),
     "model.buckets": ((list, str), False),
+    "model.freezing": ((bool, str), False),
     "generation.stop_strings": ((list, str), True),
     "dataset.path": ((str,), True),
     "dataset.per_category": ((int,), True),
@@ -120,7 +121,7 @@ def core_keys() -> Keys:
     from spec_zoo.runtime.quant_gemm import WEIGHTS
 
     words = {"model.dtype": (*DTYPES, "auto"), "model.device": tuple(DEVICES), "model.runtime": tuple(RUNTIMES),
-             "model.weights": (*WEIGHTS, "auto")}
+             "model.weights": (*WEIGHTS, "auto"), "model.freezing": ("auto",)}
     return Keys(LIMITS, TYPES, words)
 
 
@@ -153,7 +154,7 @@ def check_value(key: str, value, types, nullable: bool = False, example=None, ke
     )
     if not ok:
         raise fail(key, f"{value!r} is not {_names(types)}", _fix(key, types, example))
-    if key in keys.choices and value not in keys.choices[key]:
+    if key in keys.choices and isinstance(value, str) and value not in keys.choices[key]:  # the words a key takes
         raise fail(key, f"{value!r} is not supported", f"use one of: {', '.join(keys.choices[key])}")
     if isinstance(value, float) and not math.isfinite(value):
         raise fail(key, f"{value!r} is not a finite number",

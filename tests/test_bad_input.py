@@ -171,6 +171,7 @@ TABLE = [  # (console script, arguments, the key the one-line error must name)
     ("spec-zoo", ["drafter=distilled", "drafter.untrained=maybe"], "drafter.untrained"),
     ("spec-zoo", ["drafter._target_=no_such_pkg.Drafter"], "drafter._target_"),
     ("spec-zoo", ["model.dtype=int8"], "model.dtype"),
+    ("spec-zoo", ["model.freezing=maybe"], "model.freezing"),
     ("spec-zoo", ["model=local"], "model.path"),
     *[("spec-zoo", ["model=local", f"model.path={d}"], "model.path") for d in MODEL_DIRS],
     ("spec-zoo-bench", ["warmup_tokens=-3"], "warmup_tokens"),
