@@ -136,6 +136,13 @@ DEFAULT_QUANTIZE = "int8"
 SCALES, BITS = "::scales", "::bits"
 
 
+def check_quantize(kind, key: str, floats: str = "null") -> None:
+    """``kind`` is a storage width of `QUANTIZE`, or a `ConfigError` naming ``key`` and the widths (``floats``:
+    the word for float storage where ``key`` is set: null in a config, none on a command line)."""
+    if kind not in QUANTIZE:
+        raise ConfigError(f"{key}={kind!r}; allowed values: int8, int6, int5, int4, {floats} (floats).")
+
+
 def storage_tensors(tensors: dict[str, torch.Tensor], dtype: torch.dtype = STORAGE_DTYPE,
                     quantize: str | None = None,
                     widths: dict[str, str | None] | None = None) -> dict[str, torch.Tensor]:
@@ -146,8 +153,7 @@ def storage_tensors(tensors: dict[str, torch.Tensor], dtype: torch.dtype = STORA
     `restored_tensors` reads what it writes."""
     widths = widths or {}
     for key, kind in (("output.quantize", quantize), *((f"output.quantize for {n}", w) for n, w in widths.items())):
-        if kind not in QUANTIZE:
-            raise ConfigError(f"{key}={kind!r}; allowed values: null (floats), int8, int6, int5, int4.")
+        check_quantize(kind, key)
     out = {}
     for name, t in tensors.items():
         t = t.detach().to("cpu")

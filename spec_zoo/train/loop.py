@@ -30,7 +30,7 @@ from omegaconf import DictConfig, OmegaConf
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from spec_zoo.artefacts import QUANTIZE
+from spec_zoo.artefacts import check_quantize
 from spec_zoo.errors import ConfigError
 from spec_zoo.outputs import atomic_write, resolved
 from spec_zoo.runtime.target import Target
@@ -76,9 +76,7 @@ def check_config(cfg: DictConfig, recipe: Recipe) -> None:
     if cfg.output.dtype not in ("float32", "float16", "bfloat16"):
         raise ConfigError(f"output.dtype={cfg.output.dtype!r}; allowed values: float32, float16, bfloat16.")
     for key in ("quantize", "quantize_head"):
-        if cfg.output.get(key) not in QUANTIZE:
-            raise ConfigError(f"output.{key}={cfg.output.get(key)!r}; allowed values: int8, int6, int5, int4, "
-                              "null (floats).")
+        check_quantize(cfg.output.get(key), f"output.{key}")
     from spec_zoo.models import DEVICES
 
     device = str(cfg.get("device", "cpu"))

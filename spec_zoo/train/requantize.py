@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from spec_zoo.artefacts import QUANTIZE
+from spec_zoo.artefacts import check_quantize
 from spec_zoo.errors import ConfigError
 
 #: record fields the writers compute themselves (the rest of a record is carried over)
@@ -44,9 +44,8 @@ def requantize(paths, target_model, quantize: str | None, quantize_head: str | N
     from spec_zoo.drafters.parallel.model import base_dir, read_parallel
     from spec_zoo.train.trim import _spec_zoo_heads
 
-    for kind in (quantize, quantize_head):
-        if kind not in QUANTIZE:
-            raise ConfigError(f"quantize={kind!r}; use int8, int6, int5, int4 or none.")
+    for key, kind in (("quantize", quantize), ("--head", quantize_head)):
+        check_quantize(kind, key, floats="none")
     paths = [Path(p).expanduser() for p in paths]
     parallel = {}  # read (and their base checked) before any base is rewritten
     for p in paths:
