@@ -38,7 +38,7 @@ def fingerprint(module: torch.nn.Module) -> str:
     for name, tensor in [*module.named_parameters(), *module.named_buffers()]:
         tensor = tensor.detach().cpu().contiguous()
         digest.update(f"{name} {tensor.dtype} {tuple(tensor.shape)}".encode())
-        digest.update(tensor.view(-1).view(torch.uint8).numpy().tobytes() if tensor.numel() else b"")
+        digest.update(tensor.view(-1).view(torch.uint8).numpy().data if tensor.numel() else b"")  # read, not copied
     return digest.hexdigest()
 
 
