@@ -27,6 +27,7 @@ from torch import nn
 from spec_zoo.errors import ConfigError
 from spec_zoo.outputs import atomic_write
 from spec_zoo.paths import cache_root
+from spec_zoo.runtime.compile_cache import fingerprint
 from spec_zoo.runtime.cpp_kernels import build
 
 GROUP = 32  # weights per scale and low
@@ -178,13 +179,8 @@ class QuantLinear(nn.Module):
     def of(cls, linear: nn.Linear, bits: int | str, activations: str = "float32") -> tuple[QuantLinear, bool]:
         """The layer at ``bits`` bits and whether its weights are the same (exact); ``bits="auto"``: 4
         where that holds the weights exactly (a Q4_1 file's layer), else 8."""
-        return cls.made(linear, *_search(linear.weight, bits), activations)
-
-    @classmethod
-    def made(cls, linear: nn.Linear, codes: torch.Tensor, scales: torch.Tensor, lows: torch.Tensor, bits: int,
-             exact: bool, activations: str = "float32") -> tuple[QuantLinear, bool]:
-        """`of`'s result from codes already found (`_search`, or the cache of them)."""
-        return cls(codes, scales, lows, bits, linear.bias, activations), exact
+        codes, scales, lows, width, exact = _search(linear.weight, bits)
+        return cls(codes, scales, lows, width, linear.bias, activations), exact
 
     def dequantized(self) -> torch.Tensor:
         """The float32 weight [N, K] the layer computes with (`dequantize`'s, bit for bit, in C++)."""
@@ -263,9 +259,11 @@ def quantized_model(model: nn.Module, bits: int | str = "auto", head_bits: int |
                 child = child.as_linear()
             if isinstance(child, nn.Linear) and child.in_features % GROUP == 0:
                 places.append((module, name, child, width))
-    found = _found_codes([(linear.weight, width) for _, _, linear, width in places])
-    for (module, name, linear, _), codes in zip(places, found):
-        setattr(module, name, QuantLinear.made(linear, *codes, activations=activations)[0])
+    layers = [(linear.weight, width) for _, _, linear, width in places]
+    big = sum(weight.numel() for weight, _ in layers) >= CACHED_FROM
+    found = _found_codes(layers, f"{fingerprint(model)} {bits} {head_bits}" if big else None)
+    for (module, name, linear, _), (codes, scales, lows, width, _) in zip(places, found):
+        setattr(module, name, QuantLinear(codes, scales, lows, width, linear.bias, activations))
     return result, len(places), sum(exact for *_, exact in found)
 
 
@@ -285,17 +283,14 @@ def _search(weight: torch.Tensor, bits: int | str) -> Found:
 CACHED_FROM = 1 << 24  # weights: a smaller model is searched on every load (well under a second; test models)
 
 
-def _found_codes(layers: list[tuple[torch.Tensor, int | str]]) -> list[Found]:
-    """Each (weight, bits)'s `_search` result, read from the cache (``<cache_root>/codes``) where these weights
-    were searched at these widths before: the search takes ~5 s of every load of a 100M-weight model, the read
-    ~0.1 s, the key (a digest of every weight's bytes) ~0.4 s. A damaged entry is searched and written again."""
-    if sum(weight.numel() for weight, _ in layers) < CACHED_FROM:
+def _found_codes(layers: list[tuple[torch.Tensor, int | str]], key: str | None) -> list[Found]:
+    """Each (weight, bits)'s `_search` result, read from the cache (``<cache_root>/codes``) where a model of
+    these weights (``key``: its `fingerprint` and widths; None: never cached) was searched before: the search
+    takes ~5 s of every load of a 100M-weight model, the read ~0.1 s. A damaged entry is searched and written
+    again."""
+    if key is None:
         return [_search(weight, bits) for weight, bits in layers]
-    digest = hashlib.blake2b(f"spec-zoo codes 1 {torch.__version__}".encode(), digest_size=16)
-    for weight, bits in layers:
-        weight = weight.detach().contiguous()
-        digest.update(f"{bits} {weight.dtype} {tuple(weight.shape)}".encode())
-        digest.update(weight.view(-1).view(torch.uint8).numpy().data)
+    digest = hashlib.blake2b(f"spec-zoo codes 1 {key}".encode(), digest_size=16)
     path = cache_root() / "codes" / f"{digest.hexdigest()}.safetensors"
     try:
         stored = load_file(path)
